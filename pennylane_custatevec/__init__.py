@@ -1,0 +1,7 @@
+"""pennylane-custatevec: a PennyLane device that simulates circuits with cuStateVec."""
+
+from .device import CuStateVecDevice
+
+__version__ = "0.1.0"
+
+__all__ = ["CuStateVecDevice", "__version__"]

@@ -1,0 +1,106 @@
+"""The backend protocol: the only layer that owns state-vector memory.
+
+A backend holds a *batch* of ``B`` state vectors of ``n`` qubits in one allocation
+(``B`` circuits that share a structure, or the ``B`` entries of a broadcast). The
+algorithms above (simulate, measure) call these methods and never touch the memory.
+
+Conventions, chosen to be cuStateVec's so that the GPU backend passes them through:
+
+* state index bits are little-endian: bit 0 is the least significant bit of the index;
+* ``targets[j]`` is the state bit that becomes bit ``j`` of a matrix (or diagonal)
+  index, so a ``2**k x 2**k`` matrix acts on ``targets`` in that order;
+* ``controls[i]`` must equal ``control_values[i]`` for the gate to act;
+* batched data (``matrices``, ``diagonals``, ``angles``, ``factors``) has a leading axis
+  of length 1 (the same for every vector) or ``B`` (one per vector);
+* Pauli words are strings over ``"IXYZ"``, letter ``j`` acting on ``targets[j]``.
+"""
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+StateBatch = Any
+"""A backend's handle on a batch of state vectors (a numpy or cupy array, shape (B, 2**n))."""
+
+
+class Backend(Protocol):
+    """Operations on a batch of state vectors, in the conventions of this module."""
+
+    name: str
+    dtype: np.dtype
+
+    def available_bytes(self) -> int:
+        """Memory that new state vectors may use now."""
+
+    def zero_state(self, n_qubits: int, batch_size: int) -> StateBatch:
+        """A new batch, every vector |0...0>."""
+
+    def from_host(self, vectors: np.ndarray) -> StateBatch:
+        """A new batch holding ``vectors`` (shape (B, 2**n), any complex dtype)."""
+
+    def to_host(self, state: StateBatch) -> np.ndarray:
+        """The amplitudes as a complex128 numpy array of shape (B, 2**n)."""
+
+    def copy(self, state: StateBatch) -> StateBatch:
+        """An independent copy of the batch."""
+
+    def apply_matrix(
+        self,
+        state: StateBatch,
+        matrices: np.ndarray,
+        targets: Sequence[int],
+        controls: Sequence[int] = (),
+        control_values: Sequence[int] = (),
+    ) -> None:
+        """psi <- M psi with M of shape (1 or B, 2**k, 2**k) acting on ``targets``."""
+
+    def apply_diagonal(
+        self,
+        state: StateBatch,
+        diagonals: np.ndarray,
+        targets: Sequence[int],
+        controls: Sequence[int] = (),
+        control_values: Sequence[int] = (),
+    ) -> None:
+        """psi <- diag(d) psi with d of shape (1 or B, 2**k) acting on ``targets``."""
+
+    def apply_pauli_rotation(
+        self,
+        state: StateBatch,
+        angles: np.ndarray,
+        paulis: str,
+        targets: Sequence[int],
+        controls: Sequence[int] = (),
+        control_values: Sequence[int] = (),
+    ) -> None:
+        """psi <- exp(-i angle/2 P) psi, PennyLane's sign; ``angles`` of shape (1 or B,)."""
+
+    def apply_pauli(
+        self,
+        state: StateBatch,
+        paulis: str,
+        targets: Sequence[int],
+        controls: Sequence[int] = (),
+        control_values: Sequence[int] = (),
+    ) -> None:
+        """psi <- P psi for the Pauli word P (X, CNOT, Toffoli, CZ, ...)."""
+
+    def scale(self, state: StateBatch, factors: np.ndarray) -> None:
+        """psi_b <- factors[b] psi_b (global phases, renormalisation)."""
+
+    def expval_pauli(self, state: StateBatch, paulis: str, targets: Sequence[int]) -> np.ndarray:
+        """<psi_b|P|psi_b> for each vector, float64 of shape (B,)."""
+
+    def expval_matrix(
+        self, state: StateBatch, matrix: np.ndarray, targets: Sequence[int]
+    ) -> np.ndarray:
+        """<psi_b|M|psi_b> for each vector, complex128 of shape (B,)."""
+
+    def probabilities(self, state: StateBatch, bits: Sequence[int]) -> np.ndarray:
+        """Marginal probabilities, float64 (B, 2**k); bit j of the outcome is state bit bits[j]."""
+
+    def sample(
+        self, state: StateBatch, bits: Sequence[int], shots: int, rng: np.random.Generator
+    ) -> np.ndarray:
+        """``shots`` outcomes per vector, int64 (B, shots), outcome bits as in probabilities."""

@@ -1,0 +1,157 @@
+"""Measurements of a batch of final states, analytic and sampled.
+
+Analytic expectation values reduce every observable to one of three forms:
+
+* a Pauli sentence ``sum_k c_k P_k``: <O> = sum_k c_k <P_k>, one state pass per word;
+* a dense matrix on at most ``DENSE_OBSERVABLE_WIRES`` wires: <O> = <psi|M|psi>;
+* a sparse matrix on the whole register (large Hamiltonians without Pauli form),
+  evaluated on the host.
+
+Variances use Var(O) = <O^2> - <O>^2 in the same form. Sampled measurements draw
+computational-basis outcomes from the backend and let PennyLane's measurement
+processes turn them into samples, counts, expectations and probabilities; the
+device's preprocessing has already rotated every observable into that basis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pennylane as qml
+from pennylane.measurements import (
+    ExpectationMP,
+    MeasurementProcess,
+    ProbabilityMP,
+    StateMeasurement,
+    VarianceMP,
+)
+from pennylane.operation import Operator
+
+from .backends.base import Backend, StateBatch
+from .program import Program, compile_operation
+from .simulate import apply_instruction
+
+DENSE_OBSERVABLE_WIRES = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class _ObservableForm:
+    """One of: pauli (PauliSentence), dense (matrix, wires), sparse (csr on the register)."""
+
+    pauli: qml.pauli.PauliSentence | None = None
+    matrix: np.ndarray | None = None
+    wires: qml.wires.Wires | None = None
+    sparse: object | None = None
+
+
+def _form(obs: Operator, program: Program) -> _ObservableForm:
+    if obs.pauli_rep is not None:
+        return _ObservableForm(pauli=obs.pauli_rep)
+    if len(obs.wires) <= DENSE_OBSERVABLE_WIRES and not isinstance(obs, qml.SparseHamiltonian):
+        return _ObservableForm(matrix=qml.matrix(obs, wire_order=obs.wires), wires=obs.wires)
+    return _ObservableForm(sparse=obs.sparse_matrix(wire_order=program.wires, format="csr"))
+
+
+def _squared(form: _ObservableForm) -> _ObservableForm:
+    if form.pauli is not None:
+        square = form.pauli @ form.pauli
+        square.simplify()
+        return _ObservableForm(pauli=square)
+    if form.matrix is not None:
+        return _ObservableForm(matrix=form.matrix @ form.matrix, wires=form.wires)
+    return _ObservableForm(sparse=form.sparse @ form.sparse)
+
+
+def _expectation(
+    backend: Backend, state: StateBatch, program: Program, form: _ObservableForm
+) -> np.ndarray:
+    """<psi_b|O|psi_b> for each vector of the batch, float64 of shape (B,)."""
+    if form.pauli is not None:
+        total = 0.0
+        for word, coefficient in form.pauli.items():
+            wires = list(word.keys())
+            letters = "".join(word[w] for w in wires)
+            value = backend.expval_pauli(state, letters, program.bits(wires))
+            total = total + np.real(coefficient) * value
+        return total
+    if form.matrix is not None:
+        return np.real(backend.expval_matrix(state, form.matrix, program.targets(form.wires)))
+    vectors = backend.to_host(state)
+    return np.real(np.einsum("bi,bi->b", vectors.conj(), (form.sparse @ vectors.T).T))
+
+
+def expval(backend: Backend, state: StateBatch, program: Program, obs: Operator) -> np.ndarray:
+    """<O> for each vector of the batch."""
+    return _expectation(backend, state, program, _form(obs, program))
+
+
+def var(backend: Backend, state: StateBatch, program: Program, obs: Operator) -> np.ndarray:
+    """<O^2> - <O>^2 for each vector of the batch."""
+    form = _form(obs, program)
+    mean = _expectation(backend, state, program, form)
+    return _expectation(backend, state, program, _squared(form)) - mean**2
+
+
+def probs(backend: Backend, state: StateBatch, program: Program, mp: ProbabilityMP) -> np.ndarray:
+    """Marginal probabilities of ``mp``'s wires (first wire most significant), (B, 2**k)."""
+    wires = mp.wires if len(mp.wires) else program.wires
+    if mp.obs is not None:
+        state = backend.copy(state)
+        for gate in mp.obs.diagonalizing_gates():
+            apply_operator(backend, state, program, gate)
+    return backend.probabilities(state, program.targets(wires))
+
+
+def apply_operator(backend: Backend, state: StateBatch, program: Program, op: Operator) -> None:
+    """Apply one PennyLane operator (e.g. a diagonalizing gate) to the batch."""
+    for instruction in compile_operation(op, program):
+        apply_instruction(backend, state, instruction)
+
+
+def measure_analytic(backend: Backend, state: StateBatch, program: Program, mp: MeasurementProcess):
+    """The analytic result of ``mp``, with a leading batch axis."""
+    if isinstance(mp, ExpectationMP):
+        return expval(backend, state, program, mp.obs)
+    if isinstance(mp, VarianceMP):
+        return var(backend, state, program, mp.obs)
+    if isinstance(mp, ProbabilityMP):
+        return probs(backend, state, program, mp)
+    if isinstance(mp, StateMeasurement):
+        vectors = backend.to_host(state)
+        return np.stack([mp.process_state(v, wire_order=program.wires) for v in vectors])
+    raise qml.DeviceError(f"Measurement {mp} is not supported analytically.")
+
+
+def rotate_to_eigenbases(
+    backend: Backend, state: StateBatch, program: Program, measurements
+) -> None:
+    """Apply the diagonalizing gates of the observables that are not yet diagonal.
+
+    The device's preprocessing rotates Pauli observables; what remains (Hermitian,
+    projectors onto states) is rotated here, once per distinct observable.
+    """
+    rotated = []
+    for mp in measurements:
+        if mp.obs is None or not mp.obs.diagonalizing_gates():
+            continue
+        if any(qml.equal(mp.obs, done) for done in rotated):
+            continue
+        if any(set(mp.obs.wires) & set(done.wires) for done in rotated):
+            raise qml.DeviceError(
+                f"Cannot sample {mp.obs} together with {rotated} on shared wires; "
+                "measure them in separate circuits."
+            )
+        rotated.append(mp.obs)
+        for gate in mp.obs.diagonalizing_gates():
+            apply_operator(backend, state, program, gate)
+
+
+def computational_basis_samples(
+    backend: Backend, state: StateBatch, program: Program, shots: int, rng: np.random.Generator
+) -> np.ndarray:
+    """``shots`` samples per vector, int64 (B, shots, n): column p is the bit of wire p."""
+    n = program.num_qubits
+    outcomes = backend.sample(state, tuple(range(n)), shots, rng)
+    shifts = np.arange(n - 1, -1, -1, dtype=np.int64)
+    return (outcomes[..., None] >> shifts) & 1

@@ -1,0 +1,272 @@
+"""Tape -> Program: PennyLane operations become backend kernel instructions.
+
+This is the one place where wire labels become bit positions. The register holds the
+tape's wires in device order; the wire at position ``p`` of that order is state bit
+``n - 1 - p`` (PennyLane's wire 0 is the most significant bit of the state index,
+cuStateVec's bit 0 the least significant). Targets are listed little-endian
+(``targets[j]`` becomes bit ``j`` of a matrix index), so an operation on wires
+``(w0, ..., wk-1)`` whose PennyLane matrix has ``w0`` most significant gets targets
+``[bit(wk-1), ..., bit(w0)]``.
+
+Dispatch is on operator types, most specific first: controlled operations keep their
+controls and compile their base; adjoints compile their base and invert it; Pauli
+words, Pauli rotations and diagonal gates get their own kernels; everything else is a
+dense matrix. Parameters may be broadcast: batched data has a leading batch axis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Sequence
+from functools import singledispatch
+
+import numpy as np
+import pennylane as qml
+from pennylane.operation import Operator
+from pennylane.ops import Conditional, MidMeasure
+from pennylane.ops.op_math import Adjoint, Controlled
+from pennylane.tape import QuantumScript
+from pennylane.wires import Wires
+
+
+class Kind(enum.Enum):
+    """The kernel an instruction runs; see backends/base.py for each one's meaning."""
+
+    MATRIX = "matrix"
+    DIAGONAL = "diagonal"
+    PAULI = "pauli"
+    PAULI_ROTATION = "pauli_rotation"
+    PHASE = "phase"
+    MID_MEASURE = "mid_measure"
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+    """One kernel call.
+
+    ``data`` holds, by kind: MATRIX (1 or B, 2**k, 2**k) matrices; DIAGONAL (1 or B, 2**k);
+    PAULI_ROTATION (1 or B,) angles of exp(-i angle/2 P); PHASE (1 or B,) factors;
+    PAULI and MID_MEASURE nothing. ``condition`` makes the instruction act only on
+    the state vectors (shots) whose mid-circuit measurements satisfy it.
+    """
+
+    kind: Kind
+    targets: tuple[int, ...] = ()
+    controls: tuple[int, ...] = ()
+    control_values: tuple[int, ...] = ()
+    data: np.ndarray | None = None
+    paulis: str = ""
+    source: Operator | None = None
+    condition: qml.ops.MeasurementValue | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """What the backend runs for one tape."""
+
+    wires: Wires
+    instructions: tuple[Instruction, ...]
+    batch_size: int
+    initial_state: np.ndarray | None = None
+
+    @property
+    def num_qubits(self) -> int:
+        return len(self.wires)
+
+    def bits(self, wires: Sequence) -> tuple[int, ...]:
+        """State bits of ``wires``, in the order given."""
+        n = len(self.wires)
+        return tuple(n - 1 - self.wires.index(w) for w in wires)
+
+    def targets(self, wires: Sequence) -> tuple[int, ...]:
+        """Little-endian targets of an operator on ``wires`` (first wire most significant)."""
+        return self.bits(wires)[::-1]
+
+
+def register_wires(tape: QuantumScript, device_wires: Wires | None) -> Wires:
+    """The wires the simulation needs, in device order."""
+    if device_wires is None:
+        return tape.wires
+    used = set(tape.wires)
+    return Wires([w for w in device_wires if w in used])
+
+
+def compile_tape(tape: QuantumScript, device_wires: Wires | None) -> Program:
+    """The Program of ``tape``; a state preparation first in the tape becomes its initial state."""
+    wires = register_wires(tape, device_wires)
+    layout = Program(wires=wires, instructions=(), batch_size=tape.batch_size or 1)
+    operations = list(tape.operations)
+    initial_state = None
+    if operations and isinstance(operations[0], qml.operation.StatePrepBase):
+        prep = operations.pop(0)
+        vector = prep.state_vector(wire_order=wires)
+        initial_state = np.asarray(vector, dtype=np.complex128).reshape(-1, 2 ** len(wires))
+    instructions = []
+    for op in operations:
+        instructions.extend(compile_operation(op, layout))
+    return dataclasses.replace(
+        layout, instructions=tuple(instructions), initial_state=initial_state
+    )
+
+
+def _batched(values, trailing_dims: int) -> np.ndarray:
+    """Values with a leading batch axis (length 1 when not broadcast)."""
+    array = np.asarray(values)
+    return array.reshape((-1,) + array.shape[array.ndim - trailing_dims :])
+
+
+@singledispatch
+def compile_operation(op: Operator, layout: Program) -> list[Instruction]:
+    """Instructions that apply ``op``; the fallback is its dense matrix."""
+    if isinstance(op, qml.operation.StatePrepBase):
+        raise qml.DeviceError(
+            f"{op.name} is supported only as the first operation; it should have been "
+            "decomposed by the device's preprocessing."
+        )
+    return [_matrix_instruction(op, op.wires, layout)]
+
+
+def _matrix_instruction(op: Operator, wires: Wires, layout: Program) -> Instruction:
+    return Instruction(
+        Kind.MATRIX,
+        targets=layout.targets(wires),
+        data=_batched(qml.matrix(op, wire_order=wires), 2),
+        source=op,
+    )
+
+
+_PAULI_LETTERS = {"PauliX": "X", "PauliY": "Y", "PauliZ": "Z"}
+_ROTATION_WORDS = {
+    "RX": "X",
+    "RY": "Y",
+    "RZ": "Z",
+    "IsingXX": "XX",
+    "IsingYY": "YY",
+    "IsingZZ": "ZZ",
+}
+
+
+@compile_operation.register
+def _(op: qml.PauliX | qml.PauliY | qml.PauliZ, layout: Program) -> list[Instruction]:
+    return [
+        Instruction(
+            Kind.PAULI, targets=layout.targets(op.wires), paulis=_PAULI_LETTERS[op.name], source=op
+        )
+    ]
+
+
+@compile_operation.register
+def _(
+    op: qml.RX | qml.RY | qml.RZ | qml.IsingXX | qml.IsingYY | qml.IsingZZ, layout: Program
+) -> list[Instruction]:
+    return [_rotation(op, _ROTATION_WORDS[op.name], layout)]
+
+
+@compile_operation.register
+def _(op: qml.PauliRot, layout: Program) -> list[Instruction]:
+    return [_rotation(op, op.hyperparameters["pauli_word"], layout)]
+
+
+@compile_operation.register
+def _(op: qml.MultiRZ, layout: Program) -> list[Instruction]:
+    return [_rotation(op, "Z" * len(op.wires), layout)]
+
+
+def _rotation(op: Operator, word: str, layout: Program) -> Instruction:
+    kept = [(letter, wire) for letter, wire in zip(word, op.wires, strict=True) if letter != "I"]
+    if not kept:
+        angles = _batched(op.data[0], 0)
+        return Instruction(Kind.PHASE, data=np.exp(-0.5j * angles), source=op)
+    letters, wires = zip(*kept, strict=True)
+    return Instruction(
+        Kind.PAULI_ROTATION,
+        targets=layout.targets(wires),
+        paulis="".join(letters)[::-1],
+        data=_batched(op.data[0], 0).astype(np.float64),
+        source=op,
+    )
+
+
+@compile_operation.register
+def _(op: qml.PhaseShift | qml.S | qml.T | qml.U1, layout: Program) -> list[Instruction]:
+    return [_diagonal(op, layout)]
+
+
+def _diagonal(op: Operator, layout: Program) -> Instruction:
+    diagonal = np.diagonal(qml.matrix(op), axis1=-2, axis2=-1)
+    return Instruction(
+        Kind.DIAGONAL, targets=layout.targets(op.wires), data=_batched(diagonal, 1), source=op
+    )
+
+
+@compile_operation.register
+def _(op: qml.Identity, layout: Program) -> list[Instruction]:
+    return []
+
+
+@compile_operation.register
+def _(op: qml.GlobalPhase, layout: Program) -> list[Instruction]:
+    factors = np.exp(-1j * _batched(op.data[0], 0))
+    return [Instruction(Kind.PHASE, data=factors, source=op)]
+
+
+@compile_operation.register
+def _(op: Controlled, layout: Program) -> list[Instruction]:
+    controls = layout.bits(op.control_wires)
+    values = tuple(int(v) for v in op.control_values)
+    controlled = []
+    for inner in compile_operation(op.base, layout):
+        if inner.kind is Kind.PHASE:
+            controlled.append(_controlled_phase(inner, controls, values))
+        else:
+            controlled.append(
+                dataclasses.replace(
+                    inner,
+                    controls=inner.controls + controls,
+                    control_values=inner.control_values + values,
+                    source=op,
+                )
+            )
+    return controlled
+
+
+def _controlled_phase(phase: Instruction, controls, values) -> Instruction:
+    """A phase conditioned on controls is a diagonal on the control bits."""
+    dim = 2 ** len(controls)
+    selected = sum(v << j for j, v in enumerate(values))
+    diagonal = np.ones((phase.data.shape[0], dim), dtype=np.complex128)
+    diagonal[:, selected] = phase.data
+    return Instruction(Kind.DIAGONAL, targets=controls, data=diagonal, source=phase.source)
+
+
+@compile_operation.register
+def _(op: Adjoint, layout: Program) -> list[Instruction]:
+    return [inverse(inner) for inner in reversed(compile_operation(op.base, layout))]
+
+
+def inverse(instruction: Instruction) -> Instruction:
+    """The instruction that undoes ``instruction``."""
+    kind, data = instruction.kind, instruction.data
+    if kind is Kind.MATRIX:
+        data = np.conj(np.swapaxes(data, -1, -2))
+    elif kind in (Kind.DIAGONAL, Kind.PHASE):
+        data = np.conj(data)
+    elif kind is Kind.PAULI_ROTATION:
+        data = -data
+    elif kind is not Kind.PAULI:
+        raise ValueError(f"{kind} has no inverse")
+    return dataclasses.replace(instruction, data=data)
+
+
+@compile_operation.register
+def _(op: MidMeasure, layout: Program) -> list[Instruction]:
+    return [Instruction(Kind.MID_MEASURE, targets=layout.bits(op.wires), source=op)]
+
+
+@compile_operation.register
+def _(op: Conditional, layout: Program) -> list[Instruction]:
+    return [
+        dataclasses.replace(inner, condition=op.meas_val)
+        for inner in compile_operation(op.base, layout)
+    ]

@@ -1,0 +1,134 @@
+"""Forward simulation: run a Program's instructions on a backend's batch of states.
+
+A batch holds one state vector per broadcast entry, or, for circuits with native
+mid-circuit measurements (the "one-shot" method), one per shot: each vector follows
+its own measurement outcomes and conditional operations act only where their
+condition holds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pennylane as qml
+
+from .backends.base import Backend, StateBatch
+from .pauli import pauli_word_matrix
+from .program import Instruction, Kind, Program
+
+
+class StateTooLargeError(qml.exceptions.DeviceError, MemoryError):
+    """The state vectors a run needs do not fit in the backend's free memory."""
+
+
+def state_bytes(backend: Backend, num_qubits: int, batch_size: int) -> int:
+    """Bytes of ``batch_size`` state vectors of ``num_qubits`` qubits."""
+    return batch_size * (2**num_qubits) * backend.dtype.itemsize
+
+
+def require_memory(backend: Backend, num_qubits: int, batch_size: int, copies: int = 1) -> None:
+    """Refuse, before allocating, a run whose states would not fit in free memory."""
+    needed = copies * state_bytes(backend, num_qubits, batch_size)
+    available = backend.available_bytes()
+    if needed > available:
+        raise StateTooLargeError(
+            f"Simulating {num_qubits} qubits (batch of {batch_size}, {backend.dtype.name}) "
+            f"needs {needed:,} bytes of {backend.name} memory; {available:,} bytes are "
+            "available. Use fewer wires, a smaller batch, or c_dtype=numpy.complex64."
+        )
+
+
+def initial_state(backend: Backend, program: Program, batch_size: int) -> StateBatch:
+    """|0...0> or the program's prepared state, one copy per vector of the batch."""
+    require_memory(backend, program.num_qubits, batch_size)
+    if program.initial_state is None:
+        return backend.zero_state(program.num_qubits, batch_size)
+    vectors = program.initial_state
+    if vectors.shape[0] != batch_size:
+        vectors = np.broadcast_to(vectors, (batch_size, vectors.shape[1]))
+    return backend.from_host(vectors)
+
+
+def apply_instruction(backend: Backend, state: StateBatch, instruction: Instruction) -> None:
+    """Run one gate instruction on every vector of the batch."""
+    kind = instruction.kind
+    args = (instruction.targets, instruction.controls, instruction.control_values)
+    if kind is Kind.MATRIX:
+        backend.apply_matrix(state, instruction.data, *args)
+    elif kind is Kind.DIAGONAL:
+        backend.apply_diagonal(state, instruction.data, *args)
+    elif kind is Kind.PAULI_ROTATION:
+        backend.apply_pauli_rotation(state, instruction.data, instruction.paulis, *args)
+    elif kind is Kind.PAULI:
+        backend.apply_pauli(state, instruction.paulis, *args)
+    elif kind is Kind.PHASE:
+        backend.scale(state, instruction.data)
+    else:
+        raise ValueError(f"{kind} is not a gate instruction")
+
+
+def final_state(backend: Backend, program: Program) -> StateBatch:
+    """The batch of states after every instruction (no mid-circuit measurements)."""
+    state = initial_state(backend, program, program.batch_size)
+    for instruction in program.instructions:
+        apply_instruction(backend, state, instruction)
+    return state
+
+
+def final_state_per_shot(
+    backend: Backend, program: Program, shots: int, rng: np.random.Generator
+) -> tuple[StateBatch, dict]:
+    """One state per shot, with mid-circuit measurements sampled shot by shot.
+
+    Returns the batch and ``{MidMeasure: outcomes}``, outcomes an int array of shape (shots,).
+    """
+    state = initial_state(backend, program, shots)
+    outcomes: dict = {}
+    for instruction in program.instructions:
+        if instruction.kind is Kind.MID_MEASURE:
+            outcomes[instruction.source] = _measure_mid_circuit(backend, state, instruction, rng)
+            continue
+        if instruction.condition is not None:
+            selected = np.asarray(instruction.condition.concretize(outcomes), dtype=bool)
+            instruction = where(instruction, selected.reshape(-1))
+        apply_instruction(backend, state, instruction)
+    return state, outcomes
+
+
+def _measure_mid_circuit(
+    backend: Backend, state: StateBatch, instruction: Instruction, rng: np.random.Generator
+) -> np.ndarray:
+    """Sample each vector's outcome, project onto it, renormalise, and reset if asked."""
+    probabilities = backend.probabilities(state, instruction.targets)
+    p_one = probabilities[:, 1] / probabilities.sum(axis=1)
+    outcome = (rng.random(p_one.shape[0]) < p_one).astype(np.int64)
+    kept = np.where(outcome == 1, p_one, 1.0 - p_one)
+    projector = np.zeros((outcome.shape[0], 2))
+    projector[np.arange(outcome.shape[0]), outcome] = 1.0 / np.sqrt(kept)
+    backend.apply_diagonal(state, projector, instruction.targets)
+    if instruction.source.reset:
+        flip = np.where(outcome[:, None, None] == 1, pauli_word_matrix("X"), np.eye(2))
+        backend.apply_matrix(state, flip, instruction.targets)
+    return outcome
+
+
+def where(instruction: Instruction, selected: np.ndarray) -> Instruction:
+    """The instruction on the selected vectors of a batch, the identity on the others."""
+    kind, data = instruction.kind, instruction.data
+    if kind is Kind.PAULI:
+        kind, data = Kind.MATRIX, pauli_word_matrix(instruction.paulis)[None]
+    identity = {
+        Kind.MATRIX: lambda d: np.eye(d.shape[-1]),
+        Kind.DIAGONAL: lambda d: np.ones(d.shape[-1]),
+        Kind.PAULI_ROTATION: lambda d: 0.0,
+        Kind.PHASE: lambda d: 1.0,
+    }[kind](data)
+    mask = selected.reshape((-1,) + (1,) * (data.ndim - 1))
+    return Instruction(
+        kind,
+        targets=instruction.targets,
+        controls=instruction.controls,
+        control_values=instruction.control_values,
+        data=np.where(mask, data, identity),
+        paulis=instruction.paulis,
+        source=instruction.source,
+    )
