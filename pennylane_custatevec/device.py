@@ -26,7 +26,7 @@ from pennylane.transforms import defer_measurements, dynamic_one_shot
 from pennylane.transforms.core import CompilePipeline
 
 from .backends import BACKEND_CHOICES, select_backend
-from .execution import run_tape
+from .execution import run_tapes
 from .transforms import decompose_late_state_preps, rotate_sampled_measurements
 
 _DTYPE_CHOICES = (np.complex128, np.complex64)
@@ -155,7 +155,7 @@ class CuStateVecDevice(Device):
         circuits: Sequence[QuantumScript],
         execution_config: ExecutionConfig | None = None,
     ):
-        return tuple(run_tape(self._backend, tape, self.wires, self._rng) for tape in circuits)
+        return run_tapes(self._backend, circuits, self.wires, self._rng)
 
 
 _MCM_OPS = frozenset({"MidMeasure", "Conditional"})

@@ -7,6 +7,8 @@ measurement's result (tape -> shot partition -> measurement -> batch).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from pennylane.measurements import MeasurementProcess
 from pennylane.tape import QuantumScript
@@ -14,24 +16,76 @@ from pennylane.wires import Wires
 
 from . import measure, simulate
 from .backends.base import Backend
-from .program import Kind, Program, compile_tape
+from .program import Program, compile_tape, merge
 
-SHOT_BATCH_BYTES = 1 << 30
-"""Memory budget for the state vectors of one chunk of shots with mid-circuit measurements."""
+BATCH_BYTES = 1 << 30
+"""Memory budget for the state vectors of one batch that merges several tapes or shots."""
 
 
-def run_tape(
-    backend: Backend, tape: QuantumScript, device_wires: Wires | None, rng: np.random.Generator
-):
-    """The result of ``tape``."""
-    program = compile_tape(tape, device_wires)
-    if any(ins.kind is Kind.MID_MEASURE for ins in program.instructions):
+def run_tapes(
+    backend: Backend,
+    tapes: Sequence[QuantumScript],
+    device_wires: Wires | None,
+    rng: np.random.Generator,
+) -> tuple:
+    """The results of ``tapes``, in order.
+
+    Analytic tapes whose programs share a structure and whose measurements are equal
+    (parameter-shift tapes, several QNode calls in one ``qml.execute``) run as one batch
+    of state vectors; the others run one by one.
+    """
+    programs = [compile_tape(tape, device_wires) for tape in tapes]
+    results: list = [None] * len(tapes)
+    groups: dict = {}
+    for index, (tape, program) in enumerate(zip(tapes, programs, strict=True)):
+        if tape.shots or program.has_mid_measurements:
+            results[index] = _run_sampled(backend, program, tape, rng)
+        else:
+            key = (program.structure_key, tuple(mp.hash for mp in tape.measurements))
+            groups.setdefault(key, []).append(index)
+    for indices in groups.values():
+        per_vector = simulate.state_bytes(backend, programs[indices[0]].num_qubits, 1)
+        for chunk in _chunks(indices, programs, max(1, BATCH_BYTES // per_vector)):
+            batch = _run_analytic_batch(
+                backend, [tapes[i] for i in chunk], [programs[i] for i in chunk]
+            )
+            for i, result in zip(chunk, batch, strict=True):
+                results[i] = result
+    return tuple(results)
+
+
+def _chunks(indices: list[int], programs: list[Program], max_vectors: int):
+    """Consecutive runs of ``indices`` holding at most ``max_vectors`` state vectors
+    (a single program larger than that runs alone)."""
+    chunk, vectors = [], 0
+    for index in indices:
+        size = programs[index].batch_size
+        if chunk and vectors + size > max_vectors:
+            yield chunk
+            chunk, vectors = [], 0
+        chunk.append(index)
+        vectors += size
+    if chunk:
+        yield chunk
+
+
+def _run_analytic_batch(backend, tapes: list[QuantumScript], programs: list[Program]) -> list:
+    merged = merge(programs)
+    state = simulate.final_state(backend, merged)
+    values = [measure.measure_analytic(backend, state, merged, mp) for mp in tapes[0].measurements]
+    results, offset = [], 0
+    for tape, program in zip(tapes, programs, strict=True):
+        rows = slice(offset, offset + program.batch_size)
+        results.append(_nest(tape, [_unbatch(tape, v[rows]) for v in values]))
+        offset += program.batch_size
+    return results
+
+
+def _run_sampled(backend, program: Program, tape: QuantumScript, rng):
+    if program.has_mid_measurements:
         return _run_one_shot(backend, program, tape, rng)
     state = simulate.final_state(backend, program)
-    if tape.shots:
-        return _sampled_results(backend, state, program, tape, rng)
-    results = [measure.measure_analytic(backend, state, program, mp) for mp in tape.measurements]
-    return _nest(tape, [_unbatch(tape, r) for r in results])
+    return _sampled_results(backend, state, program, tape, rng)
 
 
 def _unbatch(tape: QuantumScript, result: np.ndarray):
@@ -74,7 +128,7 @@ def _run_one_shot(backend, program: Program, tape: QuantumScript, rng):
     the device receives a tape with shots ``[1] * N`` and returns one result per shot."""
     per_shot = []
     total = tape.shots.total_shots
-    chunk = max(1, SHOT_BATCH_BYTES // simulate.state_bytes(backend, program.num_qubits, 1))
+    chunk = max(1, BATCH_BYTES // simulate.state_bytes(backend, program.num_qubits, 1))
     for start in range(0, total, chunk):
         count = min(chunk, total - start)
         state, outcomes = simulate.final_state_per_shot(backend, program, count, rng)

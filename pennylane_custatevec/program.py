@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from collections.abc import Sequence
 from functools import singledispatch
 
@@ -74,14 +75,70 @@ class Program:
     def num_qubits(self) -> int:
         return len(self.wires)
 
+    @functools.cached_property
+    def _bit_of(self) -> dict:
+        n = len(self.wires)
+        return {wire: n - 1 - position for position, wire in enumerate(self.wires)}
+
     def bits(self, wires: Sequence) -> tuple[int, ...]:
         """State bits of ``wires``, in the order given."""
-        n = len(self.wires)
-        return tuple(n - 1 - self.wires.index(w) for w in wires)
+        return tuple(self._bit_of[w] for w in wires)
 
     def targets(self, wires: Sequence) -> tuple[int, ...]:
         """Little-endian targets of an operator on ``wires`` (first wire most significant)."""
         return self.bits(wires)[::-1]
+
+    @property
+    def has_mid_measurements(self) -> bool:
+        return any(ins.kind is Kind.MID_MEASURE for ins in self.instructions)
+
+    @functools.cached_property
+    def structure_key(self) -> tuple:
+        """Equal for programs that run the same kernels on the same bits with other data:
+        such programs run as one batch of state vectors (see ``merge``)."""
+        return (
+            tuple(self.wires),
+            self.initial_state is not None,
+            tuple(
+                (
+                    ins.kind,
+                    ins.targets,
+                    ins.controls,
+                    ins.control_values,
+                    ins.paulis,
+                    None if ins.data is None else ins.data.shape[1:],
+                )
+                for ins in self.instructions
+            ),
+        )
+
+
+def merge(programs: Sequence[Program]) -> Program:
+    """One program whose batch is the concatenation of the batches of ``programs``,
+    which must share a structure key and have no mid-circuit measurements."""
+    first = programs[0]
+    if len(programs) == 1:
+        return first
+    sizes = [p.batch_size for p in programs]
+    instructions = tuple(
+        dataclasses.replace(group[0], data=_concatenate_data([i.data for i in group], sizes))
+        for group in zip(*(p.instructions for p in programs), strict=True)
+    )
+    initial_state = None
+    if first.initial_state is not None:
+        initial_state = _concatenate_data([p.initial_state for p in programs], sizes)
+    return Program(first.wires, instructions, sum(sizes), initial_state)
+
+
+def _concatenate_data(data: list, sizes: list[int]):
+    """Per-vector data of a merged batch; data the programs share stays shared."""
+    if data[0] is None:
+        return None
+    if all(d.shape[0] == 1 and np.array_equal(d, data[0]) for d in data):
+        return data[0]
+    return np.concatenate(
+        [np.broadcast_to(d, (size,) + d.shape[1:]) for d, size in zip(data, sizes, strict=True)]
+    )
 
 
 def register_wires(tape: QuantumScript, device_wires: Wires | None) -> Wires:

@@ -4,7 +4,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..pauli import pauli_word_matrix
+from ..pauli import PAULI_2X2
 from ._cpu_kernels import kernel
 from .base import StateBatch
 
@@ -135,7 +135,7 @@ def _single_qubit_rotations(letter: str, angles: np.ndarray) -> np.ndarray:
     """exp(-i angle/2 P) = cos(angle/2) I - i sin(angle/2) P, one 2x2 matrix per angle:
     the dense 1-qubit kernel streams faster than the generic Pauli-word kernel."""
     half = 0.5 * angles.reshape(-1, 1, 1)
-    return np.cos(half) * np.eye(2) - 1j * np.sin(half) * pauli_word_matrix(letter)
+    return np.cos(half) * PAULI_2X2["I"] - 1j * np.sin(half) * PAULI_2X2[letter]
 
 
 def _pivot(x_mask: int) -> tuple[int, ...]:
