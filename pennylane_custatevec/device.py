@@ -116,7 +116,7 @@ class CuStateVecDevice(Device):
         mcm_method = config.mcm_config.mcm_method
         pipeline = CompilePipeline()
         if mcm_method == "deferred":
-            pipeline.add_transform(defer_measurements, allow_postselect=False)
+            pipeline.add_transform(defer_measurements, allow_postselect=True)
         pipeline.add_transform(decompose_late_state_preps)
         pipeline.add_transform(
             decompose,
@@ -155,7 +155,10 @@ class CuStateVecDevice(Device):
         circuits: Sequence[QuantumScript],
         execution_config: ExecutionConfig | None = None,
     ):
-        return run_tapes(self._backend, circuits, self.wires, self._rng)
+        config = execution_config or ExecutionConfig()
+        return run_tapes(
+            self._backend, circuits, self.wires, self._rng, config.mcm_config.postselect_mode
+        )
 
 
 _MCM_OPS = frozenset({"MidMeasure", "Conditional"})

@@ -27,6 +27,7 @@ def run_tapes(
     tapes: Sequence[QuantumScript],
     device_wires: Wires | None,
     rng: np.random.Generator,
+    postselect_mode: str | None = None,
 ) -> tuple:
     """The results of ``tapes``, in order.
 
@@ -39,7 +40,7 @@ def run_tapes(
     groups: dict = {}
     for index, (tape, program) in enumerate(zip(tapes, programs, strict=True)):
         if tape.shots or program.has_mid_measurements:
-            results[index] = _run_sampled(backend, program, tape, rng)
+            results[index] = _run_sampled(backend, program, tape, rng, postselect_mode)
         else:
             key = (program.structure_key, tuple(mp.hash for mp in tape.measurements))
             groups.setdefault(key, []).append(index)
@@ -71,7 +72,7 @@ def _chunks(indices: list[int], programs: list[Program], max_vectors: int):
 
 def _run_analytic_batch(backend, tapes: list[QuantumScript], programs: list[Program]) -> list:
     merged = merge(programs)
-    state = simulate.final_state(backend, merged)
+    state, _ = simulate.final_state(backend, merged)
     values = [measure.measure_analytic(backend, state, merged, mp) for mp in tapes[0].measurements]
     results, offset = [], 0
     for tape, program in zip(tapes, programs, strict=True):
@@ -81,11 +82,23 @@ def _run_analytic_batch(backend, tapes: list[QuantumScript], programs: list[Prog
     return results
 
 
-def _run_sampled(backend, program: Program, tape: QuantumScript, rng):
+def _run_sampled(backend, program: Program, tape: QuantumScript, rng, postselect_mode):
     if program.has_mid_measurements:
         return _run_one_shot(backend, program, tape, rng)
-    state = simulate.final_state(backend, program)
-    return _sampled_results(backend, state, program, tape, rng)
+    state, kept = simulate.final_state(backend, program)
+    counts = list(tape.shots)
+    if kept is not None:
+        counts = _postselected_shots(program, counts, kept, postselect_mode, rng)
+    measure.rotate_to_eigenbases(backend, state, program, tape.measurements)
+    samples = measure.computational_basis_samples(backend, state, program, sum(counts), rng)
+    partitions = []
+    for lower, upper in _bins(counts):
+        per_measurement = [
+            _stack_batch(tape, [_process(mp, s[lower:upper], program) for s in samples])
+            for mp in tape.measurements
+        ]
+        partitions.append(_nest(tape, per_measurement))
+    return tuple(partitions) if tape.shots.has_partitioned_shots else partitions[0]
 
 
 def _unbatch(tape: QuantumScript, result: np.ndarray):
@@ -96,19 +109,28 @@ def _nest(tape: QuantumScript, per_measurement: list):
     return per_measurement[0] if len(tape.measurements) == 1 else tuple(per_measurement)
 
 
-def _sampled_results(backend, state, program: Program, tape: QuantumScript, rng):
-    measure.rotate_to_eigenbases(backend, state, program, tape.measurements)
-    samples = measure.computational_basis_samples(
-        backend, state, program, tape.shots.total_shots, rng
-    )
-    partitions = []
-    for lower, upper in tape.shots.bins():
-        per_measurement = [
-            _stack_batch(tape, [_process(mp, s[lower:upper], program) for s in samples])
-            for mp in tape.measurements
-        ]
-        partitions.append(_nest(tape, per_measurement))
-    return tuple(partitions) if tape.shots.has_partitioned_shots else partitions[0]
+def _bins(counts: list[int]):
+    upper = np.cumsum(counts)
+    return zip(upper - counts, upper, strict=True)
+
+
+def _postselected_shots(program: Program, counts, kept, postselect_mode, rng) -> list[int]:
+    """Shots left after postselection: each shot survives with the kept probability
+    ("hw-like", the default), or all shots are kept ("fill-shots")."""
+    if program.batch_size > 1:
+        raise ValueError(
+            "Cannot postselect with finite shots on a broadcast circuit; split it with "
+            "qml.transforms.broadcast_expand first."
+        )
+    probability = float(kept[0])
+    if postselect_mode == "fill-shots":
+        if np.isclose(probability, 0.0):
+            raise RuntimeError(
+                "The probability of the postselected mid-circuit measurement outcome is 0. "
+                "This leads to invalid results when using postselect_mode='fill-shots'."
+            )
+        return counts
+    return [int(rng.binomial(count, probability)) for count in counts]
 
 
 def _process(mp: MeasurementProcess, samples: np.ndarray, program: Program):

@@ -40,6 +40,7 @@ class Kind(enum.Enum):
     PAULI_ROTATION = "pauli_rotation"
     PHASE = "phase"
     MID_MEASURE = "mid_measure"
+    POSTSELECT = "postselect"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +49,9 @@ class Instruction:
 
     ``data`` holds, by kind: MATRIX (1 or B, 2**k, 2**k) matrices; DIAGONAL (1 or B, 2**k);
     PAULI_ROTATION (1 or B,) angles of exp(-i angle/2 P); PHASE (1 or B,) factors;
-    PAULI and MID_MEASURE nothing. ``condition`` makes the instruction act only on
-    the state vectors (shots) whose mid-circuit measurements satisfy it.
+    POSTSELECT (1, 2**k) the projector's diagonal; PAULI and MID_MEASURE nothing.
+    ``condition`` makes the instruction act only on the state vectors (shots) whose
+    mid-circuit measurements satisfy it.
     """
 
     kind: Kind
@@ -314,6 +316,20 @@ def inverse(instruction: Instruction) -> Instruction:
     elif kind is not Kind.PAULI:
         raise ValueError(f"{kind} has no inverse")
     return dataclasses.replace(instruction, data=data)
+
+
+@compile_operation.register
+def _(op: qml.Projector, layout: Program) -> list[Instruction]:
+    """A projector in the circuit (deferred measurements' postselection); the
+    simulation renormalises after it."""
+    return [
+        Instruction(
+            Kind.POSTSELECT,
+            targets=layout.targets(op.wires),
+            data=_batched(np.diagonal(qml.matrix(op)), 1),
+            source=op,
+        )
+    ]
 
 
 @compile_operation.register

@@ -66,12 +66,31 @@ def apply_instruction(backend: Backend, state: StateBatch, instruction: Instruct
         raise ValueError(f"{kind} is not a gate instruction")
 
 
-def final_state(backend: Backend, program: Program) -> StateBatch:
-    """The batch of states after every instruction (no mid-circuit measurements)."""
+def final_state(backend: Backend, program: Program) -> tuple[StateBatch, np.ndarray | None]:
+    """The batch of states after every instruction (no mid-circuit measurements).
+
+    Also returns, when the program postselects, the probability of the kept outcomes per
+    vector (the states are renormalised; a zero probability leaves NaN amplitudes, so
+    that every result of an impossible postselection is NaN, as in default.qubit).
+    """
     state = initial_state(backend, program, program.batch_size)
+    kept = None
     for instruction in program.instructions:
-        apply_instruction(backend, state, instruction)
-    return state
+        if instruction.kind is Kind.POSTSELECT:
+            probability = _postselect(backend, state, instruction)
+            kept = probability if kept is None else kept * probability
+        else:
+            apply_instruction(backend, state, instruction)
+    return state, kept
+
+
+def _postselect(backend: Backend, state: StateBatch, instruction: Instruction) -> np.ndarray:
+    backend.apply_diagonal(state, instruction.data, instruction.targets)
+    probability = backend.probabilities(state, ())[:, 0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.where(np.isclose(probability, 0.0), np.nan, 1.0 / np.sqrt(probability))
+    backend.scale(state, scale)
+    return probability
 
 
 def final_state_per_shot(
