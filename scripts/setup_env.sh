@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Create (or reuse) the virtual environment .venv at the repository root and install the
+# package in editable mode with its test and benchmark extras. Safe to run again.
+#
+# Environment:
+#   PYTHON             interpreter used to create .venv (default: python3, must be >= 3.11)
+#   TORCH_REQUIREMENT  torch to install when .venv has none (default: torch==2.13.0)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+PYTHON="${PYTHON:-python3}"
+VENV="$ROOT/.venv"
+VPY="$VENV/bin/python"
+# Pinned on purpose: a CPU build of this version lies on the development machines' disk,
+# whereas an unpinned torch makes pip download a multi-GB CUDA build.
+TORCH_REQUIREMENT="${TORCH_REQUIREMENT:-torch==2.13.0}"
+
+if [ ! -x "$VPY" ] || ! "$VPY" -c 'import sys' >/dev/null 2>&1; then
+    if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+        echo "setup_env.sh: $PYTHON is $("$PYTHON" --version 2>&1); Python >= 3.11 is required" >&2
+        exit 1
+    fi
+    echo "==> creating virtual environment $VENV"
+    rm -rf "$VENV"
+    "$PYTHON" -m venv "$VENV"
+else
+    echo "==> reusing virtual environment $VENV"
+fi
+
+echo "==> upgrading pip"
+"$VPY" -m pip install --upgrade pip
+
+if "$VPY" -c 'import torch' >/dev/null 2>&1; then
+    echo "==> torch $("$VPY" -c 'import torch; print(torch.__version__)') already installed"
+else
+    echo "==> installing $TORCH_REQUIREMENT"
+    "$VPY" -m pip install "$TORCH_REQUIREMENT"
+fi
+
+echo "==> installing pennylane-custatevec (editable) with extras test,bench"
+"$VPY" -m pip install -e ".[test,bench]"
+
+echo "==> done: $("$VPY" -c 'import pennylane_custatevec as p; print("pennylane-custatevec", p.__version__)')"
