@@ -90,11 +90,12 @@ def _run_sampled(backend, program: Program, tape: QuantumScript, rng, postselect
     if kept is not None:
         counts = _postselected_shots(program, counts, kept, postselect_mode, rng)
     measure.rotate_to_eigenbases(backend, state, program, tape.measurements)
-    samples = measure.computational_basis_samples(backend, state, program, sum(counts), rng)
+    wires = measure.sampled_wires(program, tape.measurements)
+    samples = measure.computational_basis_samples(backend, state, program, wires, sum(counts), rng)
     partitions = []
     for lower, upper in _bins(counts):
         per_measurement = [
-            _stack_batch(tape, [_process(mp, s[lower:upper], program) for s in samples])
+            _stack_batch(tape, [mp.process_samples(s[lower:upper], wires) for s in samples])
             for mp in tape.measurements
         ]
         partitions.append(_nest(tape, per_measurement))
@@ -133,10 +134,6 @@ def _postselected_shots(program: Program, counts, kept, postselect_mode, rng) ->
     return [int(rng.binomial(count, probability)) for count in counts]
 
 
-def _process(mp: MeasurementProcess, samples: np.ndarray, program: Program):
-    return mp.process_samples(samples, wire_order=program.wires)
-
-
 def _stack_batch(tape: QuantumScript, values: list):
     if tape.batch_size is None:
         return values[0]
@@ -155,13 +152,14 @@ def _run_one_shot(backend, program: Program, tape: QuantumScript, rng):
         count = min(chunk, total - start)
         state, outcomes = simulate.final_state_per_shot(backend, program, count, rng)
         measure.rotate_to_eigenbases(backend, state, program, tape.measurements)
-        samples = measure.computational_basis_samples(backend, state, program, 1, rng)
+        wires = measure.sampled_wires(program, tape.measurements)
+        samples = measure.computational_basis_samples(backend, state, program, wires, 1, rng)
         for shot in range(count):
             per_shot.append(
                 _nest(
                     tape,
                     [
-                        _shot_result(mp, samples[shot], outcomes, shot, program)
+                        _shot_result(mp, samples[shot], outcomes, shot, wires)
                         for mp in tape.measurements
                     ],
                 )
@@ -169,7 +167,7 @@ def _run_one_shot(backend, program: Program, tape: QuantumScript, rng):
     return tuple(per_shot)
 
 
-def _shot_result(mp: MeasurementProcess, samples, outcomes: dict, shot: int, program: Program):
+def _shot_result(mp: MeasurementProcess, samples, outcomes: dict, shot: int, wires: Wires):
     if mp.mv is not None:
         return outcomes[mp.mv.measurements[0]][shot]
-    return _process(mp, samples, program)
+    return mp.process_samples(samples, wire_order=wires)

@@ -27,6 +27,7 @@ from pennylane.measurements import (
     VarianceMP,
 )
 from pennylane.operation import Operator
+from pennylane.wires import Wires
 
 from .backends.base import Backend, StateBatch
 from .program import Program, compile_operation
@@ -147,11 +148,24 @@ def rotate_to_eigenbases(
             apply_operator(backend, state, program, gate)
 
 
+def sampled_wires(program: Program, measurements) -> Wires:
+    """The register wires the measurements read, in register order (all if any reads all)."""
+    read = [mp.wires for mp in measurements if mp.mv is None]
+    if any(len(wires) == 0 for wires in read):
+        return program.wires
+    used = set(Wires.all_wires(read))
+    return Wires([w for w in program.wires if w in used])
+
+
 def computational_basis_samples(
-    backend: Backend, state: StateBatch, program: Program, shots: int, rng: np.random.Generator
+    backend: Backend,
+    state: StateBatch,
+    program: Program,
+    wires: Wires,
+    shots: int,
+    rng: np.random.Generator,
 ) -> np.ndarray:
-    """``shots`` samples per vector, int64 (B, shots, n): column p is the bit of wire p."""
-    n = program.num_qubits
-    outcomes = backend.sample(state, tuple(range(n)), shots, rng)
-    shifts = np.arange(n - 1, -1, -1, dtype=np.int64)
+    """``shots`` samples per vector, int64 (B, shots, len(wires)): column j is wire j's bit."""
+    outcomes = backend.sample(state, program.targets(wires), shots, rng)
+    shifts = np.arange(len(wires) - 1, -1, -1, dtype=np.int64)
     return (outcomes[..., None] >> shifts) & 1
