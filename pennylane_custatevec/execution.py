@@ -10,13 +10,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from pennylane.exceptions import DeviceError
 from pennylane.measurements import MeasurementProcess
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
 from . import measure, simulate
 from .backends.base import Backend
-from .program import Program, compile_tape, merge
+from .program import Kind, Program, compile_tape, merge
 
 BATCH_BYTES = 1 << 30
 """Memory budget for the state vectors of one batch that merges several tapes or shots."""
@@ -84,6 +85,15 @@ def _run_analytic_batch(backend, tapes: list[QuantumScript], programs: list[Prog
 
 def _run_sampled(backend, program: Program, tape: QuantumScript, rng, postselect_mode):
     if program.has_mid_measurements:
+        if postselect_mode == "fill-shots" and any(
+            ins.source.postselect is not None
+            for ins in program.instructions
+            if ins.kind is Kind.MID_MEASURE
+        ):
+            raise DeviceError(
+                "postselect_mode='fill-shots' is only supported with mcm_method='deferred'; "
+                "with mcm_method='one-shot' use postselect_mode='hw-like'."
+            )
         return _run_one_shot(backend, program, tape, rng)
     state, kept = simulate.final_state(backend, program)
     counts = list(tape.shots)
@@ -138,7 +148,7 @@ def _stack_batch(tape: QuantumScript, values: list):
     if tape.batch_size is None:
         return values[0]
     if isinstance(values[0], dict):
-        return tuple(values)
+        return list(values)
     return np.stack(values)
 
 

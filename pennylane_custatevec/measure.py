@@ -19,6 +19,7 @@ import dataclasses
 
 import numpy as np
 import pennylane as qml
+from pennylane.exceptions import DeviceError
 from pennylane.measurements import (
     ExpectationMP,
     MeasurementProcess,
@@ -112,6 +113,8 @@ def apply_operator(backend: Backend, state: StateBatch, program: Program, op: Op
 
 def measure_analytic(backend: Backend, state: StateBatch, program: Program, mp: MeasurementProcess):
     """The analytic result of ``mp``, with a leading batch axis."""
+    if isinstance(mp, (ExpectationMP, VarianceMP)) and mp.obs is None:
+        return _moment_of_eigenvalues(backend, state, program, mp)
     if isinstance(mp, ExpectationMP):
         return expval(backend, state, program, mp.obs)
     if isinstance(mp, VarianceMP):
@@ -121,7 +124,18 @@ def measure_analytic(backend: Backend, state: StateBatch, program: Program, mp: 
     if isinstance(mp, StateMeasurement):
         vectors = backend.to_host(state)
         return np.stack([mp.process_state(v, wire_order=program.wires) for v in vectors])
-    raise qml.DeviceError(f"Measurement {mp} is not supported analytically.")
+    raise DeviceError(f"Measurement {mp} is not supported analytically.")
+
+
+def _moment_of_eigenvalues(backend, state, program: Program, mp) -> np.ndarray:
+    """Expectation or variance of a function of mid-circuit measurement values (held on
+    the wires that deferred measurement added): its eigenvalues weighted by probabilities."""
+    probabilities = backend.probabilities(state, program.targets(mp.wires))
+    eigenvalues = np.asarray(mp.eigvals(), dtype=np.float64)
+    mean = probabilities @ eigenvalues
+    if isinstance(mp, ExpectationMP):
+        return mean
+    return probabilities @ eigenvalues**2 - mean**2
 
 
 def rotate_to_eigenbases(
@@ -139,7 +153,7 @@ def rotate_to_eigenbases(
         if any(qml.equal(mp.obs, done) for done in rotated):
             continue
         if any(set(mp.obs.wires) & set(done.wires) for done in rotated):
-            raise qml.DeviceError(
+            raise DeviceError(
                 f"Cannot sample {mp.obs} together with {rotated} on shared wires; "
                 "measure them in separate circuits."
             )
@@ -150,7 +164,7 @@ def rotate_to_eigenbases(
 
 def sampled_wires(program: Program, measurements) -> Wires:
     """The register wires the measurements read, in register order (all if any reads all)."""
-    read = [mp.wires for mp in measurements if mp.mv is None]
+    read = [mp.wires for mp in measurements]
     if any(len(wires) == 0 for wires in read):
         return program.wires
     used = set(Wires.all_wires(read))

@@ -24,6 +24,7 @@ from functools import singledispatch
 
 import numpy as np
 import pennylane as qml
+from pennylane.exceptions import DeviceError
 from pennylane.operation import Operator
 from pennylane.ops import Conditional, MidMeasure
 from pennylane.ops.op_math import Adjoint, Controlled
@@ -49,7 +50,7 @@ class Instruction:
 
     ``data`` holds, by kind: MATRIX (1 or B, 2**k, 2**k) matrices; DIAGONAL (1 or B, 2**k);
     PAULI_ROTATION (1 or B,) angles of exp(-i angle/2 P); PHASE (1 or B,) factors;
-    POSTSELECT (1, 2**k) the projector's diagonal; PAULI and MID_MEASURE nothing.
+    POSTSELECT (1, 2**k, 2**k) the projector; PAULI and MID_MEASURE nothing.
     ``condition`` makes the instruction act only on the state vectors (shots) whose
     mid-circuit measurements satisfy it.
     """
@@ -179,7 +180,7 @@ def _batched(values, trailing_dims: int) -> np.ndarray:
 def compile_operation(op: Operator, layout: Program) -> list[Instruction]:
     """Instructions that apply ``op``; the fallback is its dense matrix."""
     if isinstance(op, qml.operation.StatePrepBase):
-        raise qml.DeviceError(
+        raise DeviceError(
             f"{op.name} is supported only as the first operation; it should have been "
             "decomposed by the device's preprocessing."
         )
@@ -326,7 +327,7 @@ def _(op: qml.Projector, layout: Program) -> list[Instruction]:
         Instruction(
             Kind.POSTSELECT,
             targets=layout.targets(op.wires),
-            data=_batched(np.diagonal(qml.matrix(op)), 1),
+            data=_batched(qml.matrix(op), 2),
             source=op,
         )
     ]

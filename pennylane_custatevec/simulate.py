@@ -9,14 +9,14 @@ condition holds.
 from __future__ import annotations
 
 import numpy as np
-import pennylane as qml
+from pennylane.exceptions import DeviceError
 
 from .backends.base import Backend, StateBatch
 from .pauli import pauli_word_matrix
 from .program import Instruction, Kind, Program
 
 
-class StateTooLargeError(qml.exceptions.DeviceError, MemoryError):
+class StateTooLargeError(DeviceError, MemoryError):
     """The state vectors a run needs do not fit in the backend's free memory."""
 
 
@@ -85,7 +85,7 @@ def final_state(backend: Backend, program: Program) -> tuple[StateBatch, np.ndar
 
 
 def _postselect(backend: Backend, state: StateBatch, instruction: Instruction) -> np.ndarray:
-    backend.apply_diagonal(state, instruction.data, instruction.targets)
+    backend.apply_matrix(state, instruction.data, instruction.targets)
     probability = backend.probabilities(state, ())[:, 0]
     with np.errstate(divide="ignore", invalid="ignore"):
         scale = np.where(np.isclose(probability, 0.0), np.nan, 1.0 / np.sqrt(probability))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from pennylane.measurements import ExpectationMP, VarianceMP
 from pennylane.operation import StatePrepBase
+from pennylane.ops import LinearCombination, Sum
 from pennylane.tape import QuantumScript
 from pennylane.transforms import diagonalize_measurements, split_non_commuting
 from pennylane.transforms.core import transform
@@ -27,15 +29,99 @@ def decompose_late_state_preps(tape: QuantumScript):
     return (tape.copy(operations=operations),), _first_result
 
 
+def _flattened(mp):
+    """An expectation value or variance of a sum of Pauli words, with its observable as
+    one flat LinearCombination: PennyLane's diagonalization drops the coefficients of
+    the terms of a nested Sum."""
+    obs = mp.obs
+    if not isinstance(mp, (ExpectationMP, VarianceMP)) or not isinstance(obs, Sum):
+        return mp
+    terms = obs.pauli_rep
+    if not terms:
+        return mp
+    words = [word.operation(wire_order=obs.wires) for word in terms]
+    return type(mp)(LinearCombination(list(terms.values()), words))
+
+
+def _measured_bases(mp, all_wires) -> dict | None:
+    """{wire: basis} a measurement reads; a non-Pauli observable claims its wires whole."""
+    if mp.obs is None:
+        return {w: "Z" for w in (mp.wires or all_wires)}
+    if mp.obs.pauli_rep is None:
+        return {w: ("dense", mp.obs.hash) for w in mp.obs.wires}
+    bases: dict = {}
+    for word in mp.obs.pauli_rep:
+        for wire, letter in word.items():
+            if bases.setdefault(wire, letter) != letter:
+                return None
+    return bases
+
+
+def _qubit_wise_commuting(measurements, all_wires) -> bool:
+    """True when one rotation per wire diagonalizes every measurement together."""
+    claimed: dict = {}
+    for mp in measurements:
+        bases = _measured_bases(mp, all_wires)
+        if bases is None:
+            return False
+        for wire, basis in bases.items():
+            if claimed.setdefault(wire, basis) != basis:
+                return False
+    return True
+
+
 @transform
 def rotate_sampled_measurements(tape: QuantumScript):
-    """For finite shots: split into qubit-wise commuting groups and rotate each group's
-    observables into the computational basis, where the device samples."""
+    """For finite shots: rotate observables into the computational basis, where the
+    device samples, splitting the tape where its measurements do not commute qubit-wise.
+
+    Sums and Hamiltonians are split term by term for expectation values. A variance
+    needs its observable whole: it gets a tape of its own, rotated by the observable's
+    diagonalizing gates when its terms do not commute qubit-wise.
+    """
     if not tape.shots or all(mp.obs is None for mp in tape.measurements):
         return (tape,), _first_result
-    groups, recombine = split_non_commuting(tape, grouping_strategy="qwc")
-    rotated = []
-    for group in groups:
-        (diagonal,), _ = diagonalize_measurements(group)
-        rotated.append(diagonal)
-    return tuple(rotated), recombine
+    measurements = [_flattened(mp) for mp in tape.measurements]
+    tape = tape.copy(measurements=measurements)
+    if _qubit_wise_commuting(measurements, tape.wires):
+        return diagonalize_measurements(tape)
+    variances = [i for i, mp in enumerate(measurements) if isinstance(mp, VarianceMP) and mp.obs]
+    others = [i for i in range(len(measurements)) if i not in variances]
+    pieces = []
+    if others:
+        groups, recombine = split_non_commuting(
+            tape.copy(measurements=[measurements[i] for i in others]), grouping_strategy="qwc"
+        )
+        rotated = [diagonalize_measurements(group)[0][0] for group in groups]
+        pieces.append((others, rotated, recombine))
+    for index in variances:
+        alone = tape.copy(measurements=[measurements[index]])
+        if _qubit_wise_commuting(alone.measurements, tape.wires):
+            alone = diagonalize_measurements(alone)[0][0]
+        pieces.append(([index], [alone], _first_result))
+    return [t for _, tapes, _ in pieces for t in tapes], _reassemble(tape, pieces)
+
+
+def _reassemble(tape: QuantumScript, pieces):
+    """Post-processing that puts the pieces' results back in the tape's measurement order."""
+    partitioned = tape.shots.has_partitioned_shots
+    n_partitions = len(list(tape.shots)) if partitioned else 1
+
+    def per_measurement(value, count):
+        """value -> [partition][measurement] for a piece of ``count`` measurements."""
+        partitions = value if partitioned else (value,)
+        return [part if count > 1 else (part,) for part in partitions]
+
+    def reassemble(results):
+        table = [[None] * len(tape.measurements) for _ in range(n_partitions)]
+        start = 0
+        for indices, tapes, postprocess in pieces:
+            value = postprocess(results[start : start + len(tapes)])
+            start += len(tapes)
+            for p, part in enumerate(per_measurement(value, len(indices))):
+                for index, result in zip(indices, part, strict=True):
+                    table[p][index] = result
+        rows = [row[0] if len(row) == 1 else tuple(row) for row in table]
+        return tuple(rows) if partitioned else rows[0]
+
+    return reassemble

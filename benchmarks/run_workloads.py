@@ -1,0 +1,315 @@
+"""Run the workloads of bench/WORKLOADS.md on this device and its peers; print ratios.
+
+    python benchmarks/run_workloads.py [--workloads W1,W4] [--quick] [--repeat 3]
+
+Every configuration runs each workload once (warm-up) and its values and gradients are
+compared with the first peer's; then each is timed, best of ``--repeat``. W6 runs every
+configuration in a fresh (spawned) process and reports its peak resident memory.
+"""
+
+import argparse
+import datetime
+import inspect
+import multiprocessing
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import pennylane as qml
+import torch
+from pennylane.devices import ExecutionConfig
+from workloads import BUILDERS, QUICK_SIZES, Arrays, Workload
+
+TORCH_THREADS = 2
+SHIFT_WORK_LIMIT = 1e10
+"""Amplitude updates per step above which a parameter-shift run is skipped (roughly 10 s)."""
+SKIPPED_SHIFT = "skipped: needs adjoint (issue 3)"
+MEMORY_WORKLOADS = frozenset({"W6"})
+
+
+@dataclass(frozen=True)
+class Config:
+    """A device and how the QNode differentiates on it."""
+
+    label: str
+    device: str
+    diff_method: str
+    device_vjp: bool = False
+
+
+PEERS = (
+    Config("lightning.qubit adjoint + device_vjp", "lightning.qubit", "adjoint", True),
+    Config("lightning.qubit adjoint (Jacobian on forward)", "lightning.qubit", "adjoint"),
+    Config("default.qubit backprop", "default.qubit", "backprop"),
+)
+PEERS_BY_WORKLOAD = {"W6": PEERS[:1]}
+"""W6's other peers would need more memory than these machines have, or many minutes."""
+
+
+@dataclass
+class Cell:
+    """What one configuration did on one workload; ``note`` says why a figure is missing."""
+
+    arrays: Arrays | None = None
+    seconds: float | None = None
+    peak_mib: float | None = None
+    start_mib: float | None = None
+    note: str = ""
+    mismatch: bool = False
+
+
+def our_config(device_name: str) -> Config | str:
+    """Adjoint (with device VJPs where supported), else parameter-shift; a str says why none."""
+    try:
+        device = qml.device(device_name, wires=1)
+    except Exception as exc:  # any failure means: not usable in this environment
+        return f"unavailable: {type(exc).__name__}: {exc}"
+    adjoint = ExecutionConfig(gradient_method="adjoint")
+    if device.supports_derivatives(adjoint):
+        vjp = device.supports_vjp(adjoint)
+        suffix = " + device_vjp" if vjp else " (Jacobian on forward)"
+        return Config(f"{device_name} adjoint{suffix}", device_name, "adjoint", vjp)
+    return Config(f"{device_name} (param-shift)", device_name, "parameter-shift")
+
+
+def prepare(workload_id: str, config: Config, sizes: dict) -> tuple[Workload | None, Cell]:
+    """Build the workload and run its warm-up step, which gives the cross-check arrays."""
+    try:
+        build = BUILDERS[workload_id]
+        workload = build(config.device, config.diff_method, config.device_vjp, **sizes)
+        if config.diff_method == "parameter-shift" and workload.shift_work > SHIFT_WORK_LIMIT:
+            return None, Cell(note=SKIPPED_SHIFT)
+        return workload, Cell(arrays=workload.step())
+    except Exception as exc:  # reported in the table, the traceback on stderr
+        traceback.print_exc()
+        return None, Cell(note=f"ERROR: {type(exc).__name__}: {str(exc)[:80]}")
+
+
+def best_time(step: Callable[[], object], repeat: int) -> float:
+    """Best wall time of ``repeat`` calls (the warm-up has run already)."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def measure_in_child(workload_id: str, config: Config, sizes: dict, repeat: int) -> Cell:
+    """Warm up, time and report the peak RSS of this (fresh) process."""
+    torch.set_num_threads(TORCH_THREADS)
+    start_mib = _memory_mib("VmRSS")
+    workload, cell = prepare(workload_id, config, sizes)
+    if workload is not None:
+        cell.seconds = best_time(workload.step, repeat)
+        cell.peak_mib, cell.start_mib = _memory_mib("VmHWM"), start_mib
+    return cell
+
+
+def _memory_mib(field: str) -> float:
+    """A memory figure of this process from /proc/self/status, in MiB.
+
+    The peak is VmHWM, not ru_maxrss: a spawned child's ru_maxrss starts from the RSS of
+    the parent it was forked from, which holds the earlier workloads.
+    """
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"{field} not found in /proc/self/status")
+
+
+def run_in_fresh_process(workload_id: str, config: Config, sizes: dict, repeat: int) -> Cell:
+    context = multiprocessing.get_context("spawn")
+    try:
+        with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+            return pool.submit(measure_in_child, workload_id, config, sizes, repeat).result()
+    except Exception as exc:  # e.g. the child was killed for memory
+        return Cell(note=f"ERROR in child process: {type(exc).__name__}: {exc}")
+
+
+def cross_check(cells: list[Cell]) -> None:
+    """Mark every cell whose results differ from the first peer's; ``cells[0]`` is ours."""
+    peers = [cell for cell in cells[1:] if cell.arrays is not None]
+    if not peers:
+        return
+    for cell in cells:
+        if cell.arrays is not None and cell is not peers[0]:
+            difference = _difference(cell.arrays, peers[0].arrays)
+            if difference:
+                cell.note, cell.mismatch = f"**MISMATCH** ({difference})", True
+
+
+def _difference(arrays: Arrays, reference: Arrays) -> str:
+    """Empty when values and gradients match np.allclose(atol=1e-6), else what differs."""
+    for name, a, b in zip(("values", "gradients"), arrays, reference, strict=True):
+        if a.shape != b.shape:
+            return f"{name}: shape {a.shape} vs {b.shape}"
+        if not np.allclose(a, b, atol=1e-6):
+            return f"{name}: max abs diff {np.max(np.abs(a - b)):.1e}"
+    return ""
+
+
+def run_workload(workload_id: str, ours: Config | str, sizes: dict, repeat: int) -> list[Cell]:
+    """The cells of one table row: ours, then every peer in PEERS."""
+    wanted = PEERS_BY_WORKLOAD.get(workload_id, PEERS)
+    first = ours if isinstance(ours, Config) else "unavailable (see below)"
+    configs = [first, *(peer if peer in wanted else "n/a" for peer in PEERS)]
+    if workload_id in MEMORY_WORKLOADS:
+        cells = [_in_child(workload_id, config, sizes, repeat) for config in configs]
+        cross_check(cells)
+        return cells
+    prepared = [_prepare(workload_id, config, sizes) for config in configs]
+    cells = [cell for _, cell in prepared]
+    cross_check(cells)
+    for config, (workload, cell) in zip(configs, prepared, strict=True):
+        if workload is not None:
+            _progress(f"{workload_id}: timing {config.label}")
+            cell.seconds = best_time(workload.step, repeat)
+    return cells
+
+
+def _prepare(workload_id: str, config: Config | str, sizes: dict) -> tuple[Workload | None, Cell]:
+    if isinstance(config, str):
+        return None, Cell(note=config)
+    _progress(f"{workload_id}: warm-up and cross-check, {config.label}")
+    return prepare(workload_id, config, sizes)
+
+
+def _in_child(workload_id: str, config: Config | str, sizes: dict, repeat: int) -> Cell:
+    if isinstance(config, str):
+        return Cell(note=config)
+    _progress(f"{workload_id}: {config.label} in a fresh process")
+    return run_in_fresh_process(workload_id, config, sizes, repeat)
+
+
+def _progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def render(rows: dict[str, list[Cell]], ours: Config | str, args: argparse.Namespace) -> str:
+    """The report: environment, the table, and what the columns mean."""
+    ours_label = ours.label if isinstance(ours, Config) else args.device
+    header = ["workload", ours_label]
+    for peer in PEERS:
+        header += [peer.label, "ratio"]
+    lines = [*_preamble(args), "", _table_row(header), _table_row(["---"] * len(header))]
+    for workload_id, cells in rows.items():
+        label = _workload_label(workload_id, args.quick)
+        if isinstance(ours, Config) and ours.diff_method == "parameter-shift":
+            label += " (param-shift)"
+        row = [label, _cell_text(cells[0])]
+        for cell in cells[1:]:
+            row += [_cell_text(cell), _ratio(cell, cells[0])]
+        lines.append(_table_row(row))
+    return "\n".join([*lines, "", *_legend(ours, args)]) + "\n"
+
+
+def _preamble(args: argparse.Namespace) -> list[str]:
+    versions = ", ".join(
+        f"{name} {metadata.version(name)}" for name in ("pennylane", "pennylane_lightning", "torch")
+    )
+    return [
+        "# Workloads: this device against its peers",
+        "",
+        f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
+        f"- machine: {platform.platform()}, {multiprocessing.cpu_count()} CPUs",
+        f"- python {platform.python_version()}, {versions}, torch threads {TORCH_THREADS}",
+        f"- command: `python {' '.join(sys.argv)}`",
+        f"- times: best of {args.repeat} after one warm-up",
+        f"- sizes: {'--quick (smoke test)' if args.quick else 'full (bench/WORKLOADS.md)'}",
+    ]
+
+
+def _legend(ours: Config | str, args: argparse.Namespace) -> list[str]:
+    lines = [
+        "ratio = peer time / our time (higher is better). Before timing, every configuration's",
+        "values and gradients are compared with the first peer that ran (np.allclose, atol 1e-6);",
+        "a difference is marked **MISMATCH**. W4's time covers all its sequential calls.",
+        "W6 runs each configuration in a fresh process; peak = its peak resident memory (VmHWM),",
+        "at start = its resident memory after the imports, before the workload was built.",
+        "n/a: not run for this workload (memory or time).",
+        f"{SKIPPED_SHIFT}: parameter-shift would need over {SHIFT_WORK_LIMIT:.0e} amplitude",
+        "updates (gate applications x 2**n) per step.",
+    ]
+    if isinstance(ours, str):
+        lines.append(f"{args.device}: {ours}")
+    return lines
+
+
+def _workload_label(workload_id: str, quick: bool) -> str:
+    sizes = {
+        name: parameter.default
+        for name, parameter in inspect.signature(BUILDERS[workload_id]).parameters.items()
+        if isinstance(parameter.default, int) and not isinstance(parameter.default, bool)
+    }
+    sizes |= QUICK_SIZES[workload_id] if quick else {}
+    return f"{workload_id} ({', '.join(f'{k}={v}' for k, v in sizes.items())})"
+
+
+def _cell_text(cell: Cell) -> str:
+    parts = [] if cell.seconds is None else [_seconds(cell.seconds)]
+    if cell.peak_mib is not None:
+        parts.append(f"peak {cell.peak_mib:.0f} MiB (at start {cell.start_mib:.0f})")
+    if cell.note:
+        parts.append(cell.note)
+    return ", ".join(parts)
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
+
+
+def _ratio(peer: Cell, ours: Cell) -> str:
+    if peer.seconds is None or ours.seconds is None:
+        return "-"
+    return f"{peer.seconds / ours.seconds:.2f}x"
+
+
+def _table_row(cells: list[str]) -> str:
+    return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default=",".join(BUILDERS), help="e.g. W1,W4")
+    parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+    parser.add_argument("--repeat", type=int, default=3, help="timed calls after the warm-up")
+    parser.add_argument("--out", default="benchmarks/results/workloads.md")
+    parser.add_argument("--device", default="custatevec.qubit", help="the device under test")
+    args = parser.parse_args(argv)
+    args.workloads = [w.strip().upper() for w in args.workloads.split(",") if w.strip()]
+    unknown = sorted(set(args.workloads) - set(BUILDERS))
+    if unknown:
+        parser.error(f"unknown workloads {unknown}; choose from {list(BUILDERS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run, print and write the report; exit status 1 if any configuration disagreed."""
+    args = parse_args(argv)
+    torch.set_num_threads(TORCH_THREADS)
+    ours = our_config(args.device)
+    rows = {
+        workload_id: run_workload(
+            workload_id, ours, QUICK_SIZES[workload_id] if args.quick else {}, args.repeat
+        )
+        for workload_id in args.workloads
+    }
+    report = render(rows, ours, args)
+    print(report)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report, encoding="utf-8")
+    return int(any(cell.mismatch for cells in rows.values() for cell in cells))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Shared helpers for the custatevec.qubit test suite.
+
+Every test compares ``custatevec.qubit`` against PennyLane's ``default.qubit`` (the
+reference) on the same wires, with the same circuit.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pennylane as qml
+import pytest
+
+DEVICE = "custatevec.qubit"
+
+# Non-contiguous integer and string labels, deliberately not in sorted order.
+MIXED_WIRES = ["a", 3, "q1", 0, "z"]
+
+TOL = {np.complex128: 1e-10, np.complex64: 1e-5}
+
+
+def stable_seed(*parts) -> int:
+    """A seed that depends only on ``parts`` (stable across processes, unlike hash())."""
+    return zlib.crc32(repr(parts).encode())
+
+
+@pytest.fixture
+def rng(request):
+    """A numpy Generator seeded from the test's module and name: deterministic per test."""
+    return np.random.default_rng(stable_seed(request.node.module.__name__, request.node.name))
+
+
+def make_devices(wires, **kwargs):
+    """(custatevec.qubit, default.qubit) on the same wires; kwargs go to custatevec only
+    except ``seed``, which both get."""
+    seed = kwargs.pop("seed", None)
+    ref_kwargs = {} if seed is None else {"seed": seed}
+    dev = qml.device(DEVICE, wires=wires, seed=seed if seed is not None else "global", **kwargs)
+    ref = qml.device("default.qubit", wires=wires, **ref_kwargs)
+    return dev, ref
+
+
+def assert_same_structure(result, expected, path="result"):
+    """Same nesting (tuple/list/dict), same array shapes; returns nothing."""
+    if isinstance(expected, dict):
+        assert isinstance(result, dict), f"{path}: {type(result)} is not a dict"
+        return
+    if isinstance(expected, (tuple, list)):
+        assert isinstance(result, (tuple, list)), f"{path}: {type(result)} is not a sequence"
+        assert type(result) is type(expected), f"{path}: {type(result)} != {type(expected)}"
+        assert len(result) == len(expected), f"{path}: length {len(result)} != {len(expected)}"
+        for i, (r, e) in enumerate(zip(result, expected, strict=True)):
+            assert_same_structure(r, e, f"{path}[{i}]")
+        return
+    assert np.shape(result) == np.shape(expected), (
+        f"{path}: shape {np.shape(result)} != {np.shape(expected)}"
+    )
+
+
+def assert_allclose_nested(result, expected, atol, path="result"):
+    """Same structure and values within ``atol`` (dict values compared key by key)."""
+    assert_same_structure(result, expected, path)
+    if isinstance(expected, dict):
+        assert set(result) == set(expected), f"{path}: keys {set(result)} != {set(expected)}"
+        for key in expected:
+            np.testing.assert_allclose(result[key], expected[key], atol=atol, rtol=0)
+        return
+    if isinstance(expected, (tuple, list)):
+        for i, (r, e) in enumerate(zip(result, expected, strict=True)):
+            assert_allclose_nested(r, e, atol, f"{path}[{i}]")
+        return
+    np.testing.assert_allclose(np.asarray(result), np.asarray(expected), atol=atol, rtol=0)
+
+
+def random_unitary(dim: int, rng: np.random.Generator) -> np.ndarray:
+    """A Haar-random unitary from a QR decomposition (deterministic for a given rng)."""
+    z = (rng.normal(size=(dim, dim)) + 1j * rng.normal(size=(dim, dim))) / np.sqrt(2)
+    q, r = np.linalg.qr(z)
+    d = np.diagonal(r)
+    return q * (d / np.abs(d))
+
+
+def random_state(num_qubits: int, rng: np.random.Generator, batch=None) -> np.ndarray:
+    shape = (2**num_qubits,) if batch is None else (batch, 2**num_qubits)
+    v = rng.normal(size=shape) + 1j * rng.normal(size=shape)
+    return v / np.linalg.norm(v, axis=-1, keepdims=True)
+
+
+def random_hermitian(dim: int, rng: np.random.Generator) -> np.ndarray:
+    a = rng.normal(size=(dim, dim)) + 1j * rng.normal(size=(dim, dim))
+    return (a + a.conj().T) / 2
+
+
+def generic_layer(wires, angles):
+    """RY/RZ on every wire, then a CNOT ladder: makes the state generic (entangled)."""
+    for w, (a, b) in zip(wires, angles, strict=True):
+        qml.RY(a, wires=w)
+        qml.RZ(b, wires=w)
+    for w0, w1 in zip(wires[:-1], wires[1:], strict=True):
+        qml.CNOT([w0, w1])

@@ -1,0 +1,618 @@
+"""The CPU backend's kernels against dense numpy references.
+
+Conventions (backends/base.py): state index bits are little-endian; ``targets[j]`` is the
+state bit that becomes bit ``j`` of a matrix index; the gate acts where every control bit
+equals its control value; batched data has a leading axis of length 1 (shared) or B.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from conftest import random_unitary, stable_seed
+
+from pennylane_custatevec.backends import _cpu_kernels
+from pennylane_custatevec.backends.cpu import CPUBackend
+
+PAULI = {
+    "I": np.eye(2, dtype=complex),
+    "X": np.array([[0, 1], [1, 0]], dtype=complex),
+    "Y": np.array([[0, -1j], [1j, 0]]),
+    "Z": np.diag([1.0 + 0j, -1.0]),
+}
+TOL = {np.complex128: 1e-12, np.complex64: 2e-5}
+
+
+# --- references --------------------------------------------------------------------------
+
+
+def word_matrix(word: str) -> np.ndarray:
+    """Letter j acts on bit j of the matrix index (so it is the rightmost kron factor)."""
+    m = np.ones((1, 1), dtype=complex)
+    for letter in word:
+        m = np.kron(PAULI[letter], m)
+    return m
+
+
+def dense_operator(n, matrix, targets, controls=(), values=()):
+    """The 2**n x 2**n operator of ``matrix`` on ``targets`` under the controls."""
+    k = len(targets)
+    dim = 1 << n
+    op = np.eye(dim, dtype=complex)
+    offsets = [sum(((a >> j) & 1) << t for j, t in enumerate(targets)) for a in range(1 << k)]
+    target_mask = sum(1 << t for t in targets)
+    for base in range(dim):
+        if base & target_mask:
+            continue
+        if any(((base >> c) & 1) != v for c, v in zip(controls, values, strict=True)):
+            continue
+        rows = [base | o for o in offsets]
+        op[np.ix_(rows, rows)] = matrix
+    return op
+
+
+def ref_apply(psi, matrices, targets, controls=(), values=()):
+    """Reference psi_b <- U_b psi_b with the dense operator (small n) of each matrix."""
+    n = psi.shape[1].bit_length() - 1
+    matrices = np.broadcast_to(matrices, (psi.shape[0],) + matrices.shape[1:])
+    return np.stack(
+        [
+            dense_operator(n, m, targets, controls, values) @ v
+            for m, v in zip(matrices, psi, strict=True)
+        ]
+    )
+
+
+def ref_apply_blocks(psi, matrices, targets, controls=(), values=()):
+    """The same as ref_apply by fancy indexing: usable for large n (threaded kernels)."""
+    batch, dim = psi.shape
+    k = len(targets)
+    matrices = np.broadcast_to(matrices, (batch, 1 << k, 1 << k))
+    idx = np.arange(dim)
+    keep = (idx & sum(1 << t for t in targets)) == 0
+    for c, v in zip(controls, values, strict=True):
+        keep &= ((idx >> c) & 1) == v
+    offsets = np.array(
+        [sum(((a >> j) & 1) << t for j, t in enumerate(targets)) for a in range(1 << k)]
+    )
+    rows = idx[keep][:, None] | offsets[None, :]
+    out = psi.copy()
+    for b in range(batch):
+        out[b, rows] = psi[b, rows] @ matrices[b].T
+    return out
+
+
+def ref_probs(psi, bits):
+    p = np.abs(psi) ** 2
+    idx = np.arange(psi.shape[1])
+    outcome = np.zeros_like(idx)
+    for j, bit in enumerate(bits):
+        outcome |= ((idx >> bit) & 1) << j
+    out = np.zeros((psi.shape[0], 1 << len(bits)))
+    for b in range(psi.shape[0]):
+        np.add.at(out[b], outcome, p[b])
+    return out
+
+
+def random_states(n, batch, rng):
+    v = rng.normal(size=(batch, 1 << n)) + 1j * rng.normal(size=(batch, 1 << n))
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def backend_state(backend, psi):
+    state = backend.from_host(psi)
+    assert state.dtype == backend.dtype and state.flags.c_contiguous
+    return state
+
+
+def rotation(word, angle):
+    p = word_matrix(word)
+    return np.cos(angle / 2) * np.eye(len(p)) - 1j * np.sin(angle / 2) * p
+
+
+# --- reference self-checks ---------------------------------------------------------------
+
+
+def test_reference_matches_kron_layout():
+    """Bit b of the index is the (n-1-b)-th kron factor: the reference follows the convention."""
+    rng = np.random.default_rng(0)
+    m = random_unitary(2, rng)
+    n = 4
+    for t in range(n):
+        factors = [np.eye(2)] * n
+        factors[n - 1 - t] = m
+        kron = factors[0]
+        for f in factors[1:]:
+            kron = np.kron(kron, f)
+        np.testing.assert_allclose(dense_operator(n, m, [t]), kron, atol=1e-14)
+    # CNOT: control bit 1, target bit 0 flips index 2 <-> 3
+    cnot = dense_operator(2, PAULI["X"], [0], [1], [1])
+    np.testing.assert_allclose(cnot[:, 2], [0, 0, 0, 1])
+    psi = random_states(5, 2, rng)
+    u = random_unitary(8, rng)[None]
+    np.testing.assert_allclose(
+        ref_apply(psi, u, [3, 0, 4], [1], [0]), ref_apply_blocks(psi, u, [3, 0, 4], [1], [0])
+    )
+
+
+# --- apply_matrix ------------------------------------------------------------------------
+
+N = 6
+TARGET_CASES = [
+    # (targets, controls, control values)
+    ((0,), (), ()),
+    ((5,), (), ()),
+    ((2,), (0,), (1,)),
+    ((3,), (5, 1), (0, 1)),
+    ((0,), (1, 2), (0, 0)),  # three fixed bits all low
+    ((1, 0), (), ()),
+    ((0, 5), (), ()),
+    ((4, 2), (3,), (0,)),
+    ((2, 3), (0, 1), (1, 0)),
+    ((5, 0), (2, 4), (1, 1)),
+    ((0, 1, 2), (), ()),
+    ((4, 0, 2), (), ()),
+    ((5, 3, 1), (0,), (0,)),
+    ((1, 4, 3), (5, 0), (1, 0)),
+    ((3, 1, 0, 5), (2,), (1,)),
+]
+
+
+def _ids(case):
+    targets, controls, values = case
+    digits = ["".join(map(str, part)) for part in (targets, controls, values)]
+    return "t{}-c{}-v{}".format(*digits)
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "per-vector"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("case", TARGET_CASES, ids=[_ids(c) for c in TARGET_CASES])
+def test_apply_matrix(case, batch, shared, dtype):
+    targets, controls, values = case
+    rng = np.random.default_rng(stable_seed("apply_matrix", case, batch, shared))
+    k = len(targets)
+    count = 1 if shared else batch
+    mats = np.stack([random_unitary(1 << k, rng) for _ in range(count)])
+    psi = random_states(N, batch, rng)
+    backend = CPUBackend(dtype)
+    state = backend_state(backend, psi)
+    backend.apply_matrix(state, mats, targets, controls, values)
+    expected = ref_apply(psi, mats, targets, controls, values)
+    np.testing.assert_allclose(backend.to_host(state), expected, atol=TOL[dtype])
+
+
+def test_apply_matrix_non_unitary():
+    """The kernels apply any matrix (e.g. projectors used for measurements)."""
+    rng = np.random.default_rng(3)
+    mats = rng.normal(size=(3, 4, 4)) + 1j * rng.normal(size=(3, 4, 4))
+    psi = random_states(5, 3, rng)
+    backend = CPUBackend()
+    state = backend.from_host(psi)
+    backend.apply_matrix(state, mats, (4, 1), (2,), (0,))
+    np.testing.assert_allclose(state, ref_apply(psi, mats, (4, 1), (2,), (0,)), atol=1e-12)
+
+
+# --- apply_diagonal ----------------------------------------------------------------------
+
+DIAG_CASES = [
+    ((0,), (), ()),
+    ((5,), (2,), (0,)),
+    ((3, 1), (), ()),
+    ((0, 4), (5, 2), (1, 0)),
+    ((2, 5, 0), (1,), (1,)),
+    ((1,), (0, 2, 3), (0, 1, 0)),
+    ((), (3, 4), (1, 0)),  # a phase on the control subspace only
+]
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "per-vector"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("case", DIAG_CASES, ids=[_ids(c) for c in DIAG_CASES])
+def test_apply_diagonal(case, batch, shared, dtype):
+    targets, controls, values = case
+    rng = np.random.default_rng(stable_seed("diag", case, batch, shared))
+    k = len(targets)
+    count = 1 if shared else batch
+    diags = np.exp(1j * rng.uniform(0, 2 * np.pi, size=(count, 1 << k))) * rng.uniform(
+        0.5, 1.5, size=(count, 1 << k)
+    )
+    psi = random_states(N, batch, rng)
+    backend = CPUBackend(dtype)
+    state = backend_state(backend, psi)
+    backend.apply_diagonal(state, diags, targets, controls, values)
+    mats = np.stack([np.diag(d) for d in diags])
+    expected = ref_apply(psi, mats, targets, controls, values)
+    np.testing.assert_allclose(backend.to_host(state), expected, atol=TOL[dtype])
+
+
+# --- Pauli words -------------------------------------------------------------------------
+
+PAULI_CASES = [
+    ("X", (0,), (), ()),
+    ("Y", (5,), (1,), (0,)),
+    ("Z", (3,), (0, 4), (1, 1)),
+    ("I", (2,), (), ()),
+    ("XX", (0, 1), (), ()),
+    ("XY", (4, 1), (), ()),
+    ("ZZ", (2, 5), (3,), (0,)),
+    ("YZ", (0, 3), (5,), (1,)),
+    ("ZX", (1, 4), (), ()),
+    ("XIZ", (5, 2, 0), (), ()),
+    ("YXZ", (2, 0, 5), (3,), (1,)),
+    ("ZZZ", (0, 1, 2), (3,), (0,)),
+    ("YYYY", (5, 3, 1, 0), (), ()),
+    ("XYZX", (1, 2, 4, 5), (0, 3), (0, 1)),
+    ("II", (1, 3), (0,), (1,)),
+]
+
+
+def _pids(case):
+    word, targets, controls, values = case
+    return f"{word}-{_ids((targets, controls, values))}"
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("case", PAULI_CASES, ids=[_pids(c) for c in PAULI_CASES])
+def test_apply_pauli(case, batch, dtype):
+    word, targets, controls, values = case
+    rng = np.random.default_rng(stable_seed("pauli", case, batch))
+    psi = random_states(N, batch, rng)
+    backend = CPUBackend(dtype)
+    state = backend_state(backend, psi)
+    backend.apply_pauli(state, word, targets, controls, values)
+    expected = ref_apply(psi, word_matrix(word)[None], targets, controls, values)
+    np.testing.assert_allclose(backend.to_host(state), expected, atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "per-vector"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("case", PAULI_CASES, ids=[_pids(c) for c in PAULI_CASES])
+def test_apply_pauli_rotation(case, batch, shared, dtype):
+    word, targets, controls, values = case
+    rng = np.random.default_rng(stable_seed("rotation", case, batch, shared))
+    angles = rng.uniform(-2 * np.pi, 2 * np.pi, size=1 if shared else batch)
+    psi = random_states(N, batch, rng)
+    backend = CPUBackend(dtype)
+    state = backend_state(backend, psi)
+    backend.apply_pauli_rotation(state, angles, word, targets, controls, values)
+    mats = np.stack([rotation(word, a) for a in angles])
+    expected = ref_apply(psi, mats, targets, controls, values)
+    np.testing.assert_allclose(backend.to_host(state), expected, atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize(
+    "word, targets",
+    [
+        ("Z", (0,)),
+        ("X", (5,)),
+        ("Y", (2,)),
+        ("I", (1,)),
+        ("", ()),
+        ("XY", (3, 0)),
+        ("ZZ", (5, 1)),
+        ("YXZ", (1, 4, 2)),
+        ("XIYZ", (0, 1, 2, 3)),
+        ("YYYYYY", (5, 4, 3, 2, 1, 0)),
+    ],
+)
+def test_expval_pauli(word, targets, batch, dtype):
+    rng = np.random.default_rng(stable_seed("expval_pauli", word, targets, batch))
+    psi = random_states(N, batch, rng)
+    backend = CPUBackend(dtype)
+    state = backend_state(backend, psi)
+    out = backend.expval_pauli(state, word, targets)
+    assert out.dtype == np.float64 and out.shape == (batch,)
+    op = dense_operator(N, word_matrix(word), targets)
+    expected = np.real(np.einsum("bi,ij,bj->b", psi.conj(), op, psi))
+    np.testing.assert_allclose(out, expected, atol=TOL[dtype] * 10)
+    np.testing.assert_allclose(backend.to_host(state), psi, atol=TOL[dtype])  # unchanged
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("targets", [(0,), (5,), (3, 1), (0, 5), (4, 0, 2), (1, 2, 3, 0)], ids=str)
+def test_expval_matrix(targets, batch, dtype):
+    rng = np.random.default_rng(stable_seed("expval_matrix", targets, batch))
+    d = 1 << len(targets)
+    m = rng.normal(size=(d, d)) + 1j * rng.normal(size=(d, d))  # not Hermitian: complex result
+    psi = random_states(N, batch, rng)
+    backend = CPUBackend(dtype)
+    state = backend_state(backend, psi)
+    out = backend.expval_matrix(state, m, targets)
+    assert out.dtype == np.complex128 and out.shape == (batch,)
+    op = dense_operator(N, m, targets)
+    expected = np.einsum("bi,ij,bj->b", psi.conj(), op, psi)
+    np.testing.assert_allclose(out, expected, atol=TOL[dtype] * 10)
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize(
+    "bits", [(), (0,), (5,), (3, 0, 5), (1, 0), (0, 1), (5, 4, 3, 2, 1, 0), (2, 4, 1, 3)], ids=str
+)
+def test_probabilities(bits, batch, dtype):
+    rng = np.random.default_rng(stable_seed("probs", bits, batch))
+    psi = random_states(N, batch, rng)
+    backend = CPUBackend(dtype)
+    out = backend.probabilities(backend_state(backend, psi), bits)
+    assert out.dtype == np.float64 and out.shape == (batch, 1 << len(bits))
+    np.testing.assert_allclose(out, ref_probs(psi, bits), atol=TOL[dtype] * 10)
+    np.testing.assert_allclose(out.sum(axis=1), 1.0, atol=TOL[dtype] * 10)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("bits", [(0,), (4, 1), (2, 5, 0), tuple(range(N))], ids=str)
+def test_sample_frequencies(bits, batch):
+    rng = np.random.default_rng(stable_seed("sample", bits, batch))
+    psi = random_states(N, batch, rng)
+    backend = CPUBackend()
+    state = backend_state(backend, psi)
+    shots = 40000
+    samples = backend.sample(state, bits, shots, np.random.default_rng(7))
+    assert samples.shape == (batch, shots) and samples.dtype == np.int64
+    assert samples.min() >= 0 and samples.max() < 1 << len(bits)
+    probs = ref_probs(psi, bits)
+    for b in range(batch):
+        freq = np.bincount(samples[b], minlength=1 << len(bits)) / shots
+        np.testing.assert_allclose(freq, probs[b], atol=0.015)
+    again = backend.sample(state, bits, shots, np.random.default_rng(7))
+    np.testing.assert_array_equal(samples, again)
+    other = backend.sample(state, bits, shots, np.random.default_rng(8))
+    assert not np.array_equal(samples, other)
+
+
+def test_sample_deterministic_state():
+    backend = CPUBackend()
+    psi = np.zeros((2, 8), dtype=complex)
+    psi[0, 5] = 1  # bits 0 and 2 set
+    psi[1, 2] = 1j  # bit 1 set
+    samples = backend.sample(backend.from_host(psi), (2, 1, 0), 100, np.random.default_rng(0))
+    # outcome bit j is state bit bits[j]: 5 = 101 -> (bit2, bit1, bit0) = (1, 0, 1) -> 0b101
+    np.testing.assert_array_equal(samples[0], 0b101)
+    np.testing.assert_array_equal(samples[1], 0b010)
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
+def test_state_management(dtype):
+    backend = CPUBackend(dtype)
+    state = backend.zero_state(4, 3)
+    assert state.shape == (3, 16) and state.dtype == dtype
+    expected = np.zeros((3, 16))
+    expected[:, 0] = 1
+    np.testing.assert_array_equal(backend.to_host(state), expected)
+    assert backend.to_host(state).dtype == np.complex128
+    copy = backend.copy(state)
+    backend.apply_pauli(copy, "X", (2,))
+    np.testing.assert_array_equal(backend.to_host(state), expected)  # the copy is independent
+    assert backend.to_host(copy)[0, 4] == 1
+    factors = np.array([1j, -1, 0.5])
+    backend.scale(copy, factors)
+    np.testing.assert_allclose(backend.to_host(copy)[:, 4], factors, atol=1e-7)
+    assert backend.available_bytes() > 0
+
+
+# --- threaded kernels --------------------------------------------------------------------
+
+BIG_N = 16  # 2**16 amplitudes >= _PARALLEL_THRESHOLD: the threaded kernels run
+
+
+def test_big_states_use_the_threaded_kernels():
+    assert (1 << BIG_N) >= _cpu_kernels._PARALLEL_THRESHOLD
+    assert 3 * (1 << 14) >= _cpu_kernels._PARALLEL_THRESHOLD
+    big = np.zeros((1, 1 << BIG_N), dtype=np.complex128)
+    small = np.zeros((1, 1 << 6), dtype=np.complex128)
+    for name, (threaded, serial) in _cpu_kernels._KERNELS.items():
+        assert _cpu_kernels.kernel(name, big) is threaded
+        assert _cpu_kernels.kernel(name, small) is serial
+
+
+BIG_SHAPES = [(BIG_N, 1), (14, 3)]  # (qubits, batch), both over the threshold
+BIG_CASES = [
+    ((0,), (), ()),
+    ((15 - 2,), (1, 0), (1, 0)),
+    ((3, 12), (), ()),
+    ((0, 1), (2,), (1,)),
+    ((13, 2, 7), (), ()),
+    ((1, 0, 2), (5, 3), (0, 1)),
+]
+
+
+@pytest.fixture(scope="module")
+def big_states():
+    rng = np.random.default_rng(99)
+    return {shape: random_states(shape[0], shape[1], rng) for shape in BIG_SHAPES}
+
+
+@pytest.mark.parametrize("shape", BIG_SHAPES, ids=lambda s: f"n{s[0]}b{s[1]}")
+@pytest.mark.parametrize("case", BIG_CASES, ids=[_ids(c) for c in BIG_CASES])
+def test_threaded_apply_matrix(case, shape, big_states):
+    targets, controls, values = case
+    n, batch = shape
+    rng = np.random.default_rng(stable_seed("big", case, shape))
+    mats = np.stack([random_unitary(1 << len(targets), rng) for _ in range(batch)])
+    psi = big_states[shape]
+    backend = CPUBackend()
+    state = backend.from_host(psi)
+    backend.apply_matrix(state, mats, targets, controls, values)
+    np.testing.assert_allclose(
+        state, ref_apply_blocks(psi, mats, targets, controls, values), atol=1e-12
+    )
+    shared = backend.from_host(psi)
+    backend.apply_matrix(shared, mats[:1], targets, controls, values)
+    np.testing.assert_allclose(
+        shared, ref_apply_blocks(psi, mats[:1], targets, controls, values), atol=1e-12
+    )
+
+
+@pytest.mark.parametrize("shape", BIG_SHAPES, ids=lambda s: f"n{s[0]}b{s[1]}")
+def test_threaded_diagonal_pauli_rotation(shape, big_states):
+    n, batch = shape
+    rng = np.random.default_rng(stable_seed("big-other", shape))
+    psi = big_states[shape]
+    backend = CPUBackend()
+
+    diags = np.exp(1j * rng.uniform(0, 6, size=(batch, 4)))
+    state = backend.from_host(psi)
+    backend.apply_diagonal(state, diags, (n - 1, 2), (0,), (1,))
+    mats = np.stack([np.diag(d) for d in diags])
+    np.testing.assert_allclose(
+        state, ref_apply_blocks(psi, mats, (n - 1, 2), (0,), (1,)), atol=1e-12
+    )
+
+    for word, targets, controls, values in [
+        ("XYZ", (n - 1, 0, 5), (3,), (0,)),
+        ("ZZ", (1, 7), (), ()),
+        ("YX", (0, 1), (2, n - 2), (1, 1)),
+    ]:
+        state = backend.from_host(psi)
+        backend.apply_pauli(state, word, targets, controls, values)
+        expected = ref_apply_blocks(psi, word_matrix(word)[None], targets, controls, values)
+        np.testing.assert_allclose(state, expected, atol=1e-12)
+
+        angles = rng.uniform(-3, 3, size=batch)
+        state = backend.from_host(psi)
+        backend.apply_pauli_rotation(state, angles, word, targets, controls, values)
+        mats = np.stack([rotation(word, a) for a in angles])
+        expected = ref_apply_blocks(psi, mats, targets, controls, values)
+        np.testing.assert_allclose(state, expected, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", BIG_SHAPES, ids=lambda s: f"n{s[0]}b{s[1]}")
+def test_threaded_reductions(shape, big_states):
+    n, batch = shape
+    psi = big_states[shape]
+    backend = CPUBackend()
+    state = backend.from_host(psi)
+
+    for bits in [(0,), (n - 1, 3), (2, 0, n - 2, 5)]:
+        np.testing.assert_allclose(
+            backend.probabilities(state, bits), ref_probs(psi, bits), atol=1e-12
+        )
+
+    for word, targets in [("X", (n - 1,)), ("ZYX", (0, 4, 9)), ("ZZ", (3, 1))]:
+        applied = ref_apply_blocks(psi, word_matrix(word)[None], targets)
+        expected = np.real(np.einsum("bi,bi->b", psi.conj(), applied))
+        np.testing.assert_allclose(backend.expval_pauli(state, word, targets), expected, atol=1e-12)
+
+    rng = np.random.default_rng(1)
+    for targets in [(0,), (n - 1, 2), (5, 0, 11)]:
+        d = 1 << len(targets)
+        m = rng.normal(size=(d, d)) + 1j * rng.normal(size=(d, d))
+        applied = ref_apply_blocks(psi, m[None], targets)
+        expected = np.einsum("bi,bi->b", psi.conj(), applied)
+        np.testing.assert_allclose(backend.expval_matrix(state, m, targets), expected, atol=1e-12)
+
+
+def _kernel_args(name, state, rng):
+    """Arguments (after the state) of kernel ``name``, the way CPUBackend builds them."""
+    n = state.shape[1].bit_length() - 1
+    batch = state.shape[0]
+    sort = lambda bits: np.sort(np.asarray(bits, dtype=np.int64))  # noqa: E731
+    if name == "apply_1q":
+        return (random_unitary(2, rng)[None], 3, sort([3, 0]), 1 << 0)
+    if name == "apply_2q":
+        return (
+            np.stack([random_unitary(4, rng)] * batch),
+            np.array([n - 1, 1]),
+            sort([n - 1, 1, 2]),
+            0,
+        )
+    if name == "apply_kq":
+        return (random_unitary(8, rng)[None], np.array([2, 0, 6]), sort([2, 0, 6]), 0)
+    if name == "apply_diagonal":
+        return (np.exp(1j * rng.uniform(0, 6, size=(1, 4))), np.array([0, 4]), sort([5]), 1 << 5)
+    if name == "apply_pauli_rotation":
+        x, z = (1 << 2) | (1 << 7), (1 << 7) | (1 << 1)
+        return (np.array([0.7] * batch), x, z, 1j, sort([7]), 0)
+    if name == "apply_pauli":
+        return ((1 << 2) | (1 << 7), (1 << 7), 1j, sort([7, 0]), 1)
+    if name == "expval_pauli":
+        return ((1 << 3), (1 << 3) | 1, 1j, np.empty(batch))
+    if name == "expval_matrix":
+        m = rng.normal(size=(4, 4)) + 1j * rng.normal(size=(4, 4))
+        return (m, np.array([1, n - 1]), sort([1, n - 1]), np.empty(batch, dtype=complex))
+    if name == "marginal_probs":
+        return (np.array([4, 0, n - 1]), np.empty((batch, 8)))
+    raise AssertionError(f"no arguments for new kernel {name}; add them to this test")
+
+
+@pytest.mark.parametrize("shape", BIG_SHAPES, ids=lambda s: f"n{s[0]}b{s[1]}")
+@pytest.mark.parametrize("name", list(_cpu_kernels._KERNELS))
+def test_threaded_kernel_equals_serial_kernel(name, shape, big_states):
+    """Every kernel, compiled threaded and serial, gives the same result on a big batch."""
+    threaded, serial = _cpu_kernels._KERNELS[name]
+    psi = big_states[shape]
+    args = _kernel_args(name, psi, np.random.default_rng(stable_seed(name)))
+    outputs = []
+    for fn in (threaded, serial):
+        state = np.array(psi, order="C")
+        fn_args = tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args)
+        fn(state, *fn_args)
+        out = fn_args[-1] if name.startswith(("expval", "marginal")) else state
+        outputs.append(out)
+    np.testing.assert_allclose(outputs[0], outputs[1], atol=1e-12)
+    if not name.startswith(("expval", "marginal")):
+        assert not np.allclose(outputs[0], psi)  # the kernel did something
+
+
+@pytest.mark.parametrize("batch", [1, 2, 5])
+def test_many_random_gates_complex64_vs_complex128(batch):
+    """A random sequence of every kernel: complex64 tracks complex128 within round-off."""
+    rng = np.random.default_rng(stable_seed("sequence", batch))
+    psi = random_states(N, batch, rng)
+    b64, b128 = CPUBackend(np.complex64), CPUBackend(np.complex128)
+    s64, s128 = b64.from_host(psi), b128.from_host(psi)
+    expected = psi.copy()
+    for step in range(40):
+        bits = [int(b) for b in rng.permutation(N)]
+        kind = step % 4
+        k = 1 + step % 3
+        targets, controls = bits[:k], bits[k : k + step % 2 + 1]
+        values = [int(v) for v in rng.integers(0, 2, size=len(controls))]
+        if kind == 0:
+            m = np.stack([random_unitary(1 << k, rng) for _ in range(batch)])
+            for b, s in ((b64, s64), (b128, s128)):
+                b.apply_matrix(s, m, targets, controls, values)
+        elif kind == 1:
+            m = np.exp(1j * rng.uniform(0, 6, size=(1, 1 << k)))
+            for b, s in ((b64, s64), (b128, s128)):
+                b.apply_diagonal(s, m, targets, controls, values)
+            m = np.stack([np.diag(d) for d in m])
+        elif kind == 2:
+            word = "".join(rng.choice(list("IXYZ"), size=k))
+            angles = rng.uniform(-3, 3, size=batch)
+            for b, s in ((b64, s64), (b128, s128)):
+                b.apply_pauli_rotation(s, angles, word, targets, controls, values)
+            m = np.stack([rotation(word, a) for a in angles])
+        else:
+            word = "".join(rng.choice(list("XYZ"), size=k))
+            for b, s in ((b64, s64), (b128, s128)):
+                b.apply_pauli(s, word, targets, controls, values)
+            m = word_matrix(word)[None]
+        expected = ref_apply(expected, m, targets, controls, values)
+    np.testing.assert_allclose(b128.to_host(s128), expected, atol=1e-12)
+    np.testing.assert_allclose(b64.to_host(s64), expected, atol=1e-4)
+
+
+def test_all_target_layouts_two_qubit_small():
+    """Every ordered pair of targets with every third bit as a 0/1 control on 4 qubits."""
+    rng = np.random.default_rng(12)
+    backend = CPUBackend()
+    psi = random_states(4, 2, rng)
+    for t0, t1 in itertools.permutations(range(4), 2):
+        m = random_unitary(4, rng)[None]
+        for c in set(range(4)) - {t0, t1}:
+            for v in (0, 1):
+                state = backend.from_host(psi)
+                backend.apply_matrix(state, m, (t0, t1), (c,), (v,))
+                np.testing.assert_allclose(
+                    state, ref_apply(psi, m, (t0, t1), (c,), (v,)), atol=1e-12
+                )

@@ -1,0 +1,365 @@
+"""Mid-circuit measurements on custatevec.qubit against default.qubit.
+
+Statistics of the one-shot method are checked against default.qubit's exact (deferred,
+analytic) values; default.qubit's own one-shot runs (slow: a Python loop per shot) are used
+with few shots, for the nesting, shapes, dtypes and keys of the results only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pennylane as qml
+import pytest
+from conftest import assert_allclose_nested, assert_same_structure, make_devices
+
+W = ["q0", "q1", "q2", 7, 8, 9]  # 8 and 9: the wires the deferred method adds
+PARAMS = np.array([1.4, 2.1, 1.3, 0.7, -0.9])
+SHOTS = 5000
+STAT_TOL = 0.05
+
+
+def body(x, postselect=None):
+    """A circuit with two measurements, a reset, and conditionals of every kernel kind."""
+    qml.RX(x[0], "q0")
+    qml.RY(x[1], "q1")
+    qml.CNOT(["q0", "q1"])
+    qml.Hadamard("q2")
+    m0 = qml.measure("q0", postselect=postselect)
+    qml.cond(m0, qml.RY)(x[2], wires="q2")  # Pauli rotation
+    qml.cond(~m0, qml.PauliX)("q1")  # Pauli
+    m1 = qml.measure("q1", reset=True)
+    qml.cond(m0 & m1, qml.Hadamard)("q1")  # dense matrix
+    qml.cond(m1, qml.PhaseShift)(x[3], wires="q2")  # diagonal
+    qml.cond(m0 + m1 == 1, qml.CRX)(x[4], wires=["q2", 7])  # two-qubit matrix
+    qml.cond(m1, qml.RX, qml.RZ)(x[4], wires="q0")  # with a false branch
+    qml.Hadamard("q2")
+    return m0, m1
+
+
+def _node(dev, measure, method, shots=None, postselect=None, postselect_mode=None):
+    def circuit(x):
+        m0, m1 = body(x, postselect)
+        return measure(m0, m1)
+
+    kwargs = {"mcm_method": method}
+    if postselect_mode is not None:
+        kwargs["postselect_mode"] = postselect_mode
+    node = qml.QNode(circuit, dev, **kwargs)
+    return qml.set_shots(node, shots=shots) if shots is not None else node
+
+
+def exact(measure, postselect=None):
+    """default.qubit's exact result (deferred measurements, analytic)."""
+    ref = qml.device("default.qubit", wires=W)
+    return _node(ref, measure, "deferred", postselect=postselect)(PARAMS)
+
+
+def analytic_measurements(m0, m1):
+    return (
+        qml.expval(qml.Z("q2")),
+        qml.probs(wires=["q1", "q2"]),
+        qml.expval(m0),
+        qml.probs(op=m1),
+        qml.var(qml.X(7)),
+        qml.expval(qml.Y("q0") @ qml.Z(7)),
+    )
+
+
+def deferred_measurements(m0, m1):
+    """analytic_measurements without expval/var of a measurement value."""
+    return (
+        qml.expval(qml.Z("q2")),
+        qml.probs(wires=["q1", "q2"]),
+        qml.probs(op=m0),
+        qml.probs(op=m1),
+        qml.var(qml.X(7)),
+        qml.expval(qml.Y("q0") @ qml.Z(7)),
+        qml.probs(op=[m0, m1]),
+    )
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
+def test_deferred_analytic(dtype):
+    dev, _ = make_devices(W, c_dtype=dtype)
+    result = _node(dev, deferred_measurements, "deferred")(PARAMS)
+    expected = exact(deferred_measurements)
+    assert_allclose_nested(result, expected, atol=1e-10 if dtype == np.complex128 else 1e-5)
+    assert 0.05 < result[2][1] < 0.95  # the measurement is not deterministic
+
+
+def test_deferred_default_method_without_shots():
+    """Without shots, mcm_method=None runs (deferred) and matches default.qubit."""
+    dev, _ = make_devices(W)
+    result = _node(dev, deferred_measurements, None)(PARAMS)
+    assert_allclose_nested(result, exact(deferred_measurements), atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "measure",
+    [
+        lambda m0, m1: qml.expval(m0),
+        lambda m0, m1: qml.var(m1),
+        lambda m0, m1: qml.expval(2 * m0 + m1),
+    ],
+    ids=["expval_m0", "var_m1", "expval_2m0_plus_m1"],
+)
+def test_deferred_analytic_expval_var_of_measurement_value(measure):
+    """Analytic expval / var of a mid-circuit measurement value (an ExpectationMP or
+    VarianceMP without an observable) weight its eigenvalues by their probabilities."""
+    dev, _ = make_devices(W)
+    result = _node(dev, measure, "deferred")(PARAMS)
+    assert_allclose_nested(result, exact(measure), atol=1e-10)
+
+
+def test_deferred_with_shots():
+    def measure(m0, m1):
+        return qml.expval(qml.Z("q2")), qml.probs(wires=["q1", "q2"]), qml.sample(wires=[7])
+
+    dev, ref = make_devices(W, seed=21)
+    result = _node(dev, measure, "deferred", shots=SHOTS)(PARAMS)
+    expected = _node(ref, measure, "deferred", shots=SHOTS)(PARAMS)
+    assert_same_structure(result, expected)
+    exact_values = exact(
+        lambda m0, m1: (
+            qml.expval(qml.Z("q2")),
+            qml.probs(wires=["q1", "q2"]),
+            qml.probs(wires=[7]),
+        )
+    )
+    assert abs(result[0] - exact_values[0]) < STAT_TOL
+    np.testing.assert_allclose(result[1], exact_values[1], atol=STAT_TOL)
+    assert result[2].shape == (SHOTS, 1) and result[2].dtype == expected[2].dtype
+    assert abs(result[2].mean() - exact_values[2][1]) < STAT_TOL
+
+
+def deferred_mv_measurements(m0, m1):
+    return qml.sample(m0), qml.counts(m1), qml.probs(op=m0), qml.expval(m1)
+
+
+def test_deferred_with_shots_measurement_values():
+    """With deferred measurements and shots, the wires that hold measurement values are
+    sampled like any other wire the measurements read."""
+    dev, ref = make_devices(W, seed=22)
+    result = _node(dev, deferred_mv_measurements, "deferred", shots=SHOTS)(PARAMS)
+    expected = _node(ref, deferred_mv_measurements, "deferred", shots=SHOTS)(PARAMS)
+    assert_same_structure(result, expected)
+    reference = exact(lambda m0, m1: (qml.probs(op=m0), qml.probs(op=m1)))
+    assert result[0].shape == (SHOTS,) and result[0].dtype == expected[0].dtype
+    assert abs(result[0].mean() - reference[0][1]) < STAT_TOL
+    assert set(result[1]) == set(expected[1])
+    assert abs(result[1][1] / SHOTS - reference[1][1]) < STAT_TOL
+    np.testing.assert_allclose(result[2], reference[0], atol=STAT_TOL)
+    assert abs(result[3] - reference[1][1]) < STAT_TOL
+
+
+def mcm_measurements(m0, m1):
+    return (
+        qml.expval(qml.Z("q2")),
+        qml.probs(wires=["q1", "q2"]),
+        qml.expval(m0),
+        qml.sample(m1),
+        qml.probs(op=m1),
+        qml.counts(m0),
+        qml.var(qml.X(7)),
+        qml.sample(wires=["q2", "q0"]),
+        qml.counts(wires=["q1"]),
+    )
+
+
+def _check_one_shot_statistics(result, postselect=None):
+    reference = exact(analytic_measurements, postselect=postselect)
+    n = len(result[3])
+    assert abs(result[0] - reference[0]) < STAT_TOL
+    np.testing.assert_allclose(result[1], reference[1], atol=STAT_TOL)
+    assert abs(result[2] - reference[2]) < STAT_TOL
+    assert abs(result[3].mean() - reference[3][1]) < STAT_TOL
+    np.testing.assert_allclose(result[4], reference[3], atol=STAT_TOL)
+    assert sum(result[5].values()) == n
+    assert abs(result[5].get(1, 0) / n - reference[2]) < STAT_TOL
+    assert abs(result[6] - reference[4]) < STAT_TOL * 2
+    q2_probs = reference[1][[0, 2]].sum(), reference[1][[1, 3]].sum()
+    assert abs(result[7][:, 0].mean() - q2_probs[1]) < STAT_TOL
+    q1_one = reference[1][2] + reference[1][3]
+    assert abs(result[8].get("1", 0) / n - q1_one) < STAT_TOL
+
+
+def _assert_same_types(result, expected):
+    assert_same_structure(
+        [np.asarray(r)[:0] if isinstance(r, np.ndarray) and r.ndim else r for r in result],
+        [np.asarray(e)[:0] if isinstance(e, np.ndarray) and e.ndim else e for e in expected],
+    )
+    for r, e in zip(result, expected, strict=True):
+        if isinstance(e, dict):
+            assert {type(k) for k in r} == {type(k) for k in e}
+        else:
+            assert np.asarray(r).dtype == np.asarray(e).dtype
+            assert np.ndim(r) == np.ndim(e)
+
+
+def test_one_shot_statistics():
+    dev, _ = make_devices(W, seed=31)
+    result = _node(dev, mcm_measurements, "one-shot", shots=SHOTS)(PARAMS)
+    assert result[3].shape == (SHOTS,)
+    assert result[7].shape == (SHOTS, 2)
+    _check_one_shot_statistics(result)
+
+
+def test_one_shot_result_types_match_default_qubit():
+    dev, ref = make_devices(W, seed=32)
+    result = _node(dev, mcm_measurements, "one-shot", shots=40)(PARAMS)
+    expected = _node(ref, mcm_measurements, "one-shot", shots=40)(PARAMS)
+    assert_same_structure(result, expected)
+    _assert_same_types(result, expected)
+
+
+def test_one_shot_reproducible_with_seed():
+    runs = []
+    for seed in (1234, 1234, 999):
+        dev, _ = make_devices(W, seed=seed)
+        runs.append(_node(dev, lambda m0, m1: qml.sample(m0), "one-shot", shots=300)(PARAMS))
+    np.testing.assert_array_equal(runs[0], runs[1])
+    assert not np.array_equal(runs[0], runs[2])
+
+
+def test_one_shot_shot_vector():
+    def measure(m0, m1):
+        return qml.sample(m0), qml.expval(qml.Z("q2"))
+
+    dev, ref = make_devices(W, seed=33)
+    result = _node(dev, measure, "one-shot", shots=[20, (5, 2)])(PARAMS)
+    expected = _node(ref, measure, "one-shot", shots=[20, (5, 2)])(PARAMS)
+    assert_same_structure(result, expected)
+    assert [r[0].shape for r in result] == [(20,), (5,), (5,)]
+
+
+def test_one_shot_default_method_with_shots():
+    """With shots and mcm_method=None the device picks a method that gives right statistics."""
+    dev, _ = make_devices(W, seed=34)
+    result = _node(dev, analytic_measurements, None, shots=SHOTS)(PARAMS)
+    expected = exact(analytic_measurements)
+    assert abs(result[0] - expected[0]) < STAT_TOL
+    assert abs(result[2] - expected[2]) < STAT_TOL
+
+
+@pytest.mark.parametrize("postselect", [0, 1])
+def test_one_shot_postselect_hw_like(postselect):
+    dev, _ = make_devices(W, seed=40 + postselect)
+    node = _node(dev, mcm_measurements, "one-shot", SHOTS, postselect, "hw-like")
+    result = node(PARAMS)
+    p_keep = exact(lambda m0, m1: qml.probs(op=m0))[postselect]
+    kept = len(result[3])
+    # hw-like keeps only the shots whose measurement gave the postselected value
+    assert abs(kept / SHOTS - p_keep) < STAT_TOL
+    assert result[7].shape == (kept, 2)
+    assert np.all(result[2] == postselect)
+    assert set(result[5]) == {postselect}
+    _check_one_shot_statistics(result, postselect=postselect)
+
+
+@pytest.mark.parametrize("postselect", [0, 1])
+def test_one_shot_postselect_fill_shots_is_refused(postselect):
+    """One-shot cannot fill the shots a postselection discards: the mode is refused with
+    an error naming it and the alternatives, as default.qubit does, never silently run
+    as "hw-like"."""
+    dev, _ = make_devices(W, seed=50 + postselect)
+    node = _node(dev, mcm_measurements, "one-shot", SHOTS, postselect, "fill-shots")
+    with pytest.raises(qml.exceptions.DeviceError, match="fill-shots.*deferred.*hw-like"):
+        node(PARAMS)
+
+
+def test_one_shot_conditional_on_several_measurements_exactly():
+    """Deterministic circuit: conditionals must act exactly on the selected shots."""
+    dev, _ = make_devices(W, seed=60)
+
+    def circuit():
+        qml.Hadamard("q0")
+        m0 = qml.measure("q0")
+        qml.cond(m0, qml.PauliX)("q1")  # q1 copies m0
+        qml.cond(m0, qml.GlobalPhase)(0.3)
+        m1 = qml.measure("q1", reset=True)
+        qml.cond(m1, qml.PauliX)("q2")  # q2 copies m0 too
+        qml.cond(~m1, qml.RX)(np.pi, wires=7)  # q7 = not m0
+        return qml.sample(m0), qml.sample(wires=["q1", "q2", 7])
+
+    node = qml.set_shots(qml.QNode(circuit, dev, mcm_method="one-shot"), shots=500)
+    m0, bits = node()
+    assert 100 < m0.sum() < 400
+    np.testing.assert_array_equal(bits[:, 0], 0)  # reset
+    np.testing.assert_array_equal(bits[:, 1], m0)
+    np.testing.assert_array_equal(bits[:, 2], 1 - m0)
+
+
+def test_tree_traversal_is_rejected():
+    dev = qml.device("custatevec.qubit", wires=W)
+
+    @qml.set_shots(shots=10)
+    @qml.qnode(dev, mcm_method="tree-traversal")
+    def circuit():
+        qml.Hadamard("q0")
+        m = qml.measure("q0")
+        return qml.expval(m)
+
+    with pytest.raises(qml.exceptions.QuantumFunctionError, match="tree-traversal"):
+        circuit()
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
+@pytest.mark.parametrize("postselect", [0, 1])
+def test_deferred_postselect_analytic(postselect, dtype):
+    dev, _ = make_devices(W, c_dtype=dtype)
+    result = _node(dev, deferred_measurements, "deferred", postselect=postselect)(PARAMS)
+    expected = exact(deferred_measurements, postselect=postselect)
+    assert_allclose_nested(result, expected, atol=1e-10 if dtype == np.complex128 else 1e-5)
+    np.testing.assert_allclose(result[2][postselect], 1.0, atol=1e-6)
+
+
+def test_deferred_postselect_impossible_gives_nan():
+    dev, ref = make_devices(W)
+
+    def circuit():
+        qml.PauliX("q0")
+        qml.measure("q0", postselect=0)
+        return qml.expval(qml.Z("q1")), qml.probs(wires=["q1"])
+
+    result = qml.QNode(circuit, dev, mcm_method="deferred")()
+    expected = qml.QNode(circuit, ref, mcm_method="deferred")()
+    assert_same_structure(result, expected)
+    assert np.all(np.isnan(result[0])) and np.all(np.isnan(result[1]))
+    assert np.all(np.isnan(expected[0]))
+
+
+@pytest.mark.parametrize("mode", ["hw-like", "fill-shots"])
+@pytest.mark.parametrize("postselect", [0, 1])
+def test_deferred_postselect_with_shots(postselect, mode):
+    def measure(m0, m1):
+        return qml.expval(qml.Z("q2")), qml.probs(wires=["q1", "q2"]), qml.sample(wires=["q2"])
+
+    dev, ref = make_devices(W, seed=70 + postselect)
+    result = _node(dev, measure, "deferred", SHOTS, postselect, mode)(PARAMS)
+    expected = _node(ref, measure, "deferred", SHOTS, postselect, mode)(PARAMS)
+    assert_same_structure(result[:2], expected[:2])
+    reference = exact(
+        lambda m0, m1: (qml.expval(qml.Z("q2")), qml.probs(wires=["q1", "q2"]), qml.probs(op=m0)),
+        postselect=postselect,
+    )
+    assert abs(result[0] - reference[0]) < STAT_TOL
+    np.testing.assert_allclose(result[1], reference[1], atol=STAT_TOL)
+    kept = result[2].shape[0]
+    if mode == "fill-shots":
+        assert kept == SHOTS == expected[2].shape[0]
+    else:
+        p_keep = exact(lambda m0, m1: qml.probs(op=m0))[postselect]
+        assert abs(kept / SHOTS - p_keep) < STAT_TOL
+        assert abs(expected[2].shape[0] / SHOTS - p_keep) < STAT_TOL
+
+
+def test_one_shot_without_shots_is_rejected():
+    dev = qml.device("custatevec.qubit", wires=W)
+
+    @qml.qnode(dev, mcm_method="one-shot")
+    def circuit():
+        qml.Hadamard("q0")
+        return qml.expval(qml.measure("q0"))
+
+    with pytest.raises(ValueError, match="one-shot"):
+        circuit()
