@@ -232,7 +232,7 @@ def _legend(ours: Config | str, args: argparse.Namespace) -> list[str]:
     lines = [
         "ratio = peer time / our time (higher is better). Before timing, every configuration's",
         "values and gradients are compared with the first peer that ran (np.allclose, atol 1e-6);",
-        "a difference is marked **MISMATCH**. W4's time covers all its sequential calls.",
+        "a difference is marked **MISMATCH**. W4's and W4F's times cover all their calls.",
         "W6 runs each configuration in a fresh process; peak = its peak resident memory (VmHWM),",
         "at start = its resident memory after the imports, before the workload was built.",
         "n/a: not run for this workload (memory or time).",

@@ -128,19 +128,22 @@ def minibatch(
     return Workload(step, work)
 
 
-def latency(
-    device_name: str, diff_method: str, device_vjp: bool, n_wires: int = 4, calls: int = 20
-) -> Workload:
-    """W4: ``calls`` sequential forward+backward calls of RX on each wire and a CNOT chain."""
-
-    def func(angles):
+def _rx_cnot_chain(n_wires: int):
+    def circuit(angles):
         for w in range(n_wires):
             qml.RX(angles[w], wires=w)
         for w in range(n_wires - 1):
             qml.CNOT(wires=[w, w + 1])
         return qml.expval(qml.Z(n_wires - 1))
 
-    circuit = _qnode(func, device_name, n_wires, diff_method, device_vjp)
+    return circuit
+
+
+def latency(
+    device_name: str, diff_method: str, device_vjp: bool, n_wires: int = 4, calls: int = 20
+) -> Workload:
+    """W4: ``calls`` sequential forward+backward calls of RX on each wire and a CNOT chain."""
+    circuit = _qnode(_rx_cnot_chain(n_wires), device_name, n_wires, diff_method, device_vjp)
     rows = np.random.default_rng(SEED + 2).uniform(0.0, np.pi, size=(calls, n_wires))
     angles = [torch.tensor(row, requires_grad=True) for row in rows]
 
@@ -155,6 +158,21 @@ def latency(
 
     work = calls * _shift_work(n_wires, 2 * n_wires - 1, n_wires)
     return Workload(step, work)
+
+
+def latency_forward(
+    device_name: str, diff_method: str, device_vjp: bool, n_wires: int = 4, calls: int = 20
+) -> Workload:
+    """W4 forward only: ``calls`` sequential evaluations of W4's circuit, no gradient."""
+    circuit = _qnode(_rx_cnot_chain(n_wires), device_name, n_wires, diff_method, device_vjp)
+    rows = np.random.default_rng(SEED + 2).uniform(0.0, np.pi, size=(calls, n_wires))
+    angles = [torch.tensor(row) for row in rows]
+
+    def step() -> Arrays:
+        values = np.array([_numpy(circuit(a)) for a in angles])
+        return values, np.zeros(0)
+
+    return Workload(step, 0.0)
 
 
 def qaoa_maxcut(
@@ -195,6 +213,7 @@ BUILDERS: dict[str, Callable[..., Workload]] = {
     "W2": sel_jacobian,
     "W3": minibatch,
     "W4": latency,
+    "W4F": latency_forward,
     "W5": qaoa_maxcut,
     "W6": partial(sel_vjp, n_wires=24, n_layers=1),
 }
@@ -205,6 +224,7 @@ QUICK_SIZES: dict[str, dict[str, int]] = {
     "W2": {"n_wires": 6},
     "W3": {"n_wires": 4, "batch": 16},
     "W4": {"calls": 5},
+    "W4F": {"calls": 5},
     "W5": {"n_wires": 8, "depth": 2},
     "W6": {"n_wires": 12},
 }

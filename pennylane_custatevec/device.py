@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pennylane as qml
+from pennylane import math
 from pennylane.devices import Device, ExecutionConfig
+from pennylane.devices.capabilities import validate_mcm_method
 from pennylane.devices.modifiers import simulator_tracking, single_tape_support
 from pennylane.devices.preprocess import (
     decompose,
@@ -15,6 +18,7 @@ from pennylane.devices.preprocess import (
     validate_measurements,
     validate_observables,
 )
+from pennylane.exceptions import DeviceError, QuantumFunctionError
 from pennylane.measurements import (
     ClassicalShadowMP,
     SampleMeasurement,
@@ -22,14 +26,29 @@ from pennylane.measurements import (
     StateMeasurement,
 )
 from pennylane.tape import QuantumScript
-from pennylane.transforms import defer_measurements, dynamic_one_shot
+from pennylane.transforms import broadcast_expand, defer_measurements, dynamic_one_shot
 from pennylane.transforms.core import CompilePipeline
 
+from . import adjoint
 from .backends import BACKEND_CHOICES, select_backend
 from .execution import run_tapes
-from .transforms import decompose_late_state_preps, rotate_sampled_measurements
+from .transforms import (
+    complex_parameters_for_state,
+    decompose_late_state_preps,
+    rotate_sampled_measurements,
+    validate_adjoint_differentiation,
+)
 
 _DTYPE_CHOICES = (np.complex128, np.complex64)
+_MATRIX_DEFINED_OPS = (
+    qml.QubitUnitary,
+    qml.ControlledQubitUnitary,
+    qml.DiagonalQubitUnitary,
+    qml.BlockEncode,
+    qml.operation.StatePrepBase,
+)
+"""Operations whose parameters are matrices or states: never decomposed for the adjoint
+method, so that a trainable one is refused by name rather than silently expanded."""
 
 
 class UnknownOptionError(ValueError, TypeError):
@@ -90,6 +109,7 @@ class CuStateVecDevice(Device):
         super().__init__(wires=wires, shots=shots)
         self._backend = select_backend(backend, np.dtype(c_dtype))
         self._rng = _rng_from_seed(seed)
+        self._final_states = _FinalStates()
 
     @property
     def name(self) -> str:
@@ -111,16 +131,78 @@ class CuStateVecDevice(Device):
             f"c_dtype={self.c_dtype.name}>"
         )
 
+    def supports_derivatives(
+        self, execution_config: ExecutionConfig | None = None, circuit: QuantumScript | None = None
+    ) -> bool:
+        """Adjoint differentiation. An explicit ``diff_method="adjoint"`` is always taken, so
+        that a circuit it cannot serve gets an error naming the reason; ``"best"`` and
+        ``"device"`` take it only for circuits it serves (else PennyLane's parameter-shift)."""
+        if execution_config is None:
+            return True
+        method = execution_config.gradient_method
+        if method == "adjoint":
+            return True
+        if method in ("best", "device"):
+            return circuit is None or self._adjoint_serves(circuit, execution_config)
+        return False
+
+    def supports_vjp(
+        self, execution_config: ExecutionConfig | None = None, circuit: QuantumScript | None = None
+    ) -> bool:
+        return self.supports_derivatives(execution_config, circuit)
+
+    def _adjoint_serves(self, circuit: QuantumScript, config: ExecutionConfig) -> bool:
+        try:
+            config = self.setup_execution_config(
+                dataclasses.replace(config, gradient_method="adjoint"), circuit
+            )
+            self.preprocess_transforms(config)((circuit,))
+        except (DeviceError, QuantumFunctionError, ValueError):
+            return False
+        return True
+
+    def setup_execution_config(
+        self, config: ExecutionConfig | None = None, circuit: QuantumScript | None = None
+    ) -> ExecutionConfig:
+        """ "best" and "device" become "adjoint", which computes device gradients and VJPs
+        (Jacobians on execution) unless the user chose otherwise; the mid-circuit
+        measurement method defaults to "one-shot" with shots, else "deferred"."""
+        config = config or ExecutionConfig()
+        updates: dict = {}
+        if config.gradient_method in ("best", "device"):
+            updates["gradient_method"] = "adjoint"
+        if updates.get("gradient_method", config.gradient_method) == "adjoint":
+            for field in (
+                "use_device_gradient",
+                "use_device_jacobian_product",
+                "grad_on_execution",
+            ):
+                if getattr(config, field) is None:
+                    updates[field] = True
+        shots_present = circuit is not None and bool(circuit.shots)
+        mcm_method = config.mcm_config.mcm_method
+        if mcm_method == "one-shot" and circuit is not None and not shots_present:
+            raise ValueError(
+                "Cannot use mcm_method='one-shot' for mid-circuit measurements without shots; "
+                "set shots, or use mcm_method='deferred' for analytic results."
+            )
+        validate_mcm_method(self.capabilities, mcm_method, shots_present)
+        if mcm_method is None:
+            default = "one-shot" if shots_present else "deferred"
+            updates["mcm_config"] = dataclasses.replace(config.mcm_config, mcm_method=default)
+        return dataclasses.replace(config, **updates)
+
     def preprocess_transforms(self, execution_config: ExecutionConfig | None = None):
         config = execution_config or ExecutionConfig()
         mcm_method = config.mcm_config.mcm_method
+        differentiating = config.gradient_method == "adjoint"
         pipeline = CompilePipeline()
         if mcm_method == "deferred":
             pipeline.add_transform(defer_measurements, allow_postselect=True)
         pipeline.add_transform(decompose_late_state_preps)
         pipeline.add_transform(
             decompose,
-            stopping_condition=self._runs_natively,
+            stopping_condition=self._stops_adjoint if differentiating else self._runs_natively,
             target_gates=self.capabilities.gate_set() | _MCM_OPS,
             device_wires=self.wires,
             name=self.name,
@@ -135,6 +217,12 @@ class CuStateVecDevice(Device):
         pipeline.add_transform(
             validate_observables, stopping_condition=self._observable_supported, name=self.name
         )
+        if differentiating:
+            pipeline.add_transform(broadcast_expand)
+            pipeline.add_transform(validate_adjoint_differentiation)
+            if not config.use_device_jacobian_product:
+                pipeline.add_transform(complex_parameters_for_state)
+            return pipeline
         pipeline.add_transform(rotate_sampled_measurements)
         if mcm_method == "one-shot":
             pipeline.add_transform(
@@ -147,6 +235,15 @@ class CuStateVecDevice(Device):
             return True
         return self.capabilities.supports_operation(op)
 
+    def _stops_adjoint(self, op: qml.operation.Operator) -> bool:
+        """Native, and differentiable as it stands: trainable gates with several parameters
+        (Rot, U3, CRot, ...) decompose into gates with one parameter and a generator."""
+        if not self._runs_natively(op):
+            return False
+        if isinstance(op, _MATRIX_DEFINED_OPS) or not any(math.requires_grad(d) for d in op.data):
+            return True
+        return op.num_params == 1 and op.has_generator
+
     def _observable_supported(self, obs: qml.operation.Operator) -> bool:
         return self.capabilities.supports_observable(obs.name)
 
@@ -155,10 +252,99 @@ class CuStateVecDevice(Device):
         circuits: Sequence[QuantumScript],
         execution_config: ExecutionConfig | None = None,
     ):
-        config = execution_config or ExecutionConfig()
-        return run_tapes(
-            self._backend, circuits, self.wires, self._rng, config.mcm_config.postselect_mode
+        return self._execute(circuits, execution_config or ExecutionConfig())
+
+    def _execute(self, circuits: Sequence[QuantumScript], config: ExecutionConfig):
+        """Results; with adjoint differentiation, the final states are kept for the
+        derivatives that usually follow (replacing, and so freeing, the previous ones)."""
+        keep = {} if config.gradient_method == "adjoint" else None
+        results = run_tapes(
+            self._backend,
+            circuits,
+            self.wires,
+            self._rng,
+            config.mcm_config.postselect_mode,
+            final_states=keep,
         )
+        self._final_states.replace(circuits, keep or {})
+        return results
+
+    def compute_derivatives(
+        self,
+        circuits: Sequence[QuantumScript],
+        execution_config: ExecutionConfig | None = None,
+    ):
+        return tuple(
+            adjoint.jacobian(self._backend, tape, self.wires, self._final_states.pop(tape))
+            for tape in circuits
+        )
+
+    def execute_and_compute_derivatives(
+        self,
+        circuits: Sequence[QuantumScript],
+        execution_config: ExecutionConfig | None = None,
+    ):
+        config = _adjoint_config(execution_config)
+        results = self._execute(circuits, config)
+        return results, self.compute_derivatives(circuits, config)
+
+    def compute_vjp(
+        self,
+        circuits: Sequence[QuantumScript],
+        cotangents: Sequence,
+        execution_config: ExecutionConfig | None = None,
+    ):
+        return tuple(
+            adjoint.vjp(self._backend, tape, dy, self.wires, self._final_states.pop(tape))
+            for tape, dy in zip(circuits, cotangents, strict=True)
+        )
+
+    def execute_and_compute_vjp(
+        self,
+        circuits: Sequence[QuantumScript],
+        cotangents: Sequence,
+        execution_config: ExecutionConfig | None = None,
+    ):
+        config = _adjoint_config(execution_config)
+        results = self._execute(circuits, config)
+        return results, self.compute_vjp(circuits, cotangents, config)
+
+
+def _adjoint_config(config: ExecutionConfig | None) -> ExecutionConfig:
+    return dataclasses.replace(config or ExecutionConfig(), gradient_method="adjoint")
+
+
+class _FinalStates:
+    """The final states of the last batch executed for adjoint differentiation, so that the
+    VJP or Jacobian that follows does not simulate the circuits again. Each is handed out
+    once (the sweep consumes it) and only for a tape with the same operations and the
+    same parameters, bit for bit."""
+
+    def __init__(self):
+        self._entries: dict = {}
+
+    def replace(self, tapes: Sequence[QuantumScript], states: dict) -> None:
+        self._entries = {
+            tapes[i].hash: (_parameters(tapes[i]), state) for i, state in states.items()
+        }
+
+    def pop(self, tape: QuantumScript):
+        if not self._entries:
+            return None
+        entry = self._entries.pop(tape.hash, None)
+        if entry is None:
+            return None
+        parameters, state = entry
+        current = _parameters(tape)
+        same = len(parameters) == len(current) and all(
+            np.array_equal(a, b) for a, b in zip(parameters, current, strict=True)
+        )
+        return state if same else None
+
+
+def _parameters(tape: QuantumScript) -> list:
+    """The gate parameters, which alone determine the final state."""
+    return [np.asarray(p) for p in tape.get_parameters(trainable_only=False, operations_only=True)]
 
 
 _MCM_OPS = frozenset({"MidMeasure", "Conditional"})

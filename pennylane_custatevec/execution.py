@@ -29,12 +29,14 @@ def run_tapes(
     device_wires: Wires | None,
     rng: np.random.Generator,
     postselect_mode: str | None = None,
+    final_states: dict | None = None,
 ) -> tuple:
     """The results of ``tapes``, in order.
 
     Analytic tapes whose programs share a structure and whose measurements are equal
     (parameter-shift tapes, several QNode calls in one ``qml.execute``) run as one batch
-    of state vectors; the others run one by one.
+    of state vectors; the others run one by one. With ``final_states`` given, it receives
+    ``{tape index: final state}`` of every analytic tape (views into their batch).
     """
     programs = [compile_tape(tape, device_wires) for tape in tapes]
     results: list = [None] * len(tapes)
@@ -42,17 +44,21 @@ def run_tapes(
     for index, (tape, program) in enumerate(zip(tapes, programs, strict=True)):
         if tape.shots or program.has_mid_measurements:
             results[index] = _run_sampled(backend, program, tape, rng, postselect_mode)
+        elif len(tapes) == 1:
+            groups[None] = [index]
         else:
             key = (program.structure_key, tuple(mp.hash for mp in tape.measurements))
             groups.setdefault(key, []).append(index)
     for indices in groups.values():
         per_vector = simulate.state_bytes(backend, programs[indices[0]].num_qubits, 1)
         for chunk in _chunks(indices, programs, max(1, BATCH_BYTES // per_vector)):
-            batch = _run_analytic_batch(
+            batch, states = _run_analytic_batch(
                 backend, [tapes[i] for i in chunk], [programs[i] for i in chunk]
             )
-            for i, result in zip(chunk, batch, strict=True):
+            for i, result, state in zip(chunk, batch, states, strict=True):
                 results[i] = result
+                if final_states is not None:
+                    final_states[i] = state
     return tuple(results)
 
 
@@ -71,16 +77,18 @@ def _chunks(indices: list[int], programs: list[Program], max_vectors: int):
         yield chunk
 
 
-def _run_analytic_batch(backend, tapes: list[QuantumScript], programs: list[Program]) -> list:
+def _run_analytic_batch(backend, tapes: list[QuantumScript], programs: list[Program]):
+    """Results of tapes that share a structure, and each tape's final states (a view)."""
     merged = merge(programs)
     state, _ = simulate.final_state(backend, merged)
     values = [measure.measure_analytic(backend, state, merged, mp) for mp in tapes[0].measurements]
-    results, offset = [], 0
+    results, states, offset = [], [], 0
     for tape, program in zip(tapes, programs, strict=True):
         rows = slice(offset, offset + program.batch_size)
         results.append(_nest(tape, [_unbatch(tape, v[rows]) for v in values]))
+        states.append(backend.vectors(state, rows.start, rows.stop))
         offset += program.batch_size
-    return results
+    return results, states
 
 
 def _run_sampled(backend, program: Program, tape: QuantumScript, rng, postselect_mode):

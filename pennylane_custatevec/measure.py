@@ -83,6 +83,26 @@ def _expectation(
     return np.real(np.einsum("bi,bi->b", vectors.conj(), (form.sparse @ vectors.T).T))
 
 
+def transition(
+    backend: Backend, bra: StateBatch, ket: StateBatch, program: Program, obs: Operator
+) -> np.ndarray:
+    """<bra_b|O|ket_b> for each bra, complex of shape (B,); a single ket serves every bra."""
+    form = _form(obs, program)
+    if form.pauli is not None:
+        total = np.zeros(1, dtype=np.complex128)
+        for word, coefficient in form.pauli.items():
+            wires = list(word.keys())
+            letters = "".join(word[w] for w in wires)
+            total = total + coefficient * backend.inner_pauli(
+                bra, ket, letters, program.bits(wires)
+            )
+        return total
+    if form.matrix is not None:
+        return backend.inner_matrix(bra, ket, form.matrix, program.targets(form.wires))
+    bras, kets = backend.to_host(bra), backend.to_host(ket)
+    return np.einsum("bi,bi->b", bras.conj(), np.broadcast_to((form.sparse @ kets.T).T, bras.shape))
+
+
 def expval(backend: Backend, state: StateBatch, program: Program, obs: Operator) -> np.ndarray:
     """<O> for each vector of the batch."""
     return _expectation(backend, state, program, _form(obs, program))
@@ -103,6 +123,30 @@ def probs(backend: Backend, state: StateBatch, program: Program, mp: Probability
         for gate in mp.obs.diagonalizing_gates():
             apply_operator(backend, state, program, gate)
     return backend.probabilities(state, program.targets(wires))
+
+
+def applied_observable(
+    backend: Backend, state: StateBatch, program: Program, obs: Operator
+) -> StateBatch:
+    """A new batch O psi_b (O need not be unitary: a generator, a Hamiltonian, ...)."""
+    form = _form(obs, program)
+    if form.pauli is not None:
+        result = backend.copy(state)
+        backend.scale(result, np.zeros(1))
+        for word, coefficient in form.pauli.items():
+            wires = list(word.keys())
+            letters = "".join(word[w] for w in wires)
+            # P P = 1 exactly (a permutation with phases), so psi is restored bit for bit
+            backend.apply_pauli(state, letters, program.bits(wires))
+            backend.add_scaled(result, state, np.full(1, coefficient))
+            backend.apply_pauli(state, letters, program.bits(wires))
+        return result
+    if form.matrix is not None:
+        result = backend.copy(state)
+        backend.apply_matrix(result, form.matrix[None], program.targets(form.wires))
+        return result
+    vectors = backend.to_host(state)
+    return backend.from_host((form.sparse @ vectors.T).T)
 
 
 def apply_operator(backend: Backend, state: StateBatch, program: Program, op: Operator) -> None:

@@ -154,6 +154,16 @@ def register_wires(tape: QuantumScript, device_wires: Wires | None) -> Wires:
 
 def compile_tape(tape: QuantumScript, device_wires: Wires | None) -> Program:
     """The Program of ``tape``; a state preparation first in the tape becomes its initial state."""
+    program, steps = compile_steps(tape, device_wires)
+    instructions = tuple(ins for _, compiled in steps for ins in compiled)
+    return dataclasses.replace(program, instructions=instructions)
+
+
+def compile_steps(
+    tape: QuantumScript, device_wires: Wires | None
+) -> tuple[Program, list[tuple[Operator, list[Instruction]]]]:
+    """The tape's Program without instructions (wires, batch size, initial state), and each
+    operation after the initial state preparation with its instructions."""
     wires = register_wires(tape, device_wires)
     layout = Program(wires=wires, instructions=(), batch_size=tape.batch_size or 1)
     operations = list(tape.operations)
@@ -162,12 +172,8 @@ def compile_tape(tape: QuantumScript, device_wires: Wires | None) -> Program:
         prep = operations.pop(0)
         vector = prep.state_vector(wire_order=wires)
         initial_state = np.asarray(vector, dtype=np.complex128).reshape(-1, 2 ** len(wires))
-    instructions = []
-    for op in operations:
-        instructions.extend(compile_operation(op, layout))
-    return dataclasses.replace(
-        layout, instructions=tuple(instructions), initial_state=initial_state
-    )
+    steps = [(op, compile_operation(op, layout)) for op in operations]
+    return dataclasses.replace(layout, initial_state=initial_state), steps
 
 
 def _batched(values, trailing_dims: int) -> np.ndarray:
@@ -243,9 +249,20 @@ def _rotation(op: Operator, word: str, layout: Program) -> Instruction:
         Kind.PAULI_ROTATION,
         targets=layout.targets(wires),
         paulis="".join(letters)[::-1],
-        data=_batched(op.data[0], 0).astype(np.float64),
+        data=_real_angles(op),
         source=op,
     )
+
+
+def _real_angles(op: Operator) -> np.ndarray:
+    """The rotation angle as float64 (1 or B,). A complex angle with a zero imaginary part
+    (PennyLane casts parameters to complex to differentiate a state) is taken as real."""
+    angles = _batched(op.data[0], 0)
+    if np.iscomplexobj(angles):
+        if np.any(angles.imag != 0):
+            raise DeviceError(f"{op.name} got a complex angle {op.data[0]}; angles must be real.")
+        angles = angles.real
+    return angles.astype(np.float64)
 
 
 @compile_operation.register
@@ -275,6 +292,18 @@ def _(op: qml.GlobalPhase, layout: Program) -> list[Instruction]:
 def _(op: Controlled, layout: Program) -> list[Instruction]:
     controls = layout.bits(op.control_wires)
     values = tuple(int(v) for v in op.control_values)
+    letter = _PAULI_LETTERS.get(op.base.name)
+    if letter is not None:  # CNOT, Toffoli, CZ, CY, ...: skip compiling the base
+        return [
+            Instruction(
+                Kind.PAULI,
+                targets=layout.targets(op.target_wires),
+                controls=controls,
+                control_values=values,
+                paulis=letter,
+                source=op,
+            )
+        ]
     controlled = []
     for inner in compile_operation(op.base, layout):
         if inner.kind is Kind.PHASE:

@@ -25,9 +25,16 @@ def state_bytes(backend: Backend, num_qubits: int, batch_size: int) -> int:
     return batch_size * (2**num_qubits) * backend.dtype.itemsize
 
 
+UNCHECKED_BYTES = 1 << 24
+"""Requests up to this size (16 MiB, 20 qubits at complex128) skip the free-memory query,
+which costs more than simulating a small circuit."""
+
+
 def require_memory(backend: Backend, num_qubits: int, batch_size: int, copies: int = 1) -> None:
     """Refuse, before allocating, a run whose states would not fit in free memory."""
     needed = copies * state_bytes(backend, num_qubits, batch_size)
+    if needed <= UNCHECKED_BYTES:
+        return
     available = backend.available_bytes()
     if needed > available:
         raise StateTooLargeError(

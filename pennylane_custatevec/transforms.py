@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from pennylane.measurements import ExpectationMP, VarianceMP
+from pennylane import math
+from pennylane.exceptions import DeviceError
+from pennylane.measurements import ExpectationMP, StateMP, VarianceMP
 from pennylane.operation import StatePrepBase
 from pennylane.ops import LinearCombination, Sum
 from pennylane.tape import QuantumScript
 from pennylane.transforms import diagonalize_measurements, split_non_commuting
 from pennylane.transforms.core import transform
+
+from .adjoint import unsupported_reason
 
 
 def _first_result(results):
@@ -27,6 +31,38 @@ def decompose_late_state_preps(tape: QuantumScript):
         else:
             operations.append(op)
     return (tape.copy(operations=operations),), _first_result
+
+
+@transform
+def validate_adjoint_differentiation(tape: QuantumScript):
+    """Refuse, naming the reason, a circuit the adjoint method cannot differentiate.
+    Trainable parameters are those that require a gradient in the ML framework."""
+    trainable = {
+        index
+        for index, value in enumerate(tape.get_parameters(trainable_only=False))
+        if math.requires_grad(value)
+    }
+    reason = unsupported_reason(tape, trainable)
+    if reason:
+        raise DeviceError(
+            f"custatevec.qubit cannot differentiate this circuit by adjoint: {reason}."
+        )
+    return (tape,), _first_result
+
+
+@transform
+def complex_parameters_for_state(tape: QuantumScript):
+    """Cast the trainable parameters to complex when a state is measured: its Jacobian is
+    complex, and the ML framework takes the real part of a complex gradient only for a
+    parameter that entered the circuit as complex (as default.qubit does)."""
+    if not any(isinstance(mp, StateMP) for mp in tape.measurements):
+        return (tape,), _first_result
+    parameters = tape.get_parameters(trainable_only=False)
+    trainable = [i for i, value in enumerate(parameters) if math.requires_grad(value)]
+    if not trainable:
+        return (tape,), _first_result
+    cast = [math.cast(parameters[i], complex) for i in trainable]
+    return (tape.bind_new_parameters(cast, trainable),), _first_result
 
 
 def _flattened(mp):

@@ -233,6 +233,7 @@ def test_apply_diagonal(case, batch, shared, dtype):
 
 PAULI_CASES = [
     ("X", (0,), (), ()),
+    ("X", (4,), (1, 5), (1, 0)),
     ("Y", (5,), (1,), (0,)),
     ("Z", (3,), (0, 4), (1, 1)),
     ("I", (2,), (), ()),
@@ -401,12 +402,12 @@ def test_state_management(dtype):
 
 # --- threaded kernels --------------------------------------------------------------------
 
-BIG_N = 16  # 2**16 amplitudes >= _PARALLEL_THRESHOLD: the threaded kernels run
+BIG_N = 18  # 2**18 amplitudes >= _PARALLEL_THRESHOLD: the threaded kernels run
 
 
 def test_big_states_use_the_threaded_kernels():
     assert (1 << BIG_N) >= _cpu_kernels._PARALLEL_THRESHOLD
-    assert 3 * (1 << 14) >= _cpu_kernels._PARALLEL_THRESHOLD
+    assert 5 * (1 << 16) >= _cpu_kernels._PARALLEL_THRESHOLD
     big = np.zeros((1, 1 << BIG_N), dtype=np.complex128)
     small = np.zeros((1, 1 << 6), dtype=np.complex128)
     for name, (threaded, serial) in _cpu_kernels._KERNELS.items():
@@ -414,7 +415,7 @@ def test_big_states_use_the_threaded_kernels():
         assert _cpu_kernels.kernel(name, small) is serial
 
 
-BIG_SHAPES = [(BIG_N, 1), (14, 3)]  # (qubits, batch), both over the threshold
+BIG_SHAPES = [(BIG_N, 1), (16, 5)]  # (qubits, batch), both over the threshold
 BIG_CASES = [
     ((0,), (), ()),
     ((15 - 2,), (1, 0), (1, 0)),
@@ -511,6 +512,67 @@ def test_threaded_reductions(shape, big_states):
         np.testing.assert_allclose(backend.expval_matrix(state, m, targets), expected, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
+@pytest.mark.parametrize("kets", [1, 3], ids=["one-ket", "ket-per-bra"])
+@pytest.mark.parametrize(
+    "word, targets",
+    [
+        ("X", (5,)),
+        ("Z", (0,)),
+        ("", ()),
+        ("XY", (3, 0)),
+        ("YXZ", (1, 4, 2)),
+        ("ZZ", (0, 5)),
+        ("ZIZ", (1, 4, 2)),
+        ("ZZZZZ", (5, 0, 3, 1, 2)),
+    ],
+)
+def test_inner_pauli(word, targets, kets, dtype):
+    """<bra_b|P|ket_b> for three bras, against one ket or one ket per bra."""
+    rng = np.random.default_rng(stable_seed("inner_pauli", word, targets, kets))
+    bras, ket_vectors = random_states(N, 3, rng), random_states(N, kets, rng)
+    backend = CPUBackend(dtype)
+    out = backend.inner_pauli(
+        backend_state(backend, bras), backend_state(backend, ket_vectors), word, targets
+    )
+    assert out.dtype == np.complex128 and out.shape == (3,)
+    applied = ket_vectors @ dense_operator(N, word_matrix(word), targets).T
+    expected = np.einsum("bi,bi->b", bras.conj(), np.broadcast_to(applied, bras.shape))
+    np.testing.assert_allclose(out, expected, atol=TOL[dtype] * 10)
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
+@pytest.mark.parametrize("kets", [1, 3], ids=["one-ket", "ket-per-bra"])
+@pytest.mark.parametrize("targets", [(0,), (5,), (3, 1), (4, 0, 2)], ids=str)
+def test_inner_matrix(targets, kets, dtype):
+    rng = np.random.default_rng(stable_seed("inner_matrix", targets, kets))
+    d = 1 << len(targets)
+    m = rng.normal(size=(d, d)) + 1j * rng.normal(size=(d, d))
+    bras, ket_vectors = random_states(N, 3, rng), random_states(N, kets, rng)
+    backend = CPUBackend(dtype)
+    out = backend.inner_matrix(
+        backend_state(backend, bras), backend_state(backend, ket_vectors), m, targets
+    )
+    applied = ket_vectors @ dense_operator(N, m, targets).T
+    expected = np.einsum("bi,bi->b", bras.conj(), np.broadcast_to(applied, bras.shape))
+    np.testing.assert_allclose(out, expected, atol=TOL[dtype] * 10)
+
+
+@pytest.mark.parametrize("sources, factors", [(1, [2.0 - 1j]), (3, [0.5, -1.0, 1j])])
+def test_add_scaled_and_vector_views(sources, factors):
+    rng = np.random.default_rng(stable_seed("add_scaled", sources))
+    dst, src = random_states(N, 3, rng), random_states(N, sources, rng)
+    backend = CPUBackend()
+    state = backend.from_host(dst)
+    backend.add_scaled(state, backend.from_host(src), np.array(factors))
+    expected = dst + np.asarray(factors)[:, None] * src
+    np.testing.assert_allclose(backend.to_host(state), expected, atol=1e-12)
+    view = backend.vectors(state, 1, 2)
+    backend.scale(view, np.array([0.0]))
+    assert np.all(backend.to_host(state)[1] == 0)  # the view writes through
+    np.testing.assert_allclose(backend.to_host(state)[0], expected[0], atol=1e-12)
+
+
 def _kernel_args(name, state, rng):
     """Arguments (after the state) of kernel ``name``, the way CPUBackend builds them."""
     n = state.shape[1].bit_length() - 1
@@ -518,6 +580,8 @@ def _kernel_args(name, state, rng):
     sort = lambda bits: np.sort(np.asarray(bits, dtype=np.int64))  # noqa: E731
     if name == "apply_1q":
         return (random_unitary(2, rng)[None], 3, sort([3, 0]), 1 << 0)
+    if name == "apply_1q_rotation":
+        return (np.array([0.7] * batch), 2, n - 1, sort([n - 1, 1]), 1 << 1)
     if name == "apply_2q":
         return (
             np.stack([random_unitary(4, rng)] * batch),
@@ -528,17 +592,30 @@ def _kernel_args(name, state, rng):
     if name == "apply_kq":
         return (random_unitary(8, rng)[None], np.array([2, 0, 6]), sort([2, 0, 6]), 0)
     if name == "apply_diagonal":
-        return (np.exp(1j * rng.uniform(0, 6, size=(1, 4))), np.array([0, 4]), sort([5]), 1 << 5)
+        return (
+            np.exp(1j * rng.uniform(0, 6, size=(1, 4))),
+            np.array([0, 4]),
+            sort([0, 4, 5]),
+            1 << 5,
+        )
+    if name == "inner_diagonal":
+        d = rng.normal(size=4) + 1j * rng.normal(size=4)
+        ket = state[:1].copy()
+        return (ket, d, np.array([2, n - 1]), sort([2, n - 1]), np.empty(batch, dtype=complex))
     if name == "apply_pauli_rotation":
         x, z = (1 << 2) | (1 << 7), (1 << 7) | (1 << 1)
         return (np.array([0.7] * batch), x, z, 1j, sort([7]), 0)
     if name == "apply_pauli":
         return ((1 << 2) | (1 << 7), (1 << 7), 1j, sort([7, 0]), 1)
-    if name == "expval_pauli":
-        return ((1 << 3), (1 << 3) | 1, 1j, np.empty(batch))
-    if name == "expval_matrix":
+    if name == "inner_pauli":
+        ket = state[::-1].copy()
+        return (ket, (1 << 3), (1 << 3) | 1, 1j, sort([3]), np.empty(batch, dtype=complex))
+    if name == "inner_matrix":
         m = rng.normal(size=(4, 4)) + 1j * rng.normal(size=(4, 4))
-        return (m, np.array([1, n - 1]), sort([1, n - 1]), np.empty(batch, dtype=complex))
+        ket = state[:1].copy()
+        return (ket, m, np.array([1, n - 1]), sort([1, n - 1]), np.empty(batch, dtype=complex))
+    if name == "add_scaled":
+        return (state[::-1].copy(), np.array([0.5 - 0.25j]))
     if name == "marginal_probs":
         return (np.array([4, 0, n - 1]), np.empty((batch, 8)))
     raise AssertionError(f"no arguments for new kernel {name}; add them to this test")
@@ -556,10 +633,10 @@ def test_threaded_kernel_equals_serial_kernel(name, shape, big_states):
         state = np.array(psi, order="C")
         fn_args = tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args)
         fn(state, *fn_args)
-        out = fn_args[-1] if name.startswith(("expval", "marginal")) else state
+        out = fn_args[-1] if name.startswith(("inner", "marginal")) else state
         outputs.append(out)
     np.testing.assert_allclose(outputs[0], outputs[1], atol=1e-12)
-    if not name.startswith(("expval", "marginal")):
+    if not name.startswith(("inner", "marginal")):
         assert not np.allclose(outputs[0], psi)  # the kernel did something
 
 

@@ -8,7 +8,7 @@ import pytest
 from conftest import MIXED_WIRES, assert_allclose_nested, make_devices
 
 import pennylane_custatevec
-from pennylane_custatevec import CuStateVecDevice
+from pennylane_custatevec import CuStateVecDevice, simulate
 from pennylane_custatevec.backends import BackendUnavailableError, CPUBackend
 from pennylane_custatevec.simulate import StateTooLargeError
 
@@ -187,6 +187,7 @@ def test_too_many_qubits_without_monkeypatch():
 
 def test_memory_check_counts_the_broadcast_batch(monkeypatch):
     """A broadcast batch multiplies the memory needed."""
+    monkeypatch.setattr(simulate, "UNCHECKED_BYTES", 0)
     monkeypatch.setattr(CPUBackend, "available_bytes", lambda self: 3 * 16 * 2**10 - 1)
     dev = qml.device("custatevec.qubit", wires=10)
 
@@ -200,6 +201,24 @@ def test_memory_check_counts_the_broadcast_batch(monkeypatch):
     assert circuit(0.3) == pytest.approx(np.cos(0.3))
     with pytest.raises(StateTooLargeError, match=f"{3 * 16 * 2**10:,}"):
         circuit(np.array([0.1, 0.2, 0.3]))
+
+
+def test_small_states_skip_the_memory_query(monkeypatch):
+    """Up to UNCHECKED_BYTES the free-memory query (slower than the simulation) is skipped;
+    one byte more and it runs."""
+    queries = []
+
+    def available(self):
+        queries.append(1)
+        return 1 << 40
+
+    monkeypatch.setattr(CPUBackend, "available_bytes", available)
+    backend = CPUBackend()
+    n = (simulate.UNCHECKED_BYTES // 16).bit_length() - 1
+    simulate.require_memory(backend, n, 1)
+    assert queries == []
+    simulate.require_memory(backend, n, 2)
+    assert queries == [1]
 
 
 def test_tracker_counts_executions():

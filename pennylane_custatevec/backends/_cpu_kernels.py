@@ -19,7 +19,7 @@ import types
 import numba
 import numpy as np
 
-_PARALLEL_THRESHOLD = 1 << 15
+_PARALLEL_THRESHOLD = 1 << 18
 _CHUNKS = 64
 
 
@@ -88,13 +88,13 @@ def _pauli_phase(index, z_mask, i_power):
 @numba.njit(cache=True)
 def _target_offsets(targets):
     d = 1 << len(targets)
-    offsets = np.zeros(d, dtype=np.int64)
+    offsets = np.zeros(d, dtype=np.uint64)
     for a in range(d):
         off = 0
         for j in range(len(targets)):
             if (a >> j) & 1:
                 off |= 1 << targets[j]
-        offsets[a] = off
+        offsets[a] = np.uint64(off)
     return offsets
 
 
@@ -105,7 +105,7 @@ def _apply_1q(state, mats, target, fixed_bits, control_mask):
     run_length = _run_length(fixed_bits, items)
     low0, low1 = _low_masks(fixed_bits)
     shared = mats.shape[0] == 1
-    step = 1 << target
+    step = np.uint64(1 << target)
     for job in numba.prange(batch * per):
         b = job // per
         c = job - b * per
@@ -116,11 +116,80 @@ def _apply_1q(state, mats, target, fixed_bits, control_mask):
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, control_mask)
             for item in range(first, first + length):
-                i0 = base | _spread(item, low0, low1)
+                i0 = np.uint64(base | _spread(item, low0, low1))
                 a0 = vec[i0]
                 a1 = vec[i0 + step]
                 vec[i0] = m00 * a0 + m01 * a1
                 vec[i0 + step] = m10 * a0 + m11 * a1
+            i += length
+
+
+@numba.njit(cache=True)
+def _rotate_pair(vec, i0, i1, cos, sin, letter):
+    """exp(-i angle/2 P) on the amplitude pair (i0, i1) for the letter 0: I, 1: X, 2: Y, 3: Z."""
+    x0, y0 = vec[i0].real, vec[i0].imag
+    x1, y1 = vec[i1].real, vec[i1].imag
+    if letter == 0:  # (c - is) I
+        vec[i0] = complex(cos * x0 + sin * y0, cos * y0 - sin * x0)
+        vec[i1] = complex(cos * x1 + sin * y1, cos * y1 - sin * x1)
+    elif letter == 1:  # [[c, -is], [-is, c]]
+        vec[i0] = complex(cos * x0 + sin * y1, cos * y0 - sin * x1)
+        vec[i1] = complex(cos * x1 + sin * y0, cos * y1 - sin * x0)
+    elif letter == 2:  # [[c, -s], [s, c]]
+        vec[i0] = complex(cos * x0 - sin * x1, cos * y0 - sin * y1)
+        vec[i1] = complex(sin * x0 + cos * x1, sin * y0 + cos * y1)
+    else:  # diag(c - is, c + is)
+        vec[i0] = complex(cos * x0 + sin * y0, cos * y0 - sin * x0)
+        vec[i1] = complex(cos * x1 - sin * y1, cos * y1 + sin * x1)
+
+
+@numba.njit(cache=True)
+def _span_length(item, end, span):
+    """How many items from ``item`` (before ``end``) sit at consecutive indices: those
+    below the lowest fixed bit, ``span`` of them per block."""
+    return min(span - (item & (span - 1)), end - item)
+
+
+_MIN_SPAN = 8
+"""Below this many consecutive amplitudes an index is computed per work item instead."""
+
+
+def _apply_1q_rotation(state, angles, letter, target, fixed_bits, control_mask):
+    """exp(-i angle/2 P) for one Pauli letter (0: I, 1: X, 2: Y, 3: Z) in real arithmetic:
+    cos and sin enter as real factors, half the multiplications of a dense 2x2. Where the
+    lowest fixed bit leaves runs of consecutive amplitudes, the inner loop walks them with
+    unit stride (the compiler vectorizes it)."""
+    batch, dim = state.shape
+    items = dim >> len(fixed_bits)
+    per = _chunks_per_vector(batch, items)
+    run_length = _run_length(fixed_bits, items)
+    low0, low1 = _low_masks(fixed_bits)
+    span = 1 << fixed_bits[0]
+    shared = angles.shape[0] == 1
+    step = np.uint64(1 << target)
+    for job in numba.prange(batch * per):
+        b = job // per
+        c = job - b * per
+        half = 0.5 * (angles[0] if shared else angles[b])
+        cos = np.cos(half)
+        sin = np.sin(half)
+        vec = state[b]
+        i, hi = c * items // per, (c + 1) * items // per
+        while i < hi:
+            base, first, length = _run(i, hi, run_length, fixed_bits, control_mask)
+            item, end = first, first + length
+            if span < _MIN_SPAN:
+                for item in range(first, end):
+                    i0 = np.uint64(base | _spread(item, low0, low1))
+                    _rotate_pair(vec, i0, i0 + step, cos, sin, letter)
+            else:
+                while item < end:
+                    count = _span_length(item, end, span)
+                    start = np.uint64(base | _spread(item, low0, low1))
+                    for k in range(count):
+                        i0 = start + np.uint64(k)
+                        _rotate_pair(vec, i0, i0 + step, cos, sin, letter)
+                    item += count
             i += length
 
 
@@ -131,8 +200,8 @@ def _apply_2q(state, mats, targets, fixed_bits, control_mask):
     run_length = _run_length(fixed_bits, items)
     low0, low1 = _low_masks(fixed_bits)
     shared = mats.shape[0] == 1
-    s0 = 1 << targets[0]
-    s1 = 1 << targets[1]
+    s0 = np.uint64(1 << targets[0])
+    s1 = np.uint64(1 << targets[1])
     s01 = s0 | s1
     for job in numba.prange(batch * per):
         b = job // per
@@ -143,7 +212,7 @@ def _apply_2q(state, mats, targets, fixed_bits, control_mask):
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, control_mask)
             for item in range(first, first + length):
-                i0 = base | _spread(item, low0, low1)
+                i0 = np.uint64(base | _spread(item, low0, low1))
                 a0 = vec[i0]
                 a1 = vec[i0 + s0]
                 a2 = vec[i0 + s1]
@@ -174,7 +243,7 @@ def _apply_kq(state, mats, targets, fixed_bits, control_mask):
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, control_mask)
             for item in range(first, first + length):
-                i0 = base | _spread(item, low0, low1)
+                i0 = np.uint64(base | _spread(item, low0, low1))
                 for a in range(d):
                     buf[a] = vec[i0 + offsets[a]]
                 for a in range(d):
@@ -185,15 +254,38 @@ def _apply_kq(state, mats, targets, fixed_bits, control_mask):
             i += length
 
 
+@numba.njit(cache=True)
+def _apply_two_bit_diagonal(state, diags, t0, t1):
+    """A diagonal on two bits without controls, one amplitude after the other: where a
+    target is among the lowest bits, runs of consecutive amplitudes are too short to
+    walk, and reading the entry from the two bits is cheaper."""
+    batch, dim = state.shape
+    shared = diags.shape[0] == 1
+    s0 = np.uint64(t0)
+    s1 = np.uint64(t1)
+    one = np.uint64(1)
+    for b in range(batch):
+        diag = diags[0] if shared else diags[b]
+        vec = state[b]
+        for i in range(dim):
+            u = np.uint64(i)
+            vec[u] *= diag[((u >> s0) & one) | (((u >> s1) & one) << one)]
+
+
 def _apply_diagonal(state, diags, targets, fixed_bits, control_mask):
-    """fixed_bits holds the controls only: every target index is visited."""
+    """fixed_bits holds the targets and the controls: each work item has one amplitude per
+    diagonal entry, at a fixed offset, so every inner loop multiplies by one constant."""
     batch, dim = state.shape
     items = dim >> len(fixed_bits)
     per = _chunks_per_vector(batch, items)
     run_length = _run_length(fixed_bits, items)
     low0, low1 = _low_masks(fixed_bits)
     shared = diags.shape[0] == 1
-    k = len(targets)
+    offsets = _target_offsets(targets)
+    span = (1 << fixed_bits[0]) if len(fixed_bits) > 0 else items
+    if span < _MIN_SPAN and len(targets) == 2 and len(fixed_bits) == 2:
+        _apply_two_bit_diagonal(state, diags, targets[0], targets[1])
+        return
     for job in numba.prange(batch * per):
         b = job // per
         c = job - b * per
@@ -202,17 +294,61 @@ def _apply_diagonal(state, diags, targets, fixed_bits, control_mask):
         i, hi = c * items // per, (c + 1) * items // per
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, control_mask)
-            for item in range(first, first + length):
-                idx = base | _spread(item, low0, low1)
-                a = 0
-                for j in range(k):
-                    a |= ((idx >> targets[j]) & 1) << j
-                vec[idx] *= diag[a]
+            for a in range(offsets.shape[0]):
+                factor = diag[a]
+                offset = offsets[a]
+                item, end = first, first + length
+                while item < end:
+                    count = _span_length(item, end, span)
+                    start = np.uint64(base | _spread(item, low0, low1)) + offset
+                    for k in range(count):
+                        vec[start + np.uint64(k)] *= factor
+                    item += count
             i += length
+
+
+def _inner_diagonal(bra, ket, diag, targets, fixed_bits, out):
+    """out[b] = <bra_b| diag(d)_targets |ket_b> (complex); a single ket serves every bra."""
+    batch, dim = bra.shape
+    shared_ket = ket.shape[0] == 1
+    items = dim >> len(fixed_bits)
+    per = _chunks_per_vector(batch, items)
+    run_length = _run_length(fixed_bits, items)
+    low0, low1 = _low_masks(fixed_bits)
+    offsets = _target_offsets(targets)
+    span = (1 << fixed_bits[0]) if len(fixed_bits) > 0 else items
+    partial = np.zeros(batch * per, dtype=np.complex128)
+    for job in numba.prange(batch * per):
+        b = job // per
+        c = job - b * per
+        left = bra[b]
+        right = ket[0] if shared_ket else ket[b]
+        acc = 0.0 + 0.0j
+        i, hi = c * items // per, (c + 1) * items // per
+        while i < hi:
+            base, first, length = _run(i, hi, run_length, fixed_bits, 0)
+            for a in range(offsets.shape[0]):
+                offset = offsets[a]
+                term = 0.0 + 0.0j
+                item, end = first, first + length
+                while item < end:
+                    count = _span_length(item, end, span)
+                    start = np.uint64(base | _spread(item, low0, low1)) + offset
+                    for k in range(count):
+                        index = start + np.uint64(k)
+                        term += np.conj(left[index]) * right[index]
+                    item += count
+                acc += diag[a] * term
+            i += length
+        partial[job] = acc
+    for b in range(batch):
+        out[b] = partial[b * per : (b + 1) * per].sum()
 
 
 def _apply_pauli_rotation(state, angles, x_mask, z_mask, i_power, fixed_bits, control_mask):
     """exp(-i angle/2 P). With x_mask != 0, fixed_bits include the pivot (top bit of x_mask)."""
+    x_bits = np.uint64(x_mask)
+    z_bits = np.uint64(z_mask)
     batch, dim = state.shape
     items = dim >> len(fixed_bits)
     per = _chunks_per_vector(batch, items)
@@ -231,21 +367,23 @@ def _apply_pauli_rotation(state, angles, x_mask, z_mask, i_power, fixed_bits, co
             base, first, length = _run(i, hi, run_length, fixed_bits, control_mask)
             if x_mask == 0:
                 for item in range(first, first + length):
-                    idx = base | _spread(item, low0, low1)
-                    vec[idx] *= cos + minus_i_sin * _pauli_phase(idx, z_mask, i_power)
+                    idx = np.uint64(base | _spread(item, low0, low1))
+                    vec[idx] *= cos + minus_i_sin * _pauli_phase(idx, z_bits, i_power)
             else:
                 for item in range(first, first + length):
-                    i0 = base | _spread(item, low0, low1)
-                    i1 = i0 ^ x_mask
+                    i0 = np.uint64(base | _spread(item, low0, low1))
+                    i1 = i0 ^ x_bits
                     a0 = vec[i0]
                     a1 = vec[i1]
-                    vec[i0] = cos * a0 + minus_i_sin * _pauli_phase(i1, z_mask, i_power) * a1
-                    vec[i1] = cos * a1 + minus_i_sin * _pauli_phase(i0, z_mask, i_power) * a0
+                    vec[i0] = cos * a0 + minus_i_sin * _pauli_phase(i1, z_bits, i_power) * a1
+                    vec[i1] = cos * a1 + minus_i_sin * _pauli_phase(i0, z_bits, i_power) * a0
             i += length
 
 
 def _apply_pauli(state, x_mask, z_mask, i_power, fixed_bits, control_mask):
     """P = i**n_Y X^x Z^z on the selected bits; the pivot rule is that of the rotation."""
+    x_bits = np.uint64(x_mask)
+    z_bits = np.uint64(z_mask)
     batch, dim = state.shape
     items = dim >> len(fixed_bits)
     per = _chunks_per_vector(batch, items)
@@ -261,46 +399,78 @@ def _apply_pauli(state, x_mask, z_mask, i_power, fixed_bits, control_mask):
             base, first, length = _run(i, hi, run_length, fixed_bits, control_mask)
             if x_mask == 0:
                 for item in range(first, first + length):
-                    idx = base | _spread(item, low0, low1)
-                    vec[idx] *= _pauli_phase(idx, z_mask, i_power)
+                    idx = np.uint64(base | _spread(item, low0, low1))
+                    vec[idx] *= _pauli_phase(idx, z_bits, i_power)
             elif plain_flip:
                 for item in range(first, first + length):
-                    i0 = base | _spread(item, low0, low1)
-                    i1 = i0 ^ x_mask
+                    i0 = np.uint64(base | _spread(item, low0, low1))
+                    i1 = i0 ^ x_bits
                     a0 = vec[i0]
                     vec[i0] = vec[i1]
                     vec[i1] = a0
             else:
                 for item in range(first, first + length):
-                    i0 = base | _spread(item, low0, low1)
-                    i1 = i0 ^ x_mask
+                    i0 = np.uint64(base | _spread(item, low0, low1))
+                    i1 = i0 ^ x_bits
                     a0 = vec[i0]
-                    vec[i0] = _pauli_phase(i1, z_mask, i_power) * vec[i1]
-                    vec[i1] = _pauli_phase(i0, z_mask, i_power) * a0
+                    vec[i0] = _pauli_phase(i1, z_bits, i_power) * vec[i1]
+                    vec[i1] = _pauli_phase(i0, z_bits, i_power) * a0
             i += length
 
 
-def _expval_pauli(state, x_mask, z_mask, i_power, out):
-    """out[b] = Re <psi_b| P |psi_b>."""
-    batch, dim = state.shape
-    per = _chunks_per_vector(batch, dim)
-    partial = np.zeros(batch * per)
+def _inner_pauli(bra, ket, x_mask, z_mask, i_power, fixed_bits, out):
+    """out[b] = <bra_b| P |ket_b> (complex); a single ket serves every bra. With x_mask != 0,
+    fixed_bits holds the pivot (top bit of x_mask) and each work item is the pair
+    (i0, i1 = i0 ^ x_mask), P|i> = phase(i)|i ^ x_mask>; a word of X and I has no phase."""
+    x_bits = np.uint64(x_mask)
+    z_bits = np.uint64(z_mask)
+    batch, dim = bra.shape
+    shared_ket = ket.shape[0] == 1
+    items = dim >> len(fixed_bits)
+    per = _chunks_per_vector(batch, items)
+    run_length = _run_length(fixed_bits, items)
+    low0, low1 = _low_masks(fixed_bits)
+    span = (1 << fixed_bits[0]) if len(fixed_bits) > 0 else items
+    partial = np.zeros(batch * per, dtype=np.complex128)
     for job in numba.prange(batch * per):
         b = job // per
         c = job - b * per
-        vec = state[b]
-        acc = 0.0
-        for i in range(c * dim // per, (c + 1) * dim // per):
-            term = np.conj(vec[i ^ x_mask]) * _pauli_phase(i, z_mask, i_power) * vec[i]
-            acc += term.real
+        left = bra[b]
+        right = ket[0] if shared_ket else ket[b]
+        acc = 0.0 + 0.0j
+        i, hi = c * items // per, (c + 1) * items // per
+        while i < hi:
+            base, first, length = _run(i, hi, run_length, fixed_bits, 0)
+            item, end = first, first + length
+            while item < end:
+                count = _span_length(item, end, span)
+                start = np.uint64(base | _spread(item, low0, low1))
+                if x_mask == 0:
+                    for k in range(count):
+                        u = start + np.uint64(k)
+                        acc += np.conj(left[u]) * _pauli_phase(u, z_bits, i_power) * right[u]
+                elif z_mask == 0:
+                    for k in range(count):
+                        i0 = start + np.uint64(k)
+                        i1 = i0 ^ x_bits
+                        acc += np.conj(left[i1]) * right[i0] + np.conj(left[i0]) * right[i1]
+                else:
+                    for k in range(count):
+                        i0 = start + np.uint64(k)
+                        i1 = i0 ^ x_bits
+                        acc += np.conj(left[i1]) * _pauli_phase(i0, z_bits, i_power) * right[i0]
+                        acc += np.conj(left[i0]) * _pauli_phase(i1, z_bits, i_power) * right[i1]
+                item += count
+            i += length
         partial[job] = acc
     for b in range(batch):
         out[b] = partial[b * per : (b + 1) * per].sum()
 
 
-def _expval_matrix(state, mat, targets, fixed_bits, out):
-    """out[b] = <psi_b| M_targets |psi_b> (complex)."""
-    batch, dim = state.shape
+def _inner_matrix(bra, ket, mat, targets, fixed_bits, out):
+    """out[b] = <bra_b| M_targets |ket_b> (complex); a single ket serves every bra."""
+    batch, dim = bra.shape
+    shared_ket = ket.shape[0] == 1
     items = dim >> len(fixed_bits)
     per = _chunks_per_vector(batch, items)
     run_length = _run_length(fixed_bits, items)
@@ -311,25 +481,43 @@ def _expval_matrix(state, mat, targets, fixed_bits, out):
     for job in numba.prange(batch * per):
         b = job // per
         c = job - b * per
-        vec = state[b]
+        left = bra[b]
+        right = ket[0] if shared_ket else ket[b]
         buf = np.empty(d, dtype=np.complex128)
         acc = 0.0 + 0.0j
         i, hi = c * items // per, (c + 1) * items // per
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, 0)
             for item in range(first, first + length):
-                i0 = base | _spread(item, low0, low1)
+                i0 = np.uint64(base | _spread(item, low0, low1))
                 for a in range(d):
-                    buf[a] = vec[i0 + offsets[a]]
+                    buf[a] = right[i0 + offsets[a]]
                 for a in range(d):
                     row = 0.0 + 0.0j
                     for a2 in range(d):
                         row += mat[a, a2] * buf[a2]
-                    acc += np.conj(buf[a]) * row
+                    acc += np.conj(left[i0 + offsets[a]]) * row
             i += length
         partial[job] = acc
     for b in range(batch):
         out[b] = partial[b * per : (b + 1) * per].sum()
+
+
+def _add_scaled(dst, src, factors):
+    """dst[b] += factors[b] * src[b]; a single src vector or factor serves every dst."""
+    batch, dim = dst.shape
+    shared_src = src.shape[0] == 1
+    shared_factor = factors.shape[0] == 1
+    per = _chunks_per_vector(batch, dim)
+    for job in numba.prange(batch * per):
+        b = job // per
+        c = job - b * per
+        factor = factors[0] if shared_factor else factors[b]
+        target = dst[b]
+        source = src[0] if shared_src else src[b]
+        for i in range(c * dim // per, (c + 1) * dim // per):
+            u = np.uint64(i)
+            target[u] += factor * source[u]
 
 
 def _marginal_probs(state, bits, out):
@@ -366,13 +554,16 @@ _KERNELS = {
     func.__name__.lstrip("_"): _threaded_and_serial(func)
     for func in (
         _apply_1q,
+        _apply_1q_rotation,
         _apply_2q,
         _apply_kq,
         _apply_diagonal,
         _apply_pauli_rotation,
         _apply_pauli,
-        _expval_pauli,
-        _expval_matrix,
+        _inner_pauli,
+        _inner_matrix,
+        _inner_diagonal,
+        _add_scaled,
         _marginal_probs,
     )
 }

@@ -45,6 +45,9 @@ class Backend(Protocol):
     def copy(self, state: StateBatch) -> StateBatch:
         """An independent copy of the batch."""
 
+    def vectors(self, state: StateBatch, start: int, stop: int) -> StateBatch:
+        """Vectors ``start .. stop-1`` of the batch as a batch that shares their memory."""
+
     def apply_matrix(
         self,
         state: StateBatch,
@@ -96,6 +99,20 @@ class Backend(Protocol):
         self, state: StateBatch, matrix: np.ndarray, targets: Sequence[int]
     ) -> np.ndarray:
         """<psi_b|M|psi_b> for each vector, complex128 of shape (B,)."""
+
+    def inner_pauli(
+        self, bra: StateBatch, ket: StateBatch, paulis: str, targets: Sequence[int]
+    ) -> np.ndarray:
+        """<bra_b|P|ket_b> for each bra, complex128 of shape (B,); a batch of one ket
+        serves every bra."""
+
+    def inner_matrix(
+        self, bra: StateBatch, ket: StateBatch, matrix: np.ndarray, targets: Sequence[int]
+    ) -> np.ndarray:
+        """<bra_b|M|ket_b> for each bra, complex128 of shape (B,); one ket serves every bra."""
+
+    def add_scaled(self, dst: StateBatch, src: StateBatch, factors: np.ndarray) -> None:
+        """dst_b <- dst_b + factors[b] src_b; one src vector or factor serves every dst."""
 
     def probabilities(self, state: StateBatch, bits: Sequence[int]) -> np.ndarray:
         """Marginal probabilities, float64 (B, 2**k); bit j of the outcome is state bit bits[j]."""

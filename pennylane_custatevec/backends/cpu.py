@@ -1,10 +1,10 @@
 """CPU backend: numpy state vectors updated in place by numba kernels."""
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
 
-from ..pauli import PAULI_2X2
 from ._cpu_kernels import kernel
 from .base import StateBatch
 
@@ -12,7 +12,12 @@ _I_POWERS = (1.0 + 0.0j, 1.0j, -1.0 + 0.0j, -1.0j)
 
 
 def _bits(values: Sequence[int]) -> np.ndarray:
-    return np.asarray(values, dtype=np.int64).reshape(-1)
+    return np.array(values, dtype=np.int64, ndmin=1)
+
+
+def _fixed_bits(*groups: Sequence[int]) -> np.ndarray:
+    """The bits a kernel holds fixed (targets, controls), sorted ascending."""
+    return np.array(sorted(bit for group in groups for bit in group), dtype=np.int64, ndmin=1)
 
 
 def _control_mask(controls: Sequence[int], control_values: Sequence[int]) -> int:
@@ -66,7 +71,7 @@ class CPUBackend:
 
     def apply_matrix(self, state, matrices, targets, controls=(), control_values=()) -> None:
         matrices = np.ascontiguousarray(matrices, dtype=self.dtype)
-        fixed = np.sort(_bits([*targets, *controls]))
+        fixed = _fixed_bits(targets, controls)
         mask = _control_mask(controls, control_values)
         if len(targets) == 1:
             kernel("apply_1q", state)(state, matrices, int(targets[0]), fixed, mask)
@@ -77,26 +82,37 @@ class CPUBackend:
 
     def apply_diagonal(self, state, diagonals, targets, controls=(), control_values=()) -> None:
         diagonals = np.ascontiguousarray(diagonals, dtype=self.dtype)
-        fixed = np.sort(_bits(controls))
+        fixed = _fixed_bits(targets, controls)
         mask = _control_mask(controls, control_values)
         kernel("apply_diagonal", state)(state, diagonals, _bits(targets), fixed, mask)
 
     def apply_pauli_rotation(
         self, state, angles, paulis, targets, controls=(), control_values=()
     ) -> None:
-        if len(paulis) == 1:
-            matrices = _single_qubit_rotations(paulis, np.asarray(angles, dtype=np.float64))
-            self.apply_matrix(state, matrices, targets, controls, control_values)
-            return
-        x_mask, z_mask, i_power = _pauli_masks(paulis, targets)
-        fixed = np.sort(_bits([*controls, *_pivot(x_mask)]))
         mask = _control_mask(controls, control_values)
         angles = np.ascontiguousarray(angles, dtype=np.float64).reshape(-1)
+        if len(paulis) == 1:
+            fixed = _fixed_bits(targets, controls)
+            letter = "IXYZ".index(paulis)
+            kernel("apply_1q_rotation", state)(state, angles, letter, int(targets[0]), fixed, mask)
+            return
+        x_mask, z_mask, i_power = _pauli_masks(paulis, targets)
+        if x_mask == 0 and len(paulis) <= _DIAGONAL_WORD_LETTERS:
+            half = 0.5 * angles.reshape(-1, 1)
+            signs = _z_word_signs(paulis)
+            diagonals = np.cos(half) - 1j * np.sin(half) * signs
+            self.apply_diagonal(state, diagonals, targets, controls, control_values)
+            return
+        fixed = _fixed_bits(controls, _pivot(x_mask))
         kernel("apply_pauli_rotation", state)(state, angles, x_mask, z_mask, i_power, fixed, mask)
 
     def apply_pauli(self, state, paulis, targets, controls=(), control_values=()) -> None:
         x_mask, z_mask, i_power = _pauli_masks(paulis, targets)
-        fixed = np.sort(_bits([*controls, *_pivot(x_mask)]))
+        if x_mask == 0 and 0 < len(paulis) <= _DIAGONAL_WORD_LETTERS:
+            signs = _z_word_signs(paulis)[None]
+            self.apply_diagonal(state, signs, targets, controls, control_values)
+            return
+        fixed = _fixed_bits(controls, _pivot(x_mask))
         mask = _control_mask(controls, control_values)
         kernel("apply_pauli", state)(state, x_mask, z_mask, i_power, fixed, mask)
 
@@ -104,17 +120,36 @@ class CPUBackend:
         state *= np.asarray(factors, dtype=self.dtype).reshape(-1, 1)
 
     def expval_pauli(self, state, paulis, targets) -> np.ndarray:
-        x_mask, z_mask, i_power = _pauli_masks(paulis, targets)
-        out = np.empty(state.shape[0])
-        kernel("expval_pauli", state)(state, x_mask, z_mask, i_power, out)
-        return out
+        return np.real(self.inner_pauli(state, state, paulis, targets))
 
     def expval_matrix(self, state, matrix, targets) -> np.ndarray:
-        matrix = np.ascontiguousarray(matrix, dtype=np.complex128)
-        fixed = np.sort(_bits(targets))
-        out = np.empty(state.shape[0], dtype=np.complex128)
-        kernel("expval_matrix", state)(state, matrix, _bits(targets), fixed, out)
+        return self.inner_matrix(state, state, matrix, targets)
+
+    def inner_pauli(self, bra, ket, paulis, targets) -> np.ndarray:
+        x_mask, z_mask, i_power = _pauli_masks(paulis, targets)
+        out = np.empty(bra.shape[0], dtype=np.complex128)
+        if x_mask == 0 and 0 < len(paulis) <= _DIAGONAL_WORD_LETTERS:
+            signs = _z_word_signs(paulis)
+            fixed = _fixed_bits(targets)
+            kernel("inner_diagonal", bra)(bra, ket, signs, _bits(targets), fixed, out)
+            return out
+        fixed = _fixed_bits(_pivot(x_mask))
+        kernel("inner_pauli", bra)(bra, ket, x_mask, z_mask, i_power, fixed, out)
         return out
+
+    def inner_matrix(self, bra, ket, matrix, targets) -> np.ndarray:
+        matrix = np.ascontiguousarray(matrix, dtype=np.complex128)
+        out = np.empty(bra.shape[0], dtype=np.complex128)
+        fixed = _fixed_bits(targets)
+        kernel("inner_matrix", bra)(bra, ket, matrix, _bits(targets), fixed, out)
+        return out
+
+    def add_scaled(self, dst, src, factors) -> None:
+        factors = np.array(factors, dtype=self.dtype, ndmin=1)
+        kernel("add_scaled", dst)(dst, src, factors)
+
+    def vectors(self, state, start: int, stop: int) -> StateBatch:
+        return state[start:stop]
 
     def probabilities(self, state, bits) -> np.ndarray:
         out = np.empty((state.shape[0], 1 << len(bits)))
@@ -131,11 +166,23 @@ class CPUBackend:
         ).clip(max=probs.shape[1] - 1)
 
 
-def _single_qubit_rotations(letter: str, angles: np.ndarray) -> np.ndarray:
-    """exp(-i angle/2 P) = cos(angle/2) I - i sin(angle/2) P, one 2x2 matrix per angle:
-    the dense 1-qubit kernel streams faster than the generic Pauli-word kernel."""
-    half = 0.5 * angles.reshape(-1, 1, 1)
-    return np.cos(half) * PAULI_2X2["I"] - 1j * np.sin(half) * PAULI_2X2[letter]
+_DIAGONAL_WORD_LETTERS = 4
+"""Words of Z and I up to this length run as diagonals: a constant factor per inner loop
+instead of a parity per amplitude."""
+
+
+@functools.cache
+def _z_word_signs(paulis: str) -> np.ndarray:
+    """The diagonal of a word of Z and I letters: (-1)**(number of Z letters whose bit is 1
+    in a), for a in 0 .. 2**len(paulis) - 1 (letter j on bit j of a). Complex, read-only."""
+    a = np.arange(1 << len(paulis))
+    parity = np.zeros_like(a)
+    for j, letter in enumerate(paulis):
+        if letter == "Z":
+            parity ^= (a >> j) & 1
+    signs = (1.0 - 2.0 * parity).astype(np.complex128)
+    signs.flags.writeable = False
+    return signs
 
 
 def _pivot(x_mask: int) -> tuple[int, ...]:

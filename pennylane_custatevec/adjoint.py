@@ -1,0 +1,337 @@
+"""Adjoint differentiation, eager mode (Jones and Gacon, arXiv:2009.02823).
+
+A trainable gate is U_j = exp(i theta_j G_j) (PennyLane's generator convention), so
+dU_j/dtheta_j = i G_j U_j. For |psi> = U_N ... U_1 |psi_0> and a bra |lambda>:
+
+    phi_j    = U_j ... U_1 |psi_0>                          (the state after gate j)
+    lambda_j = U_{j+1}^dagger ... U_N^dagger |lambda>       (the bra carried back to gate j)
+    d/dtheta_j Re <lambda|psi> = Re( i <lambda_j| G_j |phi_j> )
+
+The sweep starts from phi_N = psi and lambda_N = lambda and walks the gates backwards: at
+a trainable gate, one inner product with its generator applied (fused: no temporary
+vector); then U_j^dagger on both vectors. It stops at the first trainable gate. Beyond the
+final state, which becomes phi, it holds the bras and at most one temporary vector.
+
+The bra encodes what is differentiated, one cotangent dy per measurement:
+
+    expval(O):     lambda += 2 dy O psi           (d<O> = 2 Re <O psi | d psi>)
+    probs(wires):  lambda += 2 D psi, D = diag(dy) on the wires (sum_x dy_x dp_x)
+    state():       lambda += conj(dy)             (Re sum_i dy_i d psi_i)
+
+A VJP is one bra. A Jacobian is one bra per output (one-hot cotangents) in one batch, so
+one sweep serves every output. The Jacobian of a state output is computed forward
+instead: d psi/d theta_j = U_N ... U_{j+1} i G_j phi_j, one vector per parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from pennylane.exceptions import DeviceError
+from pennylane.measurements import (
+    DensityMatrixMP,
+    ExpectationMP,
+    MeasurementProcess,
+    ProbabilityMP,
+    StateMP,
+)
+from pennylane.operation import Operator, StatePrepBase
+from pennylane.ops import Conditional, MidMeasure, Projector
+from pennylane.tape import QuantumScript
+from pennylane.wires import Wires
+
+from . import measure, simulate
+from .backends.base import Backend, StateBatch
+from .program import Kind, Program, compile_steps, inverse
+
+
+def unsupported_reason(tape: QuantumScript, trainable: set[int] | None = None) -> str | None:
+    """Why the adjoint method cannot differentiate ``tape``, or None if it can.
+
+    ``trainable`` holds the indices (into ``tape.get_parameters(trainable_only=False)``) of
+    the trainable parameters; by default ``tape.trainable_params``.
+    """
+    trainable = set(tape.trainable_params) if trainable is None else trainable
+    for mp in tape.measurements:
+        reason = _measurement_reason(mp)
+        if reason:
+            return reason
+    if tape.shots:
+        return (
+            f"it needs analytic execution and the circuit has shots={tape.shots.total_shots}; "
+            "use diff_method='parameter-shift' with shots"
+        )
+    if tape.batch_size is not None:
+        return "broadcast circuits are expanded by the device's preprocessing first"
+    n_ops = len(tape.operations)
+    trainable_ops = set()
+    for index in trainable:
+        info = tape.par_info[index]
+        if info["op_idx"] >= n_ops:
+            return (
+                f"a parameter of the observable {info['op'].name} is trainable; the adjoint "
+                "method differentiates gate parameters only (make the observable's "
+                "coefficients non-trainable, or use diff_method='parameter-shift')"
+            )
+        trainable_ops.add(info["op_idx"])
+    for position, op in enumerate(tape.operations):
+        reason = _operation_reason(op, position in trainable_ops)
+        if reason:
+            return reason
+    return None
+
+
+def _measurement_reason(mp: MeasurementProcess) -> str | None:
+    supported = "it supports expval, probs (of wires) and state"
+    if isinstance(mp, DensityMatrixMP) or not isinstance(
+        mp, (ExpectationMP, ProbabilityMP, StateMP)
+    ):
+        return f"{supported}, not {type(mp).__name__}"
+    if mp.mv is not None:
+        return f"{supported}, not measurements of mid-circuit measurement values"
+    if isinstance(mp, ProbabilityMP) and mp.obs is not None:
+        return f"{supported}, not probs of an observable ({mp.obs.name})"
+    return None
+
+
+def _operation_reason(op: Operator, trainable: bool) -> str | None:
+    if isinstance(op, (MidMeasure, Conditional, Projector)):
+        return (
+            f"{op.name} is not unitary; with mid-circuit measurements use "
+            "mcm_method='deferred' without postselection, or diff_method='parameter-shift'"
+        )
+    if not trainable:
+        return None
+    if isinstance(op, StatePrepBase):
+        return (
+            f"the parameters of the state preparation {op.name} are trainable; the adjoint "
+            "method cannot differentiate a prepared state (use diff_method='backprop' on "
+            "default.qubit, or prepare the state with parametrized gates)"
+        )
+    if op.num_params != 1 or not op.has_generator:
+        return (
+            f"{op.name} has trainable parameters but no generator; the adjoint method "
+            "differentiates gates with one parameter and a generator (rotations, phase "
+            "shifts, ...); use those, or diff_method='parameter-shift'"
+        )
+    return None
+
+
+def _trainable_positions(tape: QuantumScript) -> dict[int, int]:
+    """{operation index: Jacobian column} of the operations with a trainable parameter."""
+    n_ops = len(tape.operations)
+    positions = {}
+    for column, index in enumerate(tape.trainable_params):
+        position = tape.par_info[index]["op_idx"]
+        if position < n_ops:
+            positions[position] = column
+    return positions
+
+
+def _require_supported(tape: QuantumScript) -> None:
+    reason = unsupported_reason(tape)
+    if reason:
+        raise DeviceError(
+            f"custatevec.qubit cannot differentiate this circuit by adjoint: {reason}."
+        )
+
+
+class _Circuit:
+    """A tape compiled for the sweep: its program, its gates, its trainable gates."""
+
+    def __init__(self, tape: QuantumScript, device_wires: Wires | None):
+        _require_supported(tape)
+        self.tape = tape
+        self.program, self.steps = compile_steps(tape, device_wires)
+        offset = len(tape.operations) - len(self.steps)  # a state preparation became psi_0
+        self.columns = {
+            position - offset: column for position, column in _trainable_positions(tape).items()
+        }
+        self.n_params = len(tape.trainable_params)
+
+    def final_state(self, backend: Backend) -> StateBatch:
+        program = Program(
+            self.program.wires,
+            tuple(ins for _, compiled in self.steps for ins in compiled),
+            1,
+            self.program.initial_state,
+        )
+        state, _ = simulate.final_state(backend, program)
+        return state
+
+
+def jacobian(backend: Backend, tape: QuantumScript, device_wires: Wires | None, state=None):
+    """The Jacobian of ``tape``'s results with respect to its trainable parameters, shaped as
+    PennyLane expects. ``state``, the final state if already known, is consumed."""
+    circuit = _Circuit(tape, device_wires)
+    measurements = tape.measurements
+    per_measurement: list = [None] * len(measurements)
+    swept = [i for i, mp in enumerate(measurements) if not isinstance(mp, StateMP)]
+    if swept:
+        if state is None:
+            state = circuit.final_state(backend)
+        gradients = _sweep(backend, circuit, state, _one_hot_rows(circuit, swept))
+        start = 0
+        for i in swept:
+            mp = measurements[i]
+            size = _output_size(mp, circuit.program)
+            block = gradients[start : start + size]
+            start += size
+            shape = () if isinstance(mp, ExpectationMP) else (size,)
+            per_measurement[i] = [block[:, p].reshape(shape) for p in range(circuit.n_params)]
+    if len(swept) < len(measurements):
+        derivatives = _state_derivatives(backend, circuit)
+        for i, mp in enumerate(measurements):
+            if isinstance(mp, StateMP):
+                wires = circuit.program.wires
+                per_measurement[i] = [mp.process_state(d, wire_order=wires) for d in derivatives]
+    return _format_jacobian(per_measurement, circuit.n_params)
+
+
+def vjp(backend: Backend, tape: QuantumScript, cotangents, device_wires: Wires | None, state=None):
+    """The vector-Jacobian product of ``tape`` with ``cotangents`` (PennyLane's per-tape
+    cotangent: one value per measurement, not wrapped for a single measurement), a tuple
+    with one entry per trainable parameter. ``state``, if known, is consumed."""
+    circuit = _Circuit(tape, device_wires)
+    per_measurement = (cotangents,) if len(tape.measurements) == 1 else tuple(cotangents)
+    if circuit.n_params == 0:
+        return ()
+    if all(_is_zero(dy) for dy in per_measurement):
+        return tuple(np.float64(0.0) for _ in range(circuit.n_params))
+    if state is None:
+        state = circuit.final_state(backend)
+    gradients = _sweep(backend, circuit, state, [per_measurement])
+    return tuple(np.float64(g) for g in gradients[0])
+
+
+def _is_zero(value) -> bool:
+    return value is None or not np.any(np.asarray(value))
+
+
+def _output_size(mp: MeasurementProcess, program: Program) -> int:
+    if isinstance(mp, ProbabilityMP):
+        return 2 ** len(mp.wires or program.wires)
+    return 1
+
+
+def _one_hot_rows(circuit: _Circuit, measured: list[int]) -> list[tuple]:
+    """One cotangent row per output of the measurements ``measured`` (indices into the
+    tape's): 1 at that output, None elsewhere."""
+    measurements = circuit.tape.measurements
+    rows = []
+    for i in measured:
+        size = _output_size(measurements[i], circuit.program)
+        for output in range(size):
+            row: list = [None] * len(measurements)
+            row[i] = 1.0 if isinstance(measurements[i], ExpectationMP) else np.eye(size)[output]
+            rows.append(tuple(row))
+    return rows
+
+
+def _format_jacobian(per_measurement: list[list[np.ndarray]], n_params: int):
+    """measurement x parameter, with single measurements and single parameters unwrapped."""
+    if n_params == 1:
+        entries = [columns[0] for columns in per_measurement]
+    else:
+        entries = [tuple(columns) for columns in per_measurement]
+    return entries[0] if len(entries) == 1 else tuple(entries)
+
+
+def _sweep(backend: Backend, circuit: _Circuit, state: StateBatch, rows: Sequence[tuple]):
+    """d/dtheta of the real cotangent products of every row, float64 (rows, params)."""
+    gradients = np.zeros((len(rows), circuit.n_params))
+    if not circuit.columns:
+        return gradients
+    bras = _bras(backend, circuit, state, rows)
+    phi = state
+    first = min(circuit.columns)
+    for index in range(len(circuit.steps) - 1, first - 1, -1):
+        op, instructions = circuit.steps[index]
+        column = circuit.columns.get(index)
+        if column is not None:
+            products = _generator_products(backend, circuit.program, op, instructions, bras, phi)
+            gradients[:, column] = np.real(1j * products)
+        if index == first:
+            break
+        for instruction in reversed(instructions):
+            undo = inverse(instruction)
+            simulate.apply_instruction(backend, phi, undo)
+            simulate.apply_instruction(backend, bras, undo)
+    return gradients
+
+
+def _generator_products(backend, program: Program, op: Operator, instructions, bras, phi):
+    """<lambda_b|G|phi> for the generator G of ``op``. A Pauli rotation exp(-i theta/2 P)
+    compiled to one instruction has G = -P/2: one fused inner product, and no generator
+    operator to build."""
+    if len(instructions) == 1:
+        (instruction,) = instructions
+        if (
+            instruction.kind is Kind.PAULI_ROTATION
+            and instruction.source is op
+            and not instruction.controls
+        ):
+            return -0.5 * backend.inner_pauli(bras, phi, instruction.paulis, instruction.targets)
+    return measure.transition(backend, bras, phi, program, op.generator())
+
+
+def _bras(backend: Backend, circuit: _Circuit, psi: StateBatch, rows: Sequence[tuple]):
+    """One bra per row: sum over measurements of each cotangent's term (module docstring)."""
+    program = circuit.program
+    bras = backend.zero_state(program.num_qubits, len(rows))
+    backend.scale(bras, np.zeros(1))
+    for r, row in enumerate(rows):
+        bra = backend.vectors(bras, r, r + 1)
+        for mp, dy in zip(circuit.tape.measurements, row, strict=True):
+            if not _is_zero(dy):
+                _add_term(backend, bra, psi, program, mp, dy)
+    return bras
+
+
+def _add_term(backend, bra, psi, program: Program, mp: MeasurementProcess, dy) -> None:
+    if isinstance(mp, StateMP):
+        backend.add_scaled(bra, backend.from_host(np.conj(np.asarray(dy))[None]), np.ones(1))
+    elif isinstance(mp, ProbabilityMP):
+        scaled = backend.copy(psi)
+        weights = np.asarray(dy, dtype=np.complex128)[None]
+        backend.apply_diagonal(scaled, weights, program.targets(mp.wires or program.wires))
+        backend.add_scaled(bra, scaled, np.full(1, 2.0))
+    else:
+        _add_observable_term(backend, bra, psi, program, mp.obs, 2.0 * float(dy))
+
+
+def _add_observable_term(backend, bra, psi, program: Program, obs: Operator, weight: float):
+    """bra += weight * O psi. A Pauli word P is applied to psi in place and then undone
+    (P P = 1 exactly: a permutation with phases), so sums of Pauli words need no
+    temporary vector."""
+    if obs.pauli_rep is None:
+        backend.add_scaled(bra, measure.applied_observable(backend, psi, program, obs), [weight])
+        return
+    for word, coefficient in obs.pauli_rep.items():
+        wires = list(word.keys())
+        letters = "".join(word[w] for w in wires)
+        targets = program.bits(wires)
+        backend.apply_pauli(psi, letters, targets)
+        backend.add_scaled(bra, psi, np.full(1, weight * coefficient))
+        backend.apply_pauli(psi, letters, targets)
+
+
+def _state_derivatives(backend: Backend, circuit: _Circuit) -> list[np.ndarray]:
+    """Forward mode: d psi/d theta_j = U_N ... U_{j+1} (i G_j) phi_j for every trainable
+    j, as host vectors (one vector per parameter: the Jacobian of a state is that big)."""
+    program = circuit.program
+    state = simulate.initial_state(backend, program, 1)
+    derivatives: list[StateBatch | None] = [None] * circuit.n_params
+    for index, (op, instructions) in enumerate(circuit.steps):
+        for instruction in instructions:
+            simulate.apply_instruction(backend, state, instruction)
+            for d in derivatives:
+                if d is not None:
+                    simulate.apply_instruction(backend, d, instruction)
+        column = circuit.columns.get(index)
+        if column is not None:
+            derivative = measure.applied_observable(backend, state, program, op.generator())
+            backend.scale(derivative, np.full(1, 1j))
+            derivatives[column] = derivative
+    return [backend.to_host(d)[0] for d in derivatives]

@@ -1,0 +1,1048 @@
+"""Adjoint differentiation on custatevec.qubit, against default.qubit.
+
+Values and gradients are compared with default.qubit's ``diff_method="backprop"`` (or its
+own adjoint method for the device API), with ``device_vjp`` off (the device computes
+Jacobians) and on (the device computes vector-Jacobian products).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pennylane as qml
+import pytest
+import torch
+from conftest import (
+    MIXED_WIRES,
+    assert_allclose_nested,
+    generic_layer,
+    make_devices,
+    random_hermitian,
+    stable_seed,
+)
+from pennylane import numpy as pnp
+from pennylane.devices import ExecutionConfig
+from pennylane.exceptions import DeviceError
+from pennylane.ops.functions import bind_new_parameters
+from pennylane.tape import QuantumScript
+from test_gates import GATES, gate_spec
+
+import pennylane_custatevec.simulate
+
+ATOL = 1e-8
+WIRES = MIXED_WIRES  # ["a", 3, "q1", 0, "z"]
+W4 = WIRES[:4]
+VJP = pytest.mark.parametrize("device_vjp", [False, True], ids=["jacobian", "vjp"])
+ERROR_PREFIX = "custatevec.qubit cannot differentiate this circuit by adjoint"
+
+# Gates whose parameter is a matrix or a state: not differentiable by the adjoint method.
+MATRIX_DEFINED = {
+    "QubitUnitary",
+    "ControlledQubitUnitary",
+    "DiagonalQubitUnitary",
+    "BlockEncode",
+    "StatePrep",
+    "BasisState",
+    "Projector",
+}
+PARAMETRIZED = [
+    name
+    for name in GATES
+    if name not in MATRIX_DEFINED and getattr(qml, name).num_params not in (0, None)
+]
+
+
+def _t(value, requires_grad=True):
+    return torch.tensor(value, dtype=torch.float64, requires_grad=requires_grad)
+
+
+def _angles(rng, n):
+    return list(rng.uniform(-np.pi, np.pi, size=n))
+
+
+def _real_parts(out) -> list:
+    """Every output flattened to real 1-d tensors (complex ones as real and imaginary)."""
+    parts = out if isinstance(out, (tuple, list)) else [out]
+    flat = []
+    for part in parts:
+        if isinstance(part, (tuple, list)):
+            flat.extend(_real_parts(part))
+            continue
+        t = torch.as_tensor(part)
+        if t.is_complex():
+            flat += [t.real.reshape(-1), t.imag.reshape(-1)]
+        else:
+            flat.append(t.reshape(-1).to(torch.float64))
+    return flat
+
+
+def real_vector(out) -> torch.Tensor:
+    return torch.cat(_real_parts(out))
+
+
+def random_loss(out, seed) -> torch.Tensor:
+    """A fixed random linear combination of every (real) output."""
+    vector = real_vector(out)
+    weights = np.random.default_rng(seed).normal(size=vector.shape[0])
+    return vector @ torch.tensor(weights, dtype=torch.float64)
+
+
+def _numpy(out):
+    if isinstance(out, (tuple, list)):
+        return type(out)(_numpy(o) for o in out)
+    return out.detach().numpy() if isinstance(out, torch.Tensor) else np.asarray(out)
+
+
+def torch_run(circuit, device, values, seed, trainable=None, **qnode_kwargs):
+    """Values and torch gradients of ``random_loss`` of ``circuit(*params)`` on ``device``.
+
+    ``values`` are turned into float64 tensors, requiring grad where ``trainable`` says
+    (default: all). Returns (numpy outputs, [grad or None per parameter])."""
+    trainable = [True] * len(values) if trainable is None else trainable
+    params = [_t(v, requires_grad=bool(tr)) for v, tr in zip(values, trainable, strict=True)]
+    qnode = qml.QNode(circuit, device, interface="torch", **qnode_kwargs)
+    out = qnode(*params)
+    random_loss(out, seed).backward()
+    return _numpy(out), [None if p.grad is None else p.grad.numpy() for p in params]
+
+
+def compare_torch(
+    circuit, values, seed, wires=WIRES, trainable=None, ref_circuit=None, **qnode_kwargs
+):
+    """custatevec (adjoint, ``qnode_kwargs``) against default.qubit backprop (running
+    ``ref_circuit``, by default ``circuit``)."""
+    dev, ref = make_devices(wires)
+    out, grads = torch_run(circuit, dev, values, seed, trainable, **qnode_kwargs)
+    ref_out, ref_grads = torch_run(
+        ref_circuit or circuit, ref, values, seed, trainable, diff_method="backprop"
+    )
+    assert_allclose_nested(out, ref_out, atol=ATOL)
+    for i, (g, r) in enumerate(zip(grads, ref_grads, strict=True)):
+        if r is None:
+            assert g is None, f"parameter {i} is not trainable but got a gradient"
+        else:
+            assert g is not None, f"parameter {i} got no gradient"
+            np.testing.assert_allclose(g, r, atol=ATOL, rtol=0, err_msg=f"parameter {i}")
+    return out, grads, ref_grads
+
+
+# ---------------------------------------------------------------------------------------
+# 1. Every differentiable gate
+
+
+def _ctrl(base, n_controls, values):
+    def factory(rng, wires):
+        return qml.ctrl(
+            base(rng, wires[n_controls:]), control=wires[:n_controls], control_values=values
+        )
+
+    return factory
+
+
+def _toml(name):
+    return gate_spec(name)[1]
+
+
+# name -> (number of wires, factory(rng, wires) -> operator with numpy parameters)
+COMPOSITE = {
+    "ctrl_RX_values01": (3, _ctrl(_toml("RX"), 2, [0, 1])),
+    "ctrl_RY_value0": (2, _ctrl(_toml("RY"), 1, [0])),
+    "ctrl_PhaseShift": (2, _ctrl(_toml("PhaseShift"), 1, [1])),
+    "ctrl_Rot_values10": (3, _ctrl(_toml("Rot"), 2, [1, 0])),
+    "ctrl_IsingXX_value0": (3, _ctrl(_toml("IsingXX"), 1, [0])),
+    "ctrl_CRZ_value0": (3, _ctrl(_toml("CRZ"), 1, [0])),
+    "ctrl_GlobalPhase_value0": (2, _ctrl(_toml("GlobalPhase"), 1, [0])),
+    "ctrl_PauliRot": (3, _ctrl(lambda r, w: qml.PauliRot(_angles(r, 1)[0], "XY", wires=w), 1, [1])),
+    "adjoint_RX": (1, lambda r, w: qml.adjoint(_toml("RX")(r, w))),
+    "adjoint_Rot": (1, lambda r, w: qml.adjoint(_toml("Rot")(r, w))),
+    "adjoint_U3": (1, lambda r, w: qml.adjoint(_toml("U3")(r, w))),
+    "adjoint_CRY": (2, lambda r, w: qml.adjoint(_toml("CRY")(r, w))),
+    "adjoint_DoubleExcitation": (4, lambda r, w: qml.adjoint(_toml("DoubleExcitation")(r, w))),
+    "adjoint_ctrl_RZ": (2, lambda r, w: qml.adjoint(_ctrl(_toml("RZ"), 1, [0])(r, w))),
+    "ctrl_adjoint_RY": (
+        3,
+        lambda r, w: qml.ctrl(qml.adjoint(_toml("RY")(r, w[2:])), w[:2], control_values=[1, 0]),
+    ),
+    "pow_RX": (1, lambda r, w: qml.pow(_toml("RX")(r, w), 3)),
+}
+
+
+def gate_case(name, rng):
+    """(number of wires, operator with numpy parameters) for a gate name or a composite."""
+    n_wires, factory = COMPOSITE[name] if name in COMPOSITE else gate_spec(name)
+    wires = [WIRES[i] for i in rng.permutation(len(WIRES))[:n_wires]]
+    return factory(rng, wires)
+
+
+def surrounding_circuit(rng, wires=WIRES):
+    """Random non-trainable layers (Hadamards, RYs, CNOTs) to put before and after a gate."""
+
+    def layer():
+        ops = [qml.RY(a, wires=w) for w, a in zip(wires, _angles(rng, len(wires)), strict=True)]
+        for _ in range(2):
+            w0, w1 = (wires[i] for i in rng.permutation(len(wires))[:2])
+            ops += [qml.Hadamard(w0), qml.CNOT([w0, w1])]
+        return ops
+
+    return layer(), layer()
+
+
+def measurements_for(outputs, rng, wires=WIRES):
+    w = [wires[i] for i in rng.permutation(len(wires))]
+    if outputs == "state":
+        return [qml.state()]
+    return [
+        qml.expval(qml.Z(w[0])),
+        qml.expval(qml.X(w[1]) @ qml.Y(w[2])),
+        qml.expval(qml.Y(w[3])),
+        qml.probs(wires=[w[4], w[0]]),
+    ]
+
+
+@VJP
+@pytest.mark.parametrize("outputs", ["expval_probs", "state"])
+@pytest.mark.parametrize("name", PARAMETRIZED + list(COMPOSITE))
+def test_gate_gradient(name, outputs, device_vjp):
+    rng = np.random.default_rng(stable_seed("gate-gradient", name, outputs))
+    op = gate_case(name, rng)
+    before, after = surrounding_circuit(rng)
+    measurements = measurements_for(outputs, rng)
+    values = _angles(rng, len(op.data))
+
+    def circuit(*params):
+        for o in before:
+            qml.apply(o)
+        qml.apply(bind_new_parameters(op, params))
+        for o in after:
+            qml.apply(o)
+        return tuple(qml.apply(m) for m in measurements)
+
+    _, grads, _ = compare_torch(
+        circuit,
+        values,
+        stable_seed("loss", name),
+        diff_method="adjoint",
+        device_vjp=device_vjp,
+    )
+    assert len(grads) == len(values) > 0
+
+
+def test_parametrized_gates_listed():
+    """The enumeration above covers the rotations and the gates decomposed for adjoint."""
+    for name in ("RX", "CRot", "Rot", "U2", "U3", "PSWAP", "GlobalPhase", "OrbitalRotation"):
+        assert name in PARAMETRIZED
+    assert not MATRIX_DEFINED & set(PARAMETRIZED)
+
+
+# ---------------------------------------------------------------------------------------
+# 2. Trainable and non-trainable parameters mixed
+
+
+@VJP
+@pytest.mark.parametrize("case", range(6))
+def test_trainable_mix(case, device_vjp):
+    """Each of 7 parameters is a trainable tensor, a constant tensor or (for the gates with
+    one parameter: PennyLane's own Rot/U2 matrices do not mix floats and tensors) a float."""
+    rng = np.random.default_rng(stable_seed("mix", case))
+    kinds = [
+        str(rng.choice(["grad", "tensor", "float"] if i in (0, 4, 5) else ["grad", "tensor"]))
+        for i in range(7)
+    ]
+    kinds[rng.integers(7)] = "grad"  # at least one trainable
+    if case == 0:
+        kinds = ["float", "grad", "tensor", "grad", "float", "grad", "tensor"]
+    values = _angles(rng, 7)
+    params = [
+        v if k == "float" else _t(v, requires_grad=(k == "grad"))
+        for v, k in zip(values, kinds, strict=True)
+    ]
+    ref_params = [
+        v if k == "float" else _t(v, requires_grad=(k == "grad"))
+        for v, k in zip(values, kinds, strict=True)
+    ]
+
+    def circuit(p):
+        qml.Hadamard("a")
+        qml.RX(p[0], wires="a")
+        qml.CNOT(["a", 3])
+        qml.Rot(p[1], p[2], p[3], wires="q1")
+        qml.IsingXY(p[4], wires=[3, "q1"])
+        qml.CRY(p[5], wires=["q1", 0])
+        qml.RX(p[0], wires=0)  # the same parameter twice
+        qml.U2(p[6], p[1], wires=3)
+        return qml.expval(qml.X("a") @ qml.Z(0)), qml.probs(wires=[3, "q1"])
+
+    dev, ref = make_devices(W4)
+    out = qml.QNode(circuit, dev, diff_method="adjoint", device_vjp=device_vjp)(params)
+    ref_out = qml.QNode(circuit, ref, diff_method="backprop")(ref_params)
+    assert_allclose_nested(_numpy(out), _numpy(ref_out), atol=ATOL)
+    random_loss(out, case).backward()
+    random_loss(ref_out, case).backward()
+    for i, (p, r, k) in enumerate(zip(params, ref_params, kinds, strict=True)):
+        if k == "grad":
+            assert p.grad is not None, f"trainable parameter {i} got no gradient"
+            np.testing.assert_allclose(p.grad, r.grad, atol=ATOL, rtol=0, err_msg=str(i))
+        elif k == "tensor":
+            assert p.grad is None and not p.requires_grad
+
+
+@VJP
+def test_no_trainable_parameter(device_vjp):
+    """A QNode with tensors that do not require grad executes and is not differentiable."""
+    dev, ref = make_devices(W4)
+
+    def circuit(x):
+        qml.RX(x, wires="a")
+        qml.CNOT(["a", 0])
+        return qml.expval(qml.Z(0))
+
+    out = qml.QNode(circuit, dev, diff_method="adjoint", device_vjp=device_vjp)(
+        _t(0.4, requires_grad=False)
+    )
+    assert not out.requires_grad
+    np.testing.assert_allclose(out.numpy(), np.cos(0.4), atol=ATOL)
+
+
+# ---------------------------------------------------------------------------------------
+# 3. Several measurements in one circuit
+
+_MRNG = np.random.default_rng(stable_seed("measurement-matrices"))
+HERMITIAN = random_hermitian(4, _MRNG)
+_SPARSE_WIRES = [3, "a", 0]
+SPARSE = qml.Hamiltonian(
+    _MRNG.normal(size=3), [qml.X(3) @ qml.Z(0), qml.Y("a"), qml.Z(3) @ qml.X("a") @ qml.Y(0)]
+).sparse_matrix(wire_order=_SPARSE_WIRES)
+
+
+def _pauli_words():
+    return [
+        qml.expval(qml.X("a") @ qml.Y(3)),
+        qml.expval(qml.Z("q1")),
+        qml.expval(qml.Y(0) @ qml.Z("a") @ qml.X("q1")),
+    ]
+
+
+def _hermitian():
+    return [qml.expval(qml.Hermitian(HERMITIAN, wires=["q1", "a"]))]
+
+
+def _hamiltonian():
+    obs = qml.Hamiltonian(
+        [0.3, -1.2, 0.5], [qml.X("a") @ qml.Z(0), qml.Y(3), qml.Z("q1") @ qml.Z(3)]
+    )
+    return [qml.expval(obs)]
+
+
+def _sum_sprod():
+    obs = qml.sum(
+        qml.s_prod(0.7, qml.X("a")),
+        qml.prod(qml.Z(3), qml.Y(0)),
+        qml.s_prod(-0.4, qml.sum(qml.Z("q1"), qml.X(0))),
+    )
+    return [qml.expval(obs)]
+
+
+def _sparse():
+    return [qml.expval(qml.SparseHamiltonian(SPARSE, wires=_SPARSE_WIRES))]
+
+
+MEASUREMENTS = {
+    "pauli_words": _pauli_words,
+    "hermitian": _hermitian,
+    "hamiltonian": _hamiltonian,
+    "sum_sprod": _sum_sprod,
+    "sparse_hamiltonian": _sparse,
+    "probs_subset": lambda: [qml.probs(wires=["q1", "a"])],
+    "probs_all": lambda: [qml.probs()],
+    "state": lambda: [qml.state()],
+    "expval_probs": lambda: [qml.expval(qml.Z(3)), qml.probs(wires=[0, "a"]), *_hermitian()],
+    "expval_state": lambda: [qml.expval(qml.X("q1")), qml.state()],
+    "everything": lambda: [
+        *_pauli_words(),
+        *_hermitian(),
+        *_hamiltonian(),
+        *_sum_sprod(),
+        *_sparse(),
+        qml.probs(wires=[3]),
+        qml.state(),
+    ],
+}
+
+
+def _for_reference(mp):
+    """default.qubit's backprop takes no SparseHamiltonian: the same matrix, dense."""
+    if isinstance(mp.obs, qml.SparseHamiltonian):
+        return qml.expval(qml.Hermitian(mp.obs.sparse_matrix().toarray(), wires=mp.obs.wires))
+    return mp
+
+
+def measured_circuit(measure, reference=False):
+    def circuit(weights, extra):
+        generic_layer(W4, weights)
+        qml.CRX(extra[0], wires=["q1", "a"])
+        qml.Rot(extra[1], extra[2], extra[3], wires=3)
+        qml.IsingZZ(extra[4], wires=[0, "q1"])
+        qml.Hadamard(0)
+        qml.SingleExcitation(extra[0], wires=["a", 0])
+        with qml.QueuingManager.stop_recording():
+            measurements = [_for_reference(m) if reference else m for m in measure()]
+        return tuple(qml.apply(m) for m in measurements)
+
+    return circuit
+
+
+def _measurement_values(name):
+    rng = np.random.default_rng(stable_seed("measurements", name))
+    return [_angles(rng, 8), _angles(rng, 5)]
+
+
+@VJP
+@pytest.mark.parametrize("name", list(MEASUREMENTS))
+def test_measurements(name, device_vjp):
+    weights, extra = _measurement_values(name)
+    compare_torch(
+        measured_circuit(MEASUREMENTS[name]),
+        [np.reshape(weights, (4, 2)), extra],
+        stable_seed("loss", name),
+        wires=W4,
+        ref_circuit=measured_circuit(MEASUREMENTS[name], reference=True),
+        diff_method="adjoint",
+        device_vjp=device_vjp,
+    )
+
+
+@pytest.mark.parametrize("name", list(MEASUREMENTS))
+def test_measurements_full_jacobian(name):
+    """torch.autograd.functional.jacobian of every output, on the Jacobian path."""
+    weights, extra = _measurement_values(name)
+    dev, ref = make_devices(W4)
+    inputs = (_t(np.reshape(weights, (4, 2))), _t(extra))
+    jacobians = []
+    for device, reference, kwargs in (
+        (dev, False, {"diff_method": "adjoint"}),
+        (ref, True, {"diff_method": "backprop"}),
+    ):
+        circuit = measured_circuit(MEASUREMENTS[name], reference)
+        qnode = qml.QNode(circuit, device, interface="torch", **kwargs)
+        jac = torch.autograd.functional.jacobian(lambda *p, q=qnode: real_vector(q(*p)), inputs)
+        jacobians.append(tuple(j.numpy() for j in jac))
+    assert_allclose_nested(jacobians[0], jacobians[1], atol=ATOL)
+    assert np.abs(jacobians[1][1]).max() > 1e-3  # not trivially zero
+
+
+# ---------------------------------------------------------------------------------------
+# 4. Several tapes in one qml.execute
+
+
+def _tapes(p):
+    same = [qml.Hadamard("a"), qml.CNOT(["a", 3])]
+    return [
+        QuantumScript([*same, qml.RX(p[0], "a"), qml.RY(p[1], 3)], [qml.expval(qml.Z(3))]),
+        # the same structure as the first tape, other parameters
+        QuantumScript([*same, qml.RX(p[2], "a"), qml.RY(p[3], 3)], [qml.expval(qml.Z(3))]),
+        QuantumScript([*same, qml.RX(p[0], "a"), qml.RY(p[2], 3)], [qml.expval(qml.Z(3))]),
+        QuantumScript(
+            [qml.Rot(p[4], p[5], p[6], wires="q1"), qml.CRY(p[0], wires=["q1", "a"])],
+            [qml.probs(wires=["a"]), qml.expval(qml.X("q1") @ qml.Z("a"))],
+        ),
+        QuantumScript(
+            [qml.RX(p[1], 0), qml.CNOT([0, "q1"]), qml.IsingXX(p[3], ["q1", 3])],
+            [qml.expval(qml.Hamiltonian([0.4, -0.6], [qml.Z(3), qml.X(0) @ qml.Y("q1")]))],
+        ),
+        QuantumScript([qml.Hadamard(0), qml.RZ(p[5], 0), qml.RX(p[6], "a")], [qml.state()]),
+    ]
+
+
+@VJP
+def test_execute_several_tapes(device_vjp):
+    rng = np.random.default_rng(stable_seed("several-tapes"))
+    values = _angles(rng, 7)
+    dev, ref = make_devices(W4)
+    runs = []
+    for device, kwargs in (
+        (dev, {"diff_method": "adjoint", "device_vjp": device_vjp}),
+        (ref, {"diff_method": "backprop"}),
+    ):
+        params = [_t(v) for v in values]
+        results = qml.execute(_tapes(params), device, interface="torch", **kwargs)
+        random_loss(results, 7).backward()
+        runs.append((_numpy(results), [p.grad.numpy() for p in params]))
+    assert_allclose_nested(runs[0][0], runs[1][0], atol=ATOL)
+    np.testing.assert_allclose(runs[0][1], runs[1][1], atol=ATOL, rtol=0)
+
+
+@VJP
+def test_execute_identical_tapes_different_parameters(device_vjp):
+    """Tapes that only differ by their parameters (one batch on the device)."""
+    values = [0.3, -1.1, 2.2, 0.7]
+    dev, ref = make_devices(W4)
+    runs = []
+    for device, kwargs in (
+        (dev, {"diff_method": "adjoint", "device_vjp": device_vjp}),
+        (ref, {"diff_method": "backprop"}),
+    ):
+        params = [_t(v) for v in values]
+        tapes = [
+            QuantumScript(
+                [qml.Hadamard(0), qml.RX(x, "a"), qml.CNOT(["a", 0]), qml.CRY(x, [0, 3])],
+                [qml.expval(qml.Z(3) @ qml.X(0)), qml.probs(wires=["a", 3])],
+            )
+            for x in params
+        ]
+        results = qml.execute(tapes, device, interface="torch", **kwargs)
+        random_loss(results, 11).backward()
+        runs.append((_numpy(results), [p.grad.numpy() for p in params]))
+    assert_allclose_nested(runs[0][0], runs[1][0], atol=ATOL)
+    np.testing.assert_allclose(runs[0][1], runs[1][1], atol=ATOL, rtol=0)
+    assert len({float(g) for g in runs[1][1]}) == len(values)  # the gradients differ
+
+
+# ---------------------------------------------------------------------------------------
+# 5. Broadcasting
+
+
+def _broadcast_circuit(outputs):
+    def circuit(x, weights):
+        qml.AngleEmbedding(x, wires=W4)
+        qml.StronglyEntanglingLayers(weights, wires=W4)
+        qml.CRX(weights[0, 0, 0], wires=["a", "q1"])
+        if outputs == "state":
+            return qml.state()
+        return qml.expval(qml.Z("a") @ qml.Z(3)), qml.probs(wires=["q1"])
+
+    return circuit
+
+
+@VJP
+@pytest.mark.parametrize("outputs", ["expval_probs", "state"])
+@pytest.mark.parametrize("input_trainable", [False, True], ids=["x_const", "x_trainable"])
+def test_broadcast(input_trainable, outputs, device_vjp):
+    rng = np.random.default_rng(stable_seed("broadcast", input_trainable, outputs))
+    x = rng.uniform(-np.pi, np.pi, size=(5, 4))
+    weights = rng.uniform(-np.pi, np.pi, size=(2, 4, 3))
+    out, _, _ = compare_torch(
+        _broadcast_circuit(outputs),
+        [x, weights],
+        stable_seed("loss-broadcast", outputs),
+        wires=W4,
+        trainable=[input_trainable, True],
+        diff_method="adjoint",
+        device_vjp=device_vjp,
+    )
+    assert np.shape(out[0] if outputs != "state" else out)[0] == 5
+
+
+@VJP
+def test_broadcast_rotation_angles(device_vjp):
+    """A trainable batch of angles in a single RX, with trainable weights elsewhere."""
+
+    def circuit(thetas, w):
+        qml.Hadamard(3)
+        qml.RX(thetas, wires="a")
+        qml.CNOT(["a", 3])
+        qml.RY(w[0], wires=3)
+        qml.CRZ(w[1], wires=[3, "a"])
+        return qml.expval(qml.X(3)), qml.probs(wires=["a"])
+
+    compare_torch(
+        circuit,
+        [[0.1, -0.8, 1.9], [0.4, 1.3]],
+        5,
+        wires=W4,
+        diff_method="adjoint",
+        device_vjp=device_vjp,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# 6. Other interfaces
+
+
+def _autograd_circuit(weights, x):
+    generic_layer(W4, weights)
+    qml.CRot(x[0], x[1], x[2], wires=[3, "a"])
+    qml.IsingYY(x[0], wires=["q1", 0])
+    return qml.expval(qml.X("a") @ qml.Y(0) + 0.5 * qml.Z(3))
+
+
+def _autograd_probs(weights, x):
+    generic_layer(W4, weights)
+    qml.CRot(x[0], x[1], x[2], wires=[3, "a"])
+    return qml.probs(wires=["a", "q1"])
+
+
+@VJP
+def test_autograd_grad_and_jacobian(device_vjp):
+    rng = np.random.default_rng(stable_seed("autograd"))
+    weights = pnp.array(rng.uniform(-np.pi, np.pi, size=(4, 2)), requires_grad=True)
+    x = pnp.array(_angles(rng, 3), requires_grad=True)
+    dev, ref = make_devices(W4)
+    kwargs = {"diff_method": "adjoint", "device_vjp": device_vjp}
+    grad = qml.grad(qml.QNode(_autograd_circuit, dev, **kwargs))(weights, x)
+    ref_grad = qml.grad(qml.QNode(_autograd_circuit, ref, diff_method="backprop"))(weights, x)
+    assert_allclose_nested(grad, ref_grad, atol=ATOL)
+    jac = qml.jacobian(qml.QNode(_autograd_probs, dev, **kwargs))(weights, x)
+    ref_jac = qml.jacobian(qml.QNode(_autograd_probs, ref, diff_method="backprop"))(weights, x)
+    assert_allclose_nested(jac, ref_jac, atol=ATOL)
+    assert np.abs(ref_jac[1]).max() > 1e-3
+
+
+@VJP
+def test_jax(device_vjp):
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    rng = np.random.default_rng(stable_seed("jax"))
+    weights = jax.numpy.array(rng.uniform(-np.pi, np.pi, size=(4, 2)))
+    x = jax.numpy.array(_angles(rng, 3))
+    dev, ref = make_devices(W4)
+    kwargs = {"diff_method": "adjoint", "device_vjp": device_vjp}
+    grad = jax.grad(qml.QNode(_autograd_circuit, dev, **kwargs), argnums=(0, 1))(weights, x)
+    ref_grad = jax.grad(qml.QNode(_autograd_circuit, ref, diff_method="backprop"), argnums=(0, 1))(
+        weights, x
+    )
+    assert_allclose_nested(grad, ref_grad, atol=ATOL)
+    jac = jax.jacobian(qml.QNode(_autograd_probs, dev, **kwargs), argnums=(0, 1))(weights, x)
+    ref_jac = jax.jacobian(qml.QNode(_autograd_probs, ref, diff_method="backprop"), argnums=(0, 1))(
+        weights, x
+    )
+    assert_allclose_nested(jac, ref_jac, atol=ATOL)
+
+
+# ---------------------------------------------------------------------------------------
+# 7. TorchLayer training
+
+
+def _train(device, steps=5, **qnode_kwargs):
+    wires = W4[:3]
+
+    @qml.qnode(device, interface="torch", **qnode_kwargs)
+    def qnode(inputs, weights):
+        qml.AngleEmbedding(inputs, wires=wires)
+        qml.BasicEntanglerLayers(weights, wires=wires)
+        qml.CRot(weights[0, 0], weights[0, 1], weights[1, 2], wires=[wires[2], wires[0]])
+        return [qml.expval(qml.Z(w)) for w in wires]
+
+    torch.manual_seed(1234)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(2, 3),
+        qml.qnn.TorchLayer(qnode, {"weights": (2, 3)}),
+        torch.nn.Linear(3, 1),
+    ).double()
+    data = torch.randn(6, 2, dtype=torch.float64)
+    target = torch.randn(6, 1, dtype=torch.float64)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(data), target)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, [p.detach().numpy().copy() for p in model.parameters()]
+
+
+@VJP
+def test_torch_layer_training(device_vjp):
+    dev, ref = make_devices(W4[:3])
+    losses, params = _train(dev, diff_method="adjoint", device_vjp=device_vjp)
+    ref_losses, ref_params = _train(ref, diff_method="backprop")
+    np.testing.assert_allclose(losses, ref_losses, atol=ATOL, rtol=0)
+    assert_allclose_nested(params, ref_params, atol=ATOL)
+    assert len(set(ref_losses)) == len(ref_losses)  # the training moved
+
+
+# ---------------------------------------------------------------------------------------
+# 8. Errors, and "best" falling back to parameter-shift
+
+
+def _error_circuit(kind):
+    def circuit(x):
+        if kind == "state_prep":
+            qml.StatePrep(qml.math.stack([torch.cos(x), torch.sin(x), 0 * x, 0 * x]), wires=[0, 1])
+        if kind == "qubit_unitary":
+            c, s = torch.cos(x), torch.sin(x)
+            qml.QubitUnitary(qml.math.stack([qml.math.stack([c, -s]), qml.math.stack([s, c])]), 0)
+        qml.RX(x, wires=0)
+        qml.CNOT([0, 1])
+        if kind == "postselect":
+            qml.measure(0, postselect=1)
+        if kind == "var":
+            return qml.var(qml.Z(1))
+        if kind == "sample":
+            return qml.sample(wires=[1])
+        if kind == "counts":
+            return qml.counts(wires=[1])
+        if kind == "density_matrix":
+            return qml.density_matrix(wires=[1])
+        if kind == "hamiltonian_coeffs":
+            coeffs = torch.stack([x, 2 * x])
+            return qml.expval(qml.Hamiltonian(coeffs, [qml.Z(0), qml.X(1)]))
+        return qml.expval(qml.Z(1))
+
+    return circuit
+
+
+ERRORS = {
+    # kind: (shots, words the message must contain)
+    "shots": (100, ["shots"]),
+    "var": (None, ["variance"]),
+    "sample": (100, ["sample"]),
+    "counts": (100, ["counts"]),
+    "density_matrix": (None, ["densitymatrix"]),
+    "qubit_unitary": (None, ["qubitunitary"]),
+    "state_prep": (None, ["stateprep"]),
+    "hamiltonian_coeffs": (None, ["observable", "coefficient"]),
+    "postselect": (None, ["postselect"]),
+}
+
+
+@VJP
+@pytest.mark.parametrize("kind", list(ERRORS))
+def test_adjoint_errors(kind, device_vjp):
+    shots, words = ERRORS[kind]
+    dev = qml.device("custatevec.qubit", wires=2)
+    qnode = qml.QNode(
+        _error_circuit(kind),
+        dev,
+        diff_method="adjoint",
+        device_vjp=device_vjp,
+        mcm_method="deferred" if kind == "postselect" else None,
+    )
+    if shots:
+        qnode = qml.set_shots(qnode, shots)
+    x = _t(0.4)
+    with pytest.raises(DeviceError) as info:
+        out = qnode(x)
+        torch.as_tensor(out, dtype=torch.float64).sum().backward()
+    message = str(info.value)
+    assert message.startswith(ERROR_PREFIX), message
+    for word in words:
+        assert word in message.lower().replace("_", "").replace(" ", ""), message
+
+
+@pytest.mark.parametrize("kind", ["shots", "var", "qubit_unitary", "hamiltonian_coeffs"])
+def test_best_falls_back_to_parameter_shift(kind):
+    shots = 20000 if kind == "shots" else None
+    dev, ref = make_devices(2, seed=17)
+    circuit = _error_circuit(kind)
+    qnode = qml.QNode(circuit, dev, diff_method="best")
+    if shots:
+        qnode = qml.set_shots(qnode, shots)
+    config = qml.workflow.construct_execution_config(qnode)(_t(0.4))
+    assert config.gradient_method is qml.gradients.param_shift
+    x, ref_x = _t(0.4), _t(0.4)
+    qnode(x).backward()
+    qml.QNode(circuit, ref, diff_method="backprop")(ref_x).backward()
+    atol = 0.05 if shots else ATOL
+    np.testing.assert_allclose(x.grad, ref_x.grad, atol=atol, rtol=0)
+    assert abs(float(ref_x.grad)) > 0.1
+
+
+def test_best_takes_adjoint_when_it_can():
+    dev = qml.device("custatevec.qubit", wires=2)
+    qnode = qml.QNode(_error_circuit("expval"), dev, diff_method="best")
+    config = qml.workflow.construct_execution_config(qnode)(_t(0.4))
+    assert config.gradient_method == "adjoint"
+
+
+def _best_state_mix(x, w):
+    qml.Hadamard("a")
+    qml.RX(x, wires="a")
+    qml.CRY(w, wires=["a", 3])
+    return qml.expval(qml.Z(3)), qml.state()
+
+
+def _best_broadcast(x, w):
+    qml.Hadamard("a")
+    qml.RX(x, wires="a")
+    qml.CRY(w, wires=["a", 3])
+    return qml.expval(qml.Z(3)), qml.probs(wires=["a"])
+
+
+@pytest.mark.parametrize(
+    "circuit, values",
+    [(_best_state_mix, [0.3, -0.8]), (_best_broadcast, [[0.3, 1.2, -2.0], -0.8])],
+    ids=["state_mix", "broadcast"],
+)
+def test_best_differentiates(circuit, values):
+    """The default diff_method ("best") differentiates what adjoint serves, or falls back."""
+    compare_torch(circuit, values, 13, wires=W4[:2])
+
+
+@VJP
+def test_deferred_measurement_without_postselection(device_vjp):
+    """Mid-circuit measurements deferred (no postselection) are differentiable."""
+
+    def circuit(x, y):
+        qml.RX(x, wires=0)
+        m = qml.measure(0)
+        qml.cond(m, qml.RY)(y, wires=1)
+        qml.CNOT([1, 2])
+        return qml.expval(qml.Z(2)), qml.probs(wires=[0, 1])
+
+    dev = qml.device("custatevec.qubit", wires=4)
+    ref = qml.device("default.qubit", wires=4)
+    runs = []
+    for device, kwargs in (
+        (dev, {"diff_method": "adjoint", "device_vjp": device_vjp}),
+        (ref, {"diff_method": "backprop"}),
+    ):
+        params = [_t(0.7), _t(-1.2)]
+        out = qml.QNode(circuit, device, mcm_method="deferred", **kwargs)(*params)
+        random_loss(out, 3).backward()
+        runs.append((_numpy(out), [p.grad.numpy() for p in params]))
+    assert_allclose_nested(runs[0][0], runs[1][0], atol=ATOL)
+    np.testing.assert_allclose(runs[0][1], runs[1][1], atol=ATOL, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------
+# 9. Final states kept from the forward pass
+
+
+def _cache_circuit(x, y):
+    qml.Hadamard("a")
+    qml.RX(x, wires="a")
+    qml.CNOT(["a", 3])
+    qml.Rot(y[0], y[1], y[2], wires="q1")
+    qml.CRY(x, wires=["q1", 0])
+    return qml.expval(qml.Z(3) @ qml.X("q1")), qml.probs(wires=[0, "a"])
+
+
+def _cache_reference(values):
+    """Values and gradients of random_loss(_cache_circuit) on default.qubit."""
+    ref = qml.device("default.qubit", wires=W4)
+    return torch_run(_cache_circuit, ref, values, 21, diff_method="backprop")
+
+
+def _check(params, out, values):
+    ref_out, ref_grads = _cache_reference(values)
+    assert_allclose_nested(_numpy(out), ref_out, atol=ATOL)
+    for p, r in zip(params, ref_grads, strict=True):
+        np.testing.assert_allclose(p.grad.numpy(), r, atol=ATOL, rtol=0)
+
+
+@pytest.fixture
+def simulations(mocker):
+    """The spy on pennylane_custatevec.simulate.final_state (forward and adjoint use it)."""
+    return mocker.spy(pennylane_custatevec.simulate, "final_state")
+
+
+def test_vjp_backward_does_not_simulate_again(simulations):
+    dev = qml.device("custatevec.qubit", wires=W4)
+    qnode = qml.QNode(_cache_circuit, dev, diff_method="adjoint", device_vjp=True)
+    values = [0.3, [0.1, -0.5, 1.2]]
+    params = [_t(v) for v in values]
+    out = qnode(*params)
+    assert simulations.call_count == 1
+    random_loss(out, 21).backward()
+    assert simulations.call_count == 1
+    _check(params, out, values)
+
+
+def test_jacobian_path_simulates_once(simulations):
+    dev = qml.device("custatevec.qubit", wires=W4)
+    qnode = qml.QNode(_cache_circuit, dev, diff_method="adjoint")
+    values = [0.3, [0.1, -0.5, 1.2]]
+    params = [_t(v) for v in values]
+    out = qnode(*params)
+    random_loss(out, 21).backward()
+    assert simulations.call_count == 1
+    _check(params, out, values)
+
+
+def test_second_forward_with_new_parameters(simulations):
+    dev = qml.device("custatevec.qubit", wires=W4)
+    qnode = qml.QNode(_cache_circuit, dev, diff_method="adjoint", device_vjp=True)
+    for values in ([0.3, [0.1, -0.5, 1.2]], [-1.4, [2.0, 0.6, -0.2]]):
+        params = [_t(v) for v in values]
+        out = qnode(*params)
+        random_loss(out, 21).backward()
+        _check(params, out, values)
+    assert simulations.call_count == 2
+
+
+def test_backward_after_another_circuit_ran():
+    """Another circuit executed on the device between forward and backward."""
+    dev = qml.device("custatevec.qubit", wires=W4)
+    qnode = qml.QNode(_cache_circuit, dev, diff_method="adjoint", device_vjp=True)
+
+    def other(x):
+        qml.Hadamard("a")
+        qml.RX(x, wires="a")
+        qml.CNOT(["a", 3])
+        qml.Rot(0.4, 0.4, 0.4, wires="q1")
+        qml.CRY(x, wires=["q1", 0])
+        return qml.expval(qml.Z(3) @ qml.X("q1")), qml.probs(wires=[0, "a"])
+
+    values = [0.3, [0.1, -0.5, 1.2]]
+    params = [_t(v) for v in values]
+    out = qnode(*params)
+    for kwargs in ({"diff_method": "adjoint", "device_vjp": True}, {"diff_method": None}):
+        qml.QNode(other, dev, **kwargs)(_t(1.1))  # a near-identical circuit
+    qml.QNode(_cache_circuit, dev, diff_method="adjoint", device_vjp=True)(
+        _t(2.5), _t([0.1, -0.5, 1.2])
+    )  # the same circuit, another parameter
+    random_loss(out, 21).backward()
+    _check(params, out, values)
+
+
+def test_two_forwards_then_one_backward():
+    """Two QNodes run forward on the same device, then one loss of both is differentiated."""
+    dev = qml.device("custatevec.qubit", wires=W4)
+    ref = qml.device("default.qubit", wires=W4)
+
+    def second(x):
+        qml.RY(x, wires=0)
+        qml.CNOT([0, "a"])
+        return qml.expval(qml.X(0) @ qml.Z("a"))
+
+    grads = []
+    for device, kwargs in (
+        (dev, {"diff_method": "adjoint", "device_vjp": True}),
+        (ref, {"diff_method": "backprop"}),
+    ):
+        params = [_t(0.3), _t([0.1, -0.5, 1.2])]
+        out1 = qml.QNode(_cache_circuit, device, **kwargs)(*params)
+        out2 = qml.QNode(second, device, **kwargs)(params[0])
+        (random_loss(out1, 21) + 0.7 * out2).backward()
+        grads.append([p.grad.numpy() for p in params])
+    assert_allclose_nested(grads[0], grads[1], atol=ATOL)
+
+
+def test_backward_twice():
+    """retain_graph: the second backward does not reuse the state the first consumed."""
+    dev = qml.device("custatevec.qubit", wires=W4)
+    qnode = qml.QNode(_cache_circuit, dev, diff_method="adjoint", device_vjp=True)
+    values = [0.3, [0.1, -0.5, 1.2]]
+    params = [_t(v) for v in values]
+    loss = random_loss(qnode(*params), 21)
+    loss.backward(retain_graph=True)
+    loss.backward()
+    _, ref_grads = _cache_reference(values)
+    for p, r in zip(params, ref_grads, strict=True):
+        np.testing.assert_allclose(p.grad.numpy(), 2 * r, atol=ATOL, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------
+# 10. The device API
+
+
+def _api_tape(case):
+    ops = [
+        qml.RX(0.3, "a"),
+        qml.CNOT(["a", 3]),
+        qml.RY(0.5, 3),
+        qml.IsingXX(0.2, [3, "q1"]),
+        qml.RZ(0.7, "q1"),
+        qml.CRY(0.4, ["q1", "a"]),
+        qml.Hadamard(0),
+        qml.PhaseShift(-0.9, 0),
+        qml.CNOT([0, "q1"]),
+    ]
+    two = [qml.expval(qml.Z("a")), qml.expval(qml.Y(3) @ qml.X("q1") + qml.Z(0))]
+    ham = [qml.expval(qml.Hamiltonian([0.2, -1.5], [qml.X(0) @ qml.Z("a"), qml.Y("q1")]))]
+    tapes = {
+        "two_expvals_three_params": (two, [0, 2, 4]),
+        "one_expval_one_param": (two[:1], [0]),
+        "one_expval_all_params": (two[1:], None),
+        "hamiltonian_two_params": (ham, [3, 5]),  # 6, 7: its coefficients
+        "three_expvals_one_param": ([*two, *ham], [1]),
+    }
+    measurements, trainable = tapes[case]
+    tape = QuantumScript(ops, measurements)
+    if trainable is not None:
+        tape.trainable_params = trainable
+    return tape
+
+
+API_CASES = [
+    "two_expvals_three_params",
+    "one_expval_one_param",
+    "one_expval_all_params",
+    "hamiltonian_two_params",
+    "three_expvals_one_param",
+]
+ADJOINT = ExecutionConfig(gradient_method="adjoint")
+
+
+def _cotangent(tape, rng):
+    dy = tuple(rng.normal() for _ in tape.measurements)
+    return dy[0] if len(dy) == 1 else dy
+
+
+@pytest.mark.parametrize("case", API_CASES)
+def test_compute_derivatives(case):
+    tape = _api_tape(case)
+    dev, ref = make_devices(W4)
+    expected = ref.compute_derivatives([tape], ADJOINT)
+    assert_allclose_nested(dev.compute_derivatives([tape], ADJOINT), expected, atol=ATOL)
+    assert_allclose_nested(dev.compute_derivatives([tape]), expected, atol=ATOL)
+    results, jac = dev.execute_and_compute_derivatives([tape], ADJOINT)
+    ref_results, ref_jac = ref.execute_and_compute_derivatives([tape], ADJOINT)
+    assert_allclose_nested(results, ref_results, atol=ATOL)
+    assert_allclose_nested(jac, ref_jac, atol=ATOL)
+
+
+@pytest.mark.parametrize("case", API_CASES)
+def test_compute_vjp(case):
+    tape = _api_tape(case)
+    rng = np.random.default_rng(stable_seed("vjp", case))
+    dy = _cotangent(tape, rng)
+    dev, ref = make_devices(W4)
+    expected = ref.compute_vjp([tape], [dy], ADJOINT)
+    assert_allclose_nested(dev.compute_vjp([tape], [dy], ADJOINT), expected, atol=ATOL)
+    results, vjp = dev.execute_and_compute_vjp([tape], [dy], ADJOINT)
+    ref_results, ref_vjp = ref.execute_and_compute_vjp([tape], [dy], ADJOINT)
+    assert_allclose_nested(results, ref_results, atol=ATOL)
+    assert_allclose_nested(vjp, ref_vjp, atol=ATOL)
+    assert np.abs(np.asarray(ref_vjp[0])).max() > 1e-3
+
+
+def test_device_api_several_tapes():
+    tapes = [_api_tape(case) for case in API_CASES]
+    rng = np.random.default_rng(stable_seed("vjp-several"))
+    dys = [_cotangent(t, rng) for t in tapes]
+    dev, ref = make_devices(W4)
+    assert_allclose_nested(
+        dev.compute_derivatives(tapes, ADJOINT),
+        ref.compute_derivatives(tapes, ADJOINT),
+        atol=ATOL,
+    )
+    assert_allclose_nested(
+        dev.execute_and_compute_vjp(tapes, dys, ADJOINT),
+        ref.execute_and_compute_vjp(tapes, dys, ADJOINT),
+        atol=ATOL,
+    )
+
+
+def test_device_api_probs_and_state():
+    """Jacobians of probs and of a state alone, against parameter-shift on default.qubit."""
+    dev, ref = make_devices(["a", 3])  # the tapes' wires: the device API does not map wires
+    ops = [qml.RX(0.3, "a"), qml.CNOT(["a", 3]), qml.RY(0.5, 3), qml.CRZ(1.1, [3, "a"])]
+    probs = QuantumScript([qml.Hadamard("a"), *ops], [qml.probs(wires=["a", 3])])
+    probs.trainable_params = [0, 2]
+    shift_tapes, fn = qml.gradients.param_shift(probs)
+    assert_allclose_nested(dev.compute_derivatives([probs])[0], fn(ref.execute(shift_tapes)), ATOL)
+
+    state = QuantumScript([qml.Hadamard("a"), *ops], [qml.state()])
+    state.trainable_params = [1, 2]
+    jac = dev.compute_derivatives([state])[0]
+    assert len(jac) == 2
+
+    def psi(p):
+        bound = state.bind_new_parameters([p[0], p[1]], [1, 2])
+        return real_vector(qml.execute([bound], ref, diff_method="backprop")[0])
+
+    expected = torch.autograd.functional.jacobian(psi, _t([0.5, 1.1])).numpy()
+    for column in range(2):
+        np.testing.assert_allclose(
+            real_vector(torch.tensor(jac[column])), expected[:, column], atol=ATOL
+        )
+
+
+def test_supports_derivatives():
+    dev = qml.device("custatevec.qubit", wires=2)
+    assert dev.supports_derivatives(ExecutionConfig(gradient_method="adjoint"))
+    assert dev.supports_vjp(ExecutionConfig(gradient_method="adjoint"))
+    assert not dev.supports_derivatives(ExecutionConfig(gradient_method="backprop"))
+    config = dev.setup_execution_config(ExecutionConfig(gradient_method="best"))
+    assert config.gradient_method == "adjoint"
