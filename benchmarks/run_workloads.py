@@ -8,6 +8,7 @@ configuration in a fresh (spawned) process and reports its peak resident memory.
 """
 
 import argparse
+import dataclasses
 import datetime
 import inspect
 import multiprocessing
@@ -32,6 +33,9 @@ SHIFT_WORK_LIMIT = 1e10
 """Amplitude updates per step above which a parameter-shift run is skipped (roughly 10 s)."""
 SKIPPED_SHIFT = "skipped: needs adjoint (issue 3)"
 MEMORY_WORKLOADS = frozenset({"W6"})
+JACOBIAN_WORKLOADS = frozenset({"W2"})
+"""Full Jacobians: our device runs them with device Jacobians (one sweep for all outputs)
+rather than one VJP per output row."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,11 @@ def run_workload(workload_id: str, ours: Config | str, sizes: dict, repeat: int)
     """The cells of one table row: ours, then every peer in PEERS."""
     wanted = PEERS_BY_WORKLOAD.get(workload_id, PEERS)
     first = ours if isinstance(ours, Config) else "unavailable (see below)"
+    jacobian_mode = (
+        workload_id in JACOBIAN_WORKLOADS and isinstance(ours, Config) and ours.device_vjp
+    )
+    if jacobian_mode:
+        first = dataclasses.replace(ours, label=f"{ours.device} adjoint", device_vjp=False)
     configs = [first, *(peer if peer in wanted else "n/a" for peer in PEERS)]
     if workload_id in MEMORY_WORKLOADS:
         cells = [_in_child(workload_id, config, sizes, repeat) for config in configs]
@@ -169,6 +178,8 @@ def run_workload(workload_id: str, ours: Config | str, sizes: dict, repeat: int)
     prepared = [_prepare(workload_id, config, sizes) for config in configs]
     cells = [cell for _, cell in prepared]
     cross_check(cells)
+    if jacobian_mode:
+        cells[0].note = ", ".join(filter(None, [cells[0].note, "Jacobian on forward"]))
     for config, (workload, cell) in zip(configs, prepared, strict=True):
         if workload is not None:
             _progress(f"{workload_id}: timing {config.label}")

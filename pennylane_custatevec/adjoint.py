@@ -43,7 +43,7 @@ from pennylane.wires import Wires
 
 from . import measure, simulate
 from .backends.base import Backend, StateBatch
-from .program import Kind, Program, compile_steps, inverse
+from .program import Instruction, Kind, Program, compile_steps, inverse
 
 
 def unsupported_reason(tape: QuantumScript, trainable: set[int] | None = None) -> str | None:
@@ -249,8 +249,16 @@ def _sweep(backend: Backend, circuit: _Circuit, state: StateBatch, rows: Sequenc
     for index in range(len(circuit.steps) - 1, first - 1, -1):
         op, instructions = circuit.steps[index]
         column = circuit.columns.get(index)
+        rotation = _plain_rotation(op, instructions)
+        if column is not None and rotation is not None:
+            # G = -P/2: the inner product and both undos in one backend step
+            products = -0.5 * backend.adjoint_rotation_step(
+                phi, bras, rotation.data, rotation.paulis, rotation.targets
+            )
+            gradients[:, column] = np.real(1j * products)
+            continue
         if column is not None:
-            products = _generator_products(backend, circuit.program, op, instructions, bras, phi)
+            products = measure.transition(backend, bras, phi, circuit.program, op.generator())
             gradients[:, column] = np.real(1j * products)
         if index == first:
             break
@@ -261,19 +269,20 @@ def _sweep(backend: Backend, circuit: _Circuit, state: StateBatch, rows: Sequenc
     return gradients
 
 
-def _generator_products(backend, program: Program, op: Operator, instructions, bras, phi):
-    """<lambda_b|G|phi> for the generator G of ``op``. A Pauli rotation exp(-i theta/2 P)
-    compiled to one instruction has G = -P/2: one fused inner product, and no generator
-    operator to build."""
-    if len(instructions) == 1:
-        (instruction,) = instructions
-        if (
-            instruction.kind is Kind.PAULI_ROTATION
-            and instruction.source is op
-            and not instruction.controls
-        ):
-            return -0.5 * backend.inner_pauli(bras, phi, instruction.paulis, instruction.targets)
-    return measure.transition(backend, bras, phi, program, op.generator())
+def _plain_rotation(op: Operator, instructions: list[Instruction]) -> Instruction | None:
+    """The instruction of ``op`` when it is one Pauli rotation exp(-i theta/2 P) without
+    controls compiled from ``op`` itself (RX, IsingZZ, PauliRot, MultiRZ, ...): its
+    generator is -P/2, known without building it."""
+    if len(instructions) != 1:
+        return None
+    (instruction,) = instructions
+    if (
+        instruction.kind is Kind.PAULI_ROTATION
+        and instruction.source is op
+        and not instruction.controls
+    ):
+        return instruction
+    return None
 
 
 def _bras(backend: Backend, circuit: _Circuit, psi: StateBatch, rows: Sequence[tuple]):

@@ -573,6 +573,43 @@ def test_add_scaled_and_vector_views(sources, factors):
     np.testing.assert_allclose(backend.to_host(state)[0], expected[0], atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize(
+    "word, targets",
+    [
+        ("X", (0,)),
+        ("Y", (4,)),
+        ("Z", (5,)),
+        ("I", (2,)),
+        ("ZZ", (0, 1)),
+        ("ZZ", (3, 5)),
+        ("ZIZ", (4, 3, 5)),
+        ("ZZZ", (1, 4, 0)),
+        ("XY", (2, 0)),
+        ("ZZZZZ", (0, 1, 2, 3, 4)),
+    ],
+)
+def test_adjoint_rotation_step(word, targets, rows, dtype):
+    """<bra_r|P|phi>, then exp(+i angle/2 P) on phi and the bras, as the separate calls."""
+    rng = np.random.default_rng(stable_seed("rotation_step", word, targets, rows))
+    phi, bras = random_states(N, 1, rng), random_states(N, rows, rng)
+    backend = CPUBackend(dtype)
+    angle = np.array([rng.uniform(-3, 3)])
+    fused_phi, fused_bras = backend_state(backend, phi), backend_state(backend, bras)
+    products = backend.adjoint_rotation_step(fused_phi, fused_bras, angle, word, targets)
+    ref_phi, ref_bras = backend_state(backend, phi), backend_state(backend, bras)
+    expected = backend.inner_pauli(ref_bras, ref_phi, word, targets)
+    backend.apply_pauli_rotation(ref_phi, -angle, word, targets)
+    backend.apply_pauli_rotation(ref_bras, -angle, word, targets)
+    np.testing.assert_allclose(products, expected, atol=TOL[dtype] * 10)
+    np.testing.assert_allclose(fused_phi, ref_phi, atol=TOL[dtype])
+    np.testing.assert_allclose(fused_bras, ref_bras, atol=TOL[dtype])
+    pauli = dense_operator(N, word_matrix(word), targets)
+    direct = np.einsum("ri,ij,j->r", bras.conj(), pauli, phi[0])
+    np.testing.assert_allclose(products, direct, atol=TOL[dtype] * 10)
+
+
 def _kernel_args(name, state, rng):
     """Arguments (after the state) of kernel ``name``, the way CPUBackend builds them."""
     n = state.shape[1].bit_length() - 1
@@ -614,6 +651,21 @@ def _kernel_args(name, state, rng):
         m = rng.normal(size=(4, 4)) + 1j * rng.normal(size=(4, 4))
         ket = state[:1].copy()
         return (ket, m, np.array([1, n - 1]), sort([1, n - 1]), np.empty(batch, dtype=complex))
+    if name == "rotation_step_1q":
+        bras = state[::-1].copy()
+        return (bras, np.array([0.7]), 2, 4, sort([4]), np.empty(batch, dtype=complex))
+    if name == "diagonal_step":
+        bras = state[::-1].copy()
+        diagonal = np.exp(1j * rng.uniform(0, 6, size=4))
+        signs = np.array([1, -1, -1, 1], dtype=complex)
+        return (
+            bras,
+            diagonal,
+            signs,
+            np.array([3, n - 1]),
+            sort([3, n - 1]),
+            np.empty(batch, dtype=complex),
+        )
     if name == "add_scaled":
         return (state[::-1].copy(), np.array([0.5 - 0.25j]))
     if name == "marginal_probs":

@@ -193,6 +193,117 @@ def _apply_1q_rotation(state, angles, letter, target, fixed_bits, control_mask):
             i += length
 
 
+def _rotation_step_1q(phi, bras, angles, letter, target, fixed_bits, out):
+    """One adjoint step through exp(-i angle/2 P), P one letter (1: X, 2: Y, 3: Z), in
+    a single pass: out[r] = <bra_r|P|phi> first, then the inverse rotation on phi and on
+    every bra (phi is one vector, bras a batch)."""
+    rows, dim = bras.shape
+    items = dim >> len(fixed_bits)
+    per = _chunks_per_vector(1, items)
+    run_length = _run_length(fixed_bits, items)
+    low0, low1 = _low_masks(fixed_bits)
+    step = np.uint64(1 << target)
+    span = max(1 << fixed_bits[0], 1)
+    half = -0.5 * angles[0]
+    cos = np.cos(half)
+    sin = np.sin(half)
+    partial = np.zeros((per, rows), dtype=np.complex128)
+    ket = phi[0]
+    for c in numba.prange(per):
+        i, hi = c * items // per, (c + 1) * items // per
+        while i < hi:
+            base, first, length = _run(i, hi, run_length, fixed_bits, 0)
+            item, end = first, first + length
+            while item < end:
+                count = _span_length(item, end, span)
+                start = np.uint64(base | _spread(item, low0, low1))
+                for k in range(count):
+                    i0 = start + np.uint64(k)
+                    i1 = i0 + step
+                    k0, k1 = ket[i0], ket[i1]
+                    if letter == 1:
+                        p0, p1 = k1, k0
+                    elif letter == 2:
+                        p0, p1 = -1j * k1, 1j * k0
+                    else:
+                        p0, p1 = k0, -k1
+                    for r in range(rows):
+                        bra = bras[r]
+                        partial[c, r] += np.conj(bra[i0]) * p0 + np.conj(bra[i1]) * p1
+                        _rotate_pair(bra, i0, i1, cos, sin, letter)
+                    _rotate_pair(ket, i0, i1, cos, sin, letter)
+                item += count
+            i += length
+    for r in range(rows):
+        out[r] = partial[:, r].sum()
+
+
+@numba.njit(cache=True)
+def _two_bit_diagonal_step(ket, bras, diag, signs, t0, t1, out):
+    """_diagonal_step for two target bits among the lowest, one amplitude after the other
+    (see _apply_two_bit_diagonal)."""
+    s0 = np.uint64(t0)
+    s1 = np.uint64(t1)
+    one = np.uint64(1)
+    undo = np.conj(diag)
+    rows = bras.shape[0]
+    for r in range(rows):
+        out[r] = 0.0
+    for i in range(ket.shape[0]):
+        u = np.uint64(i)
+        a = ((u >> s0) & one) | (((u >> s1) & one) << one)
+        value = ket[u]
+        for r in range(rows):
+            bra = bras[r]
+            out[r] += signs[a] * np.conj(bra[u]) * value
+            bra[u] *= undo[a]
+        ket[u] = value * undo[a]
+
+
+def _diagonal_step(phi, bras, diag, signs, targets, fixed_bits, out):
+    """One adjoint step through a diagonal gate whose generator is diagonal too (a
+    rotation about a word of Z): out[r] = <bra_r|diag(signs)|phi>, then phi and every bra
+    times conj(diag), in a single pass."""
+    rows, dim = bras.shape
+    items = dim >> len(fixed_bits)
+    per = _chunks_per_vector(1, items)
+    run_length = _run_length(fixed_bits, items)
+    low0, low1 = _low_masks(fixed_bits)
+    offsets = _target_offsets(targets)
+    span = (1 << fixed_bits[0]) if len(fixed_bits) > 0 else items
+    partial = np.zeros((per, rows), dtype=np.complex128)
+    ket = phi[0]
+    if span < _MIN_SPAN and len(targets) == 2:
+        _two_bit_diagonal_step(ket, bras, diag, signs, targets[0], targets[1], out)
+        return
+    for c in numba.prange(per):
+        i, hi = c * items // per, (c + 1) * items // per
+        while i < hi:
+            base, first, length = _run(i, hi, run_length, fixed_bits, 0)
+            for a in range(offsets.shape[0]):
+                undo = np.conj(diag[a])
+                sign = signs[a]
+                offset = offsets[a]
+                item, end = first, first + length
+                while item < end:
+                    count = _span_length(item, end, span)
+                    start = np.uint64(base | _spread(item, low0, low1)) + offset
+                    for r in range(rows):
+                        bra = bras[r]
+                        term = 0.0 + 0.0j
+                        for k in range(count):
+                            index = start + np.uint64(k)
+                            term += np.conj(bra[index]) * ket[index]
+                            bra[index] *= undo
+                        partial[c, r] += sign * term
+                    for k in range(count):
+                        ket[start + np.uint64(k)] *= undo
+                    item += count
+            i += length
+    for r in range(rows):
+        out[r] = partial[:, r].sum()
+
+
 def _apply_2q(state, mats, targets, fixed_bits, control_mask):
     batch, dim = state.shape
     items = dim >> len(fixed_bits)
@@ -564,6 +675,8 @@ _KERNELS = {
         _inner_matrix,
         _inner_diagonal,
         _add_scaled,
+        _rotation_step_1q,
+        _diagonal_step,
         _marginal_probs,
     )
 }

@@ -111,6 +111,19 @@ class Backend(Protocol):
     ) -> np.ndarray:
         """<bra_b|M|ket_b> for each bra, complex128 of shape (B,); one ket serves every bra."""
 
+    def adjoint_rotation_step(
+        self,
+        phi: StateBatch,
+        bras: StateBatch,
+        angles: np.ndarray,
+        paulis: str,
+        targets: Sequence[int],
+    ) -> np.ndarray:
+        """One step of the adjoint sweep back through exp(-i angle/2 P) (no controls):
+        returns <bra_r|P|phi> for every bra (complex128, shape (R,)), then applies
+        exp(+i angle/2 P) to ``phi`` (one vector) and to every bra. ``angles`` has shape
+        (1,). A backend may fuse the three into one pass over the vectors."""
+
     def add_scaled(self, dst: StateBatch, src: StateBatch, factors: np.ndarray) -> None:
         """dst_b <- dst_b + factors[b] src_b; one src vector or factor serves every dst."""
 

@@ -144,6 +144,28 @@ class CPUBackend:
         kernel("inner_matrix", bra)(bra, ket, matrix, _bits(targets), fixed, out)
         return out
 
+    def adjoint_rotation_step(self, phi, bras, angles, paulis, targets) -> np.ndarray:
+        angles = np.ascontiguousarray(angles, dtype=np.float64).reshape(-1)
+        out = np.empty(bras.shape[0], dtype=np.complex128)
+        x_mask, _, _ = _pauli_masks(paulis, targets)
+        fixed = _fixed_bits(targets)
+        if len(paulis) == 1 and paulis != "I":
+            letter = "IXYZ".index(paulis)
+            step = kernel("rotation_step_1q", bras)
+            step(phi, bras, angles, letter, int(targets[0]), fixed, out)
+            return out
+        if x_mask == 0 and 0 < len(paulis) <= _DIAGONAL_WORD_LETTERS:
+            signs = _z_word_signs(paulis)
+            half = 0.5 * angles[0]
+            diagonal = np.cos(half) - 1j * np.sin(half) * signs
+            step = kernel("diagonal_step", bras)
+            step(phi, bras, diagonal, signs, _bits(targets), fixed, out)
+            return out
+        out = self.inner_pauli(bras, phi, paulis, targets)
+        self.apply_pauli_rotation(phi, -angles, paulis, targets)
+        self.apply_pauli_rotation(bras, -angles, paulis, targets)
+        return out
+
     def add_scaled(self, dst, src, factors) -> None:
         factors = np.array(factors, dtype=self.dtype, ndmin=1)
         kernel("add_scaled", dst)(dst, src, factors)
