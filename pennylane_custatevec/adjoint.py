@@ -43,7 +43,7 @@ from pennylane.wires import Wires
 
 from . import measure, simulate
 from .backends.base import Backend, StateBatch
-from .program import Instruction, Kind, Program, compile_steps, inverse
+from .program import Instruction, Kind, Program, compile_steps, flatten, inverse
 
 
 def unsupported_reason(tape: QuantumScript, trainable: set[int] | None = None) -> str | None:
@@ -140,10 +140,10 @@ def _require_supported(tape: QuantumScript) -> None:
 class _Circuit:
     """A tape compiled for the sweep: its program, its gates, its trainable gates."""
 
-    def __init__(self, tape: QuantumScript, device_wires: Wires | None):
+    def __init__(self, tape: QuantumScript, device_wires: Wires | None, compiled=None):
         _require_supported(tape)
         self.tape = tape
-        self.program, self.steps = compile_steps(tape, device_wires)
+        self.program, self.steps = compiled or compile_steps(tape, device_wires)
         offset = len(tape.operations) - len(self.steps)  # a state preparation became psi_0
         self.columns = {
             position - offset: column for position, column in _trainable_positions(tape).items()
@@ -151,20 +151,17 @@ class _Circuit:
         self.n_params = len(tape.trainable_params)
 
     def final_state(self, backend: Backend) -> StateBatch:
-        program = Program(
-            self.program.wires,
-            tuple(ins for _, compiled in self.steps for ins in compiled),
-            1,
-            self.program.initial_state,
-        )
-        state, _ = simulate.final_state(backend, program)
+        state, _ = simulate.final_state(backend, flatten(self.program, self.steps))
         return state
 
 
-def jacobian(backend: Backend, tape: QuantumScript, device_wires: Wires | None, state=None):
+def jacobian(
+    backend: Backend, tape: QuantumScript, device_wires: Wires | None, state=None, compiled=None
+):
     """The Jacobian of ``tape``'s results with respect to its trainable parameters, shaped as
-    PennyLane expects. ``state``, the final state if already known, is consumed."""
-    circuit = _Circuit(tape, device_wires)
+    PennyLane expects. ``state``, the final state if already known, is consumed;
+    ``compiled``, the tape's ``compile_steps`` if already known, is reused."""
+    circuit = _Circuit(tape, device_wires, compiled)
     measurements = tape.measurements
     per_measurement: list = [None] * len(measurements)
     swept = [i for i, mp in enumerate(measurements) if not isinstance(mp, StateMP)]
@@ -189,11 +186,18 @@ def jacobian(backend: Backend, tape: QuantumScript, device_wires: Wires | None, 
     return _format_jacobian(per_measurement, circuit.n_params)
 
 
-def vjp(backend: Backend, tape: QuantumScript, cotangents, device_wires: Wires | None, state=None):
+def vjp(
+    backend: Backend,
+    tape: QuantumScript,
+    cotangents,
+    device_wires: Wires | None,
+    state=None,
+    compiled=None,
+):
     """The vector-Jacobian product of ``tape`` with ``cotangents`` (PennyLane's per-tape
     cotangent: one value per measurement, not wrapped for a single measurement), a tuple
-    with one entry per trainable parameter. ``state``, if known, is consumed."""
-    circuit = _Circuit(tape, device_wires)
+    with one entry per trainable parameter. ``state`` and ``compiled`` as in ``jacobian``."""
+    circuit = _Circuit(tape, device_wires, compiled)
     per_measurement = (cotangents,) if len(tape.measurements) == 1 else tuple(cotangents)
     if circuit.n_params == 0:
         return ()

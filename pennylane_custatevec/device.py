@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -203,7 +204,7 @@ class CuStateVecDevice(Device):
         pipeline.add_transform(
             decompose,
             stopping_condition=self._stops_adjoint if differentiating else self._runs_natively,
-            target_gates=self.capabilities.gate_set() | _MCM_OPS,
+            target_gates=self._target_gates,
             device_wires=self.wires,
             name=self.name,
         )
@@ -229,6 +230,11 @@ class CuStateVecDevice(Device):
                 dynamic_one_shot, postselect_mode=config.mcm_config.postselect_mode
             )
         return pipeline
+
+    @functools.cached_property
+    def _target_gates(self) -> frozenset:
+        """What decomposition aims at: the native gates and mid-circuit measurements."""
+        return frozenset(self.capabilities.gate_set() | _MCM_OPS)
 
     def _runs_natively(self, op: qml.operation.Operator) -> bool:
         if isinstance(op, (qml.ops.MidMeasure, qml.ops.Conditional)):
@@ -275,7 +281,7 @@ class CuStateVecDevice(Device):
         execution_config: ExecutionConfig | None = None,
     ):
         return tuple(
-            adjoint.jacobian(self._backend, tape, self.wires, self._final_states.pop(tape))
+            adjoint.jacobian(self._backend, tape, self.wires, *self._final_states.pop(tape))
             for tape in circuits
         )
 
@@ -295,7 +301,7 @@ class CuStateVecDevice(Device):
         execution_config: ExecutionConfig | None = None,
     ):
         return tuple(
-            adjoint.vjp(self._backend, tape, dy, self.wires, self._final_states.pop(tape))
+            adjoint.vjp(self._backend, tape, dy, self.wires, *self._final_states.pop(tape))
             for tape, dy in zip(circuits, cotangents, strict=True)
         )
 
@@ -315,31 +321,31 @@ def _adjoint_config(config: ExecutionConfig | None) -> ExecutionConfig:
 
 
 class _FinalStates:
-    """The final states of the last batch executed for adjoint differentiation, so that the
-    VJP or Jacobian that follows does not simulate the circuits again. Each is handed out
-    once (the sweep consumes it) and only for a tape with the same operations and the
-    same parameters, bit for bit."""
+    """The final states of the last batch executed for adjoint differentiation, with the
+    tapes' compilations, so that the VJP or Jacobian that follows neither simulates nor
+    compiles the circuits again. Each is handed out once (the sweep consumes the state)
+    and only for a tape with the same operations and the same parameters, bit for bit."""
 
     def __init__(self):
         self._entries: dict = {}
 
     def replace(self, tapes: Sequence[QuantumScript], states: dict) -> None:
+        """``states``: {tape index: (final state, compilation)}, as run_tapes fills it."""
         self._entries = {
-            tapes[i].hash: (_parameters(tapes[i]), state) for i, state in states.items()
+            tapes[i].hash: (_parameters(tapes[i]), entry) for i, entry in states.items()
         }
 
-    def pop(self, tape: QuantumScript):
-        if not self._entries:
-            return None
-        entry = self._entries.pop(tape.hash, None)
+    def pop(self, tape: QuantumScript) -> tuple:
+        """(final state, compilation) of ``tape``, or (None, None)."""
+        entry = self._entries.pop(tape.hash, None) if self._entries else None
         if entry is None:
-            return None
-        parameters, state = entry
+            return None, None
+        parameters, kept = entry
         current = _parameters(tape)
         same = len(parameters) == len(current) and all(
             np.array_equal(a, b) for a, b in zip(parameters, current, strict=True)
         )
-        return state if same else None
+        return kept if same else (None, None)
 
 
 def _parameters(tape: QuantumScript) -> list:

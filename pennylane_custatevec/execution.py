@@ -17,7 +17,7 @@ from pennylane.wires import Wires
 
 from . import measure, simulate
 from .backends.base import Backend
-from .program import Kind, Program, compile_tape, merge
+from .program import Kind, Program, compile_steps, flatten, merge
 
 BATCH_BYTES = 1 << 30
 """Memory budget for the state vectors of one batch that merges several tapes or shots."""
@@ -36,9 +36,11 @@ def run_tapes(
     Analytic tapes whose programs share a structure and whose measurements are equal
     (parameter-shift tapes, several QNode calls in one ``qml.execute``) run as one batch
     of state vectors; the others run one by one. With ``final_states`` given, it receives
-    ``{tape index: final state}`` of every analytic tape (views into their batch).
+    ``{tape index: (final state, (layout, steps))}`` of every analytic tape: a view into
+    its batch and its compilation (see ``program.compile_steps``), for the derivatives.
     """
-    programs = [compile_tape(tape, device_wires) for tape in tapes]
+    compiled = [compile_steps(tape, device_wires) for tape in tapes]
+    programs = [flatten(*c) for c in compiled]
     results: list = [None] * len(tapes)
     groups: dict = {}
     for index, (tape, program) in enumerate(zip(tapes, programs, strict=True)):
@@ -58,7 +60,7 @@ def run_tapes(
             for i, result, state in zip(chunk, batch, states, strict=True):
                 results[i] = result
                 if final_states is not None:
-                    final_states[i] = state
+                    final_states[i] = (state, compiled[i])
     return tuple(results)
 
 

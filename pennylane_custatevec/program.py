@@ -152,16 +152,22 @@ def register_wires(tape: QuantumScript, device_wires: Wires | None) -> Wires:
     return Wires([w for w in device_wires if w in used])
 
 
+Steps = list[tuple[Operator, list[Instruction]]]
+"""Each operation of a tape with the instructions it compiled to."""
+
+
 def compile_tape(tape: QuantumScript, device_wires: Wires | None) -> Program:
     """The Program of ``tape``; a state preparation first in the tape becomes its initial state."""
-    program, steps = compile_steps(tape, device_wires)
+    return flatten(*compile_steps(tape, device_wires))
+
+
+def flatten(layout: Program, steps: Steps) -> Program:
+    """``layout`` (wires, batch size, initial state) with the instructions of ``steps``."""
     instructions = tuple(ins for _, compiled in steps for ins in compiled)
-    return dataclasses.replace(program, instructions=instructions)
+    return dataclasses.replace(layout, instructions=instructions)
 
 
-def compile_steps(
-    tape: QuantumScript, device_wires: Wires | None
-) -> tuple[Program, list[tuple[Operator, list[Instruction]]]]:
+def compile_steps(tape: QuantumScript, device_wires: Wires | None) -> tuple[Program, Steps]:
     """The tape's Program without instructions (wires, batch size, initial state), and each
     operation after the initial state preparation with its instructions."""
     wires = register_wires(tape, device_wires)
