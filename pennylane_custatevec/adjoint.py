@@ -315,19 +315,11 @@ def _add_term(backend, bra, psi, program: Program, mp: MeasurementProcess, dy) -
 
 
 def _add_observable_term(backend, bra, psi, program: Program, obs: Operator, weight: float):
-    """bra += weight * O psi. A Pauli word P is applied to psi in place and then undone
-    (P P = 1 exactly: a permutation with phases), so sums of Pauli words need no
-    temporary vector."""
+    """bra += weight * O psi (psi unchanged)."""
     if obs.pauli_rep is None:
         backend.add_scaled(bra, measure.applied_observable(backend, psi, program, obs), [weight])
         return
-    for word, coefficient in obs.pauli_rep.items():
-        wires = list(word.keys())
-        letters = "".join(word[w] for w in wires)
-        targets = program.bits(wires)
-        backend.apply_pauli(psi, letters, targets)
-        backend.add_scaled(bra, psi, np.full(1, weight * coefficient))
-        backend.apply_pauli(psi, letters, targets)
+    measure.add_pauli_sentence(backend, bra, psi, program, obs.pauli_rep, weight)
 
 
 def _state_derivatives(backend: Backend, circuit: _Circuit) -> list[np.ndarray]:

@@ -133,13 +133,7 @@ def applied_observable(
     if form.pauli is not None:
         result = backend.copy(state)
         backend.scale(result, np.zeros(1))
-        for word, coefficient in form.pauli.items():
-            wires = list(word.keys())
-            letters = "".join(word[w] for w in wires)
-            # P P = 1 exactly (a permutation with phases), so psi is restored bit for bit
-            backend.apply_pauli(state, letters, program.bits(wires))
-            backend.add_scaled(result, state, np.full(1, coefficient))
-            backend.apply_pauli(state, letters, program.bits(wires))
+        add_pauli_sentence(backend, result, state, program, form.pauli)
         return result
     if form.matrix is not None:
         result = backend.copy(state)
@@ -147,6 +141,24 @@ def applied_observable(
         return result
     vectors = backend.to_host(state)
     return backend.from_host((form.sparse @ vectors.T).T)
+
+
+def add_pauli_sentence(
+    backend: Backend,
+    dst: StateBatch,
+    src: StateBatch,
+    program: Program,
+    sentence: qml.pauli.PauliSentence,
+    weight: complex = 1.0,
+) -> None:
+    """dst += weight * (sum_k c_k P_k) src, ``src`` unchanged."""
+    words, coefficients = [], []
+    for word, coefficient in sentence.items():
+        wires = list(word.keys())
+        words.append(("".join(word[w] for w in wires), program.bits(wires)))
+        coefficients.append(weight * coefficient)
+    if words:
+        backend.add_pauli_sum(dst, src, words, np.asarray(coefficients))
 
 
 def apply_operator(backend: Backend, state: StateBatch, program: Program, op: Operator) -> None:

@@ -558,6 +558,31 @@ def test_inner_matrix(targets, kets, dtype):
     np.testing.assert_allclose(out, expected, atol=TOL[dtype] * 10)
 
 
+@pytest.mark.parametrize(
+    "words",
+    [
+        [("Z", (0,)), ("ZZ", (1, 4)), ("ZIZ", (5, 2, 3))],
+        [("Z", (2,)), ("", ())],
+        [("X", (0,)), ("ZY", (1, 4)), ("Z", (3,))],
+    ],
+    ids=["z-words", "z-and-identity", "mixed"],
+)
+def test_add_pauli_sum(words):
+    """dst += sum_k c_k P_k src with src unchanged; Z words take the one-pass kernel."""
+    rng = np.random.default_rng(stable_seed("pauli_sum", str(words)))
+    dst, src = random_states(N, 3, rng), random_states(N, 1, rng)
+    coefficients = rng.normal(size=len(words)) + 1j * rng.normal(size=len(words))
+    backend = CPUBackend()
+    state, source = backend.from_host(dst), backend.from_host(src)
+    backend.add_pauli_sum(state, source, words, coefficients)
+    operator = sum(
+        c * dense_operator(N, word_matrix(w), t)
+        for (w, t), c in zip(words, coefficients, strict=True)
+    )
+    np.testing.assert_allclose(state, dst + (operator @ src[0])[None], atol=1e-12)
+    np.testing.assert_array_equal(source, src)
+
+
 @pytest.mark.parametrize("sources, factors", [(1, [2.0 - 1j]), (3, [0.5, -1.0, 1j])])
 def test_add_scaled_and_vector_views(sources, factors):
     rng = np.random.default_rng(stable_seed("add_scaled", sources))
@@ -666,6 +691,9 @@ def _kernel_args(name, state, rng):
             sort([3, n - 1]),
             np.empty(batch, dtype=complex),
         )
+    if name == "add_z_sum":
+        masks = np.array([(1 << 3) | 1, 1 << (n - 1), 0], dtype=np.uint64)
+        return (state[::-1].copy(), masks, np.array([0.5, -1.25j, 2.0]))
     if name == "add_scaled":
         return (state[::-1].copy(), np.array([0.5 - 0.25j]))
     if name == "marginal_probs":

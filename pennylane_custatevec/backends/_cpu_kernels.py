@@ -631,6 +631,26 @@ def _add_scaled(dst, src, factors):
             target[u] += factor * source[u]
 
 
+def _add_z_sum(dst, src, z_masks, coefficients):
+    """dst[b] += (sum_k c_k Z-word_k) src[b]: words of Z and I are diagonal, so the sum is
+    one factor per amplitude, computed on the fly; a single src serves every dst."""
+    batch, dim = dst.shape
+    shared_src = src.shape[0] == 1
+    per = _chunks_per_vector(batch, dim)
+    words = z_masks.shape[0]
+    for job in numba.prange(batch * per):
+        b = job // per
+        c = job - b * per
+        target = dst[b]
+        source = src[0] if shared_src else src[b]
+        for i in range(c * dim // per, (c + 1) * dim // per):
+            u = np.uint64(i)
+            factor = 0.0 + 0.0j
+            for k in range(words):
+                factor += coefficients[k] * (1.0 - 2.0 * _parity(u & z_masks[k]))
+            target[u] += factor * source[u]
+
+
 def _marginal_probs(state, bits, out):
     """out[b, a] = sum of |psi_b[i]|^2 over i whose bits[j] give bit j of a."""
     batch, dim = state.shape
@@ -675,6 +695,7 @@ _KERNELS = {
         _inner_matrix,
         _inner_diagonal,
         _add_scaled,
+        _add_z_sum,
         _rotation_step_1q,
         _diagonal_step,
         _marginal_probs,

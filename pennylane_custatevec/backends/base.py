@@ -124,6 +124,17 @@ class Backend(Protocol):
         exp(+i angle/2 P) to ``phi`` (one vector) and to every bra. ``angles`` has shape
         (1,). A backend may fuse the three into one pass over the vectors."""
 
+    def add_pauli_sum(
+        self,
+        dst: StateBatch,
+        src: StateBatch,
+        words: Sequence[tuple[str, Sequence[int]]],
+        coefficients: np.ndarray,
+    ) -> None:
+        """dst_b <- dst_b + sum_k coefficients[k] P_k src_b for the Pauli words (paulis,
+        targets); ``src`` ends unchanged (a backend may apply each word to it in place and
+        undo it: P P = 1 exactly). One src vector serves every dst."""
+
     def add_scaled(self, dst: StateBatch, src: StateBatch, factors: np.ndarray) -> None:
         """dst_b <- dst_b + factors[b] src_b; one src vector or factor serves every dst."""
 

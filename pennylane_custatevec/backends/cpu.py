@@ -166,6 +166,18 @@ class CPUBackend:
         self.apply_pauli_rotation(bras, -angles, paulis, targets)
         return out
 
+    def add_pauli_sum(self, dst, src, words, coefficients) -> None:
+        coefficients = np.asarray(coefficients, dtype=np.complex128).reshape(-1)
+        masks = [_pauli_masks(paulis, targets) for paulis, targets in words]
+        if all(x_mask == 0 for x_mask, _, _ in masks):
+            z_masks = np.array([z_mask for _, z_mask, _ in masks], dtype=np.uint64)
+            kernel("add_z_sum", dst)(dst, src, z_masks, coefficients)
+            return
+        for (paulis, targets), coefficient in zip(words, coefficients, strict=True):
+            self.apply_pauli(src, paulis, targets)
+            self.add_scaled(dst, src, np.full(1, coefficient))
+            self.apply_pauli(src, paulis, targets)
+
     def add_scaled(self, dst, src, factors) -> None:
         factors = np.array(factors, dtype=self.dtype, ndmin=1)
         kernel("add_scaled", dst)(dst, src, factors)
