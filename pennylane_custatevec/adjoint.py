@@ -8,9 +8,10 @@ dU_j/dtheta_j = i G_j U_j. For |psi> = U_N ... U_1 |psi_0> and a bra |lambda>:
     d/dtheta_j Re <lambda|psi> = Re( i <lambda_j| G_j |phi_j> )
 
 The sweep starts from phi_N = psi and lambda_N = lambda and walks the gates backwards: at
-a trainable gate, one inner product with its generator applied (fused: no temporary
-vector); then U_j^dagger on both vectors. It stops at the first trainable gate. Beyond the
-final state, which becomes phi, it holds the bras and at most one temporary vector.
+a trainable gate, one inner product with its generator applied (no temporary vector);
+then U_j^dagger on both vectors. For a Pauli rotation (G = -P/2) the backend does the
+three in one step. The sweep stops at the first trainable gate. Beyond the final state,
+which becomes phi, it holds the bras and at most one temporary vector.
 
 The bra encodes what is differentiated, one cotangent dy per measurement:
 
@@ -199,6 +200,14 @@ def vjp(
     with one entry per trainable parameter. ``state`` and ``compiled`` as in ``jacobian``."""
     circuit = _Circuit(tape, device_wires, compiled)
     per_measurement = (cotangents,) if len(tape.measurements) == 1 else tuple(cotangents)
+    for mp, dy in zip(tape.measurements, per_measurement, strict=True):
+        expected = () if isinstance(mp, ExpectationMP) else (_output_size(mp, circuit.program),)
+        if dy is not None and np.shape(dy) not in (expected, ()):
+            raise DeviceError(
+                f"custatevec.qubit got a cotangent of shape {np.shape(dy)} for {mp}, whose "
+                f"result has shape {expected}; batched cotangents are not supported (use one "
+                "VJP per cotangent, or the device Jacobian)."
+            )
     if circuit.n_params == 0:
         return ()
     if all(_is_zero(dy) for dy in per_measurement):
