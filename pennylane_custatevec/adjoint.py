@@ -223,7 +223,7 @@ def _is_zero(value) -> bool:
 
 
 def _output_size(mp: MeasurementProcess, program: Program) -> int:
-    if isinstance(mp, ProbabilityMP):
+    if isinstance(mp, (ProbabilityMP, StateMP)):
         return 2 ** len(mp.wires or program.wires)
     return 1
 
