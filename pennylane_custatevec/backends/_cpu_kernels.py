@@ -210,6 +210,7 @@ def _rotation_step_1q(phi, bras, angles, letter, target, fixed_bits, out):
     partial = np.zeros((per, rows), dtype=np.complex128)
     ket = phi[0]
     for c in numba.prange(per):
+        sums = np.zeros(rows, dtype=np.complex128)
         i, hi = c * items // per, (c + 1) * items // per
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, 0)
@@ -217,23 +218,27 @@ def _rotation_step_1q(phi, bras, angles, letter, target, fixed_bits, out):
             while item < end:
                 count = _span_length(item, end, span)
                 start = np.uint64(base | _spread(item, low0, low1))
+                for r in range(rows):
+                    bra = bras[r]
+                    term = 0.0 + 0.0j
+                    for k in range(count):
+                        i0 = start + np.uint64(k)
+                        i1 = i0 + step
+                        k0, k1 = ket[i0], ket[i1]
+                        if letter == 1:
+                            term += np.conj(bra[i0]) * k1 + np.conj(bra[i1]) * k0
+                        elif letter == 2:
+                            term += 1j * (np.conj(bra[i1]) * k0 - np.conj(bra[i0]) * k1)
+                        else:
+                            term += np.conj(bra[i0]) * k0 - np.conj(bra[i1]) * k1
+                        _rotate_pair(bra, i0, i1, cos, sin, letter)
+                    sums[r] += term
                 for k in range(count):
                     i0 = start + np.uint64(k)
-                    i1 = i0 + step
-                    k0, k1 = ket[i0], ket[i1]
-                    if letter == 1:
-                        p0, p1 = k1, k0
-                    elif letter == 2:
-                        p0, p1 = -1j * k1, 1j * k0
-                    else:
-                        p0, p1 = k0, -k1
-                    for r in range(rows):
-                        bra = bras[r]
-                        partial[c, r] += np.conj(bra[i0]) * p0 + np.conj(bra[i1]) * p1
-                        _rotate_pair(bra, i0, i1, cos, sin, letter)
-                    _rotate_pair(ket, i0, i1, cos, sin, letter)
+                    _rotate_pair(ket, i0, i0 + step, cos, sin, letter)
                 item += count
             i += length
+        partial[c] = sums
     for r in range(rows):
         out[r] = partial[:, r].sum()
 
@@ -246,18 +251,18 @@ def _two_bit_diagonal_step(ket, bras, diag, signs, t0, t1, out):
     s1 = np.uint64(t1)
     one = np.uint64(1)
     undo = np.conj(diag)
-    rows = bras.shape[0]
-    for r in range(rows):
-        out[r] = 0.0
+    for r in range(bras.shape[0]):
+        bra = bras[r]
+        term = 0.0 + 0.0j
+        for i in range(ket.shape[0]):
+            u = np.uint64(i)
+            a = ((u >> s0) & one) | (((u >> s1) & one) << one)
+            term += signs[a] * np.conj(bra[u]) * ket[u]
+            bra[u] *= undo[a]
+        out[r] = term
     for i in range(ket.shape[0]):
         u = np.uint64(i)
-        a = ((u >> s0) & one) | (((u >> s1) & one) << one)
-        value = ket[u]
-        for r in range(rows):
-            bra = bras[r]
-            out[r] += signs[a] * np.conj(bra[u]) * value
-            bra[u] *= undo[a]
-        ket[u] = value * undo[a]
+        ket[u] *= undo[((u >> s0) & one) | (((u >> s1) & one) << one)]
 
 
 def _diagonal_step(phi, bras, diag, signs, targets, fixed_bits, out):
@@ -288,16 +293,27 @@ def _diagonal_step(phi, bras, diag, signs, targets, fixed_bits, out):
                 while item < end:
                     count = _span_length(item, end, span)
                     start = np.uint64(base | _spread(item, low0, low1)) + offset
-                    for r in range(rows):
-                        bra = bras[r]
+                    if rows == 1:  # a VJP: ket and bra in one loop
+                        bra = bras[0]
                         term = 0.0 + 0.0j
                         for k in range(count):
                             index = start + np.uint64(k)
-                            term += np.conj(bra[index]) * ket[index]
+                            value = ket[index]
+                            term += np.conj(bra[index]) * value
                             bra[index] *= undo
-                        partial[c, r] += sign * term
-                    for k in range(count):
-                        ket[start + np.uint64(k)] *= undo
+                            ket[index] = value * undo
+                        partial[c, 0] += sign * term
+                    else:
+                        for r in range(rows):
+                            bra = bras[r]
+                            term = 0.0 + 0.0j
+                            for k in range(count):
+                                index = start + np.uint64(k)
+                                term += np.conj(bra[index]) * ket[index]
+                                bra[index] *= undo
+                            partial[c, r] += sign * term
+                        for k in range(count):
+                            ket[start + np.uint64(k)] *= undo
                     item += count
             i += length
     for r in range(rows):
