@@ -65,17 +65,23 @@ def _squared(form: _ObservableForm) -> _ObservableForm:
     return _ObservableForm(sparse=form.sparse @ form.sparse)
 
 
+def _backend_words(sentence: qml.pauli.PauliSentence, program: Program) -> list[tuple]:
+    """(letters, state bits, coefficient) of each word: letter j acts on bits[j]."""
+    terms = []
+    for word, coefficient in sentence.items():
+        wires = list(word.keys())
+        terms.append(("".join(word[w] for w in wires), program.bits(wires), coefficient))
+    return terms
+
+
 def _expectation(
     backend: Backend, state: StateBatch, program: Program, form: _ObservableForm
 ) -> np.ndarray:
     """<psi_b|O|psi_b> for each vector of the batch, float64 of shape (B,)."""
     if form.pauli is not None:
         total = 0.0
-        for word, coefficient in form.pauli.items():
-            wires = list(word.keys())
-            letters = "".join(word[w] for w in wires)
-            value = backend.expval_pauli(state, letters, program.bits(wires))
-            total = total + np.real(coefficient) * value
+        for letters, bits, coefficient in _backend_words(form.pauli, program):
+            total = total + np.real(coefficient) * backend.expval_pauli(state, letters, bits)
         return total
     if form.matrix is not None:
         return np.real(backend.expval_matrix(state, form.matrix, program.targets(form.wires)))
@@ -90,12 +96,8 @@ def transition(
     form = _form(obs, program)
     if form.pauli is not None:
         total = np.zeros(1, dtype=np.complex128)
-        for word, coefficient in form.pauli.items():
-            wires = list(word.keys())
-            letters = "".join(word[w] for w in wires)
-            total = total + coefficient * backend.inner_pauli(
-                bra, ket, letters, program.bits(wires)
-            )
+        for letters, bits, coefficient in _backend_words(form.pauli, program):
+            total = total + coefficient * backend.inner_pauli(bra, ket, letters, bits)
         return total
     if form.matrix is not None:
         return backend.inner_matrix(bra, ket, form.matrix, program.targets(form.wires))
@@ -152,13 +154,11 @@ def add_pauli_sentence(
     weight: complex = 1.0,
 ) -> None:
     """dst += weight * (sum_k c_k P_k) src, ``src`` unchanged."""
-    words, coefficients = [], []
-    for word, coefficient in sentence.items():
-        wires = list(word.keys())
-        words.append(("".join(word[w] for w in wires), program.bits(wires)))
-        coefficients.append(weight * coefficient)
-    if words:
-        backend.add_pauli_sum(dst, src, words, np.asarray(coefficients))
+    terms = _backend_words(sentence, program)
+    if terms:
+        words = [(letters, bits) for letters, bits, _ in terms]
+        coefficients = np.array([weight * coefficient for _, _, coefficient in terms])
+        backend.add_pauli_sum(dst, src, words, coefficients)
 
 
 def apply_operator(backend: Backend, state: StateBatch, program: Program, op: Operator) -> None:

@@ -79,6 +79,17 @@ def _chunks_per_vector(batch, items):
 
 
 @numba.njit(cache=True)
+def _work_layout(batch, dim, fixed_bits):
+    """How a kernel walks its work items: (items per vector, chunks per vector, run
+    length, the two low masks, span). ``span`` work items sit at consecutive indices:
+    those below the lowest fixed bit (every item when no bit is fixed)."""
+    items = dim >> len(fixed_bits)
+    span = (1 << fixed_bits[0]) if len(fixed_bits) > 0 else items
+    low0, low1 = _low_masks(fixed_bits)
+    return items, _chunks_per_vector(batch, items), _run_length(fixed_bits, items), low0, low1, span
+
+
+@numba.njit(cache=True)
 def _pauli_phase(index, z_mask, i_power):
     """<P|index> phase factor: i**n_Y * (-1)**popcount(index & z_mask)."""
     sign = 1.0 - 2.0 * _parity(index & z_mask)
@@ -100,10 +111,7 @@ def _target_offsets(targets):
 
 def _apply_1q(state, mats, target, fixed_bits, control_mask):
     batch, dim = state.shape
-    items = dim >> len(fixed_bits)
-    per = _chunks_per_vector(batch, items)
-    run_length = _run_length(fixed_bits, items)
-    low0, low1 = _low_masks(fixed_bits)
+    items, per, run_length, low0, low1, span = _work_layout(batch, dim, fixed_bits)
     shared = mats.shape[0] == 1
     step = np.uint64(1 << target)
     for job in numba.prange(batch * per):
@@ -160,11 +168,7 @@ def _apply_1q_rotation(state, angles, letter, target, fixed_bits, control_mask):
     lowest fixed bit leaves runs of consecutive amplitudes, the inner loop walks them with
     unit stride (the compiler vectorizes it)."""
     batch, dim = state.shape
-    items = dim >> len(fixed_bits)
-    per = _chunks_per_vector(batch, items)
-    run_length = _run_length(fixed_bits, items)
-    low0, low1 = _low_masks(fixed_bits)
-    span = 1 << fixed_bits[0]
+    items, per, run_length, low0, low1, span = _work_layout(batch, dim, fixed_bits)
     shared = angles.shape[0] == 1
     step = np.uint64(1 << target)
     for job in numba.prange(batch * per):
@@ -198,12 +202,8 @@ def _rotation_step_1q(phi, bras, angles, letter, target, fixed_bits, out):
     a single pass: out[r] = <bra_r|P|phi> first, then the inverse rotation on phi and on
     every bra (phi is one vector, bras a batch)."""
     rows, dim = bras.shape
-    items = dim >> len(fixed_bits)
-    per = _chunks_per_vector(1, items)
-    run_length = _run_length(fixed_bits, items)
-    low0, low1 = _low_masks(fixed_bits)
+    items, per, run_length, low0, low1, span = _work_layout(1, dim, fixed_bits)
     step = np.uint64(1 << target)
-    span = max(1 << fixed_bits[0], 1)
     half = -0.5 * angles[0]
     cos = np.cos(half)
     sin = np.sin(half)
@@ -270,12 +270,8 @@ def _diagonal_step(phi, bras, diag, signs, targets, fixed_bits, out):
     rotation about a word of Z): out[r] = <bra_r|diag(signs)|phi>, then phi and every bra
     times conj(diag), in a single pass."""
     rows, dim = bras.shape
-    items = dim >> len(fixed_bits)
-    per = _chunks_per_vector(1, items)
-    run_length = _run_length(fixed_bits, items)
-    low0, low1 = _low_masks(fixed_bits)
+    items, per, run_length, low0, low1, span = _work_layout(1, dim, fixed_bits)
     offsets = _target_offsets(targets)
-    span = (1 << fixed_bits[0]) if len(fixed_bits) > 0 else items
     partial = np.zeros((per, rows), dtype=np.complex128)
     ket = phi[0]
     if span < _MIN_SPAN and len(targets) == 2:
@@ -322,10 +318,7 @@ def _diagonal_step(phi, bras, diag, signs, targets, fixed_bits, out):
 
 def _apply_2q(state, mats, targets, fixed_bits, control_mask):
     batch, dim = state.shape
-    items = dim >> len(fixed_bits)
-    per = _chunks_per_vector(batch, items)
-    run_length = _run_length(fixed_bits, items)
-    low0, low1 = _low_masks(fixed_bits)
+    items, per, run_length, low0, low1, span = _work_layout(batch, dim, fixed_bits)
     shared = mats.shape[0] == 1
     s0 = np.uint64(1 << targets[0])
     s1 = np.uint64(1 << targets[1])
@@ -353,10 +346,7 @@ def _apply_2q(state, mats, targets, fixed_bits, control_mask):
 
 def _apply_kq(state, mats, targets, fixed_bits, control_mask):
     batch, dim = state.shape
-    items = dim >> len(fixed_bits)
-    per = _chunks_per_vector(batch, items)
-    run_length = _run_length(fixed_bits, items)
-    low0, low1 = _low_masks(fixed_bits)
+    items, per, run_length, low0, low1, span = _work_layout(batch, dim, fixed_bits)
     shared = mats.shape[0] == 1
     offsets = _target_offsets(targets)
     d = offsets.shape[0]
@@ -403,13 +393,9 @@ def _apply_diagonal(state, diags, targets, fixed_bits, control_mask):
     """fixed_bits holds the targets and the controls: each work item has one amplitude per
     diagonal entry, at a fixed offset, so every inner loop multiplies by one constant."""
     batch, dim = state.shape
-    items = dim >> len(fixed_bits)
-    per = _chunks_per_vector(batch, items)
-    run_length = _run_length(fixed_bits, items)
-    low0, low1 = _low_masks(fixed_bits)
+    items, per, run_length, low0, low1, span = _work_layout(batch, dim, fixed_bits)
     shared = diags.shape[0] == 1
     offsets = _target_offsets(targets)
-    span = (1 << fixed_bits[0]) if len(fixed_bits) > 0 else items
     if span < _MIN_SPAN and len(targets) == 2 and len(fixed_bits) == 2:
         _apply_two_bit_diagonal(state, diags, targets[0], targets[1])
         return
@@ -438,12 +424,8 @@ def _inner_diagonal(bra, ket, diag, targets, fixed_bits, out):
     """out[b] = <bra_b| diag(d)_targets |ket_b> (complex); a single ket serves every bra."""
     batch, dim = bra.shape
     shared_ket = ket.shape[0] == 1
-    items = dim >> len(fixed_bits)
-    per = _chunks_per_vector(batch, items)
-    run_length = _run_length(fixed_bits, items)
-    low0, low1 = _low_masks(fixed_bits)
+    items, per, run_length, low0, low1, span = _work_layout(batch, dim, fixed_bits)
     offsets = _target_offsets(targets)
-    span = (1 << fixed_bits[0]) if len(fixed_bits) > 0 else items
     partial = np.zeros(batch * per, dtype=np.complex128)
     for job in numba.prange(batch * per):
         b = job // per
@@ -477,10 +459,7 @@ def _apply_pauli_rotation(state, angles, x_mask, z_mask, i_power, fixed_bits, co
     x_bits = np.uint64(x_mask)
     z_bits = np.uint64(z_mask)
     batch, dim = state.shape
-    items = dim >> len(fixed_bits)
-    per = _chunks_per_vector(batch, items)
-    run_length = _run_length(fixed_bits, items)
-    low0, low1 = _low_masks(fixed_bits)
+    items, per, run_length, low0, low1, span = _work_layout(batch, dim, fixed_bits)
     shared = angles.shape[0] == 1
     for job in numba.prange(batch * per):
         b = job // per
@@ -512,10 +491,7 @@ def _apply_pauli(state, x_mask, z_mask, i_power, fixed_bits, control_mask):
     x_bits = np.uint64(x_mask)
     z_bits = np.uint64(z_mask)
     batch, dim = state.shape
-    items = dim >> len(fixed_bits)
-    per = _chunks_per_vector(batch, items)
-    run_length = _run_length(fixed_bits, items)
-    low0, low1 = _low_masks(fixed_bits)
+    items, per, run_length, low0, low1, span = _work_layout(batch, dim, fixed_bits)
     plain_flip = z_mask == 0
     for job in numba.prange(batch * per):
         b = job // per
@@ -553,11 +529,7 @@ def _inner_pauli(bra, ket, x_mask, z_mask, i_power, fixed_bits, out):
     z_bits = np.uint64(z_mask)
     batch, dim = bra.shape
     shared_ket = ket.shape[0] == 1
-    items = dim >> len(fixed_bits)
-    per = _chunks_per_vector(batch, items)
-    run_length = _run_length(fixed_bits, items)
-    low0, low1 = _low_masks(fixed_bits)
-    span = (1 << fixed_bits[0]) if len(fixed_bits) > 0 else items
+    items, per, run_length, low0, low1, span = _work_layout(batch, dim, fixed_bits)
     partial = np.zeros(batch * per, dtype=np.complex128)
     for job in numba.prange(batch * per):
         b = job // per
@@ -598,10 +570,7 @@ def _inner_matrix(bra, ket, mat, targets, fixed_bits, out):
     """out[b] = <bra_b| M_targets |ket_b> (complex); a single ket serves every bra."""
     batch, dim = bra.shape
     shared_ket = ket.shape[0] == 1
-    items = dim >> len(fixed_bits)
-    per = _chunks_per_vector(batch, items)
-    run_length = _run_length(fixed_bits, items)
-    low0, low1 = _low_masks(fixed_bits)
+    items, per, run_length, low0, low1, span = _work_layout(batch, dim, fixed_bits)
     offsets = _target_offsets(targets)
     d = offsets.shape[0]
     partial = np.zeros(batch * per, dtype=np.complex128)
