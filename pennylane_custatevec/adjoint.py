@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import pennylane as qml
 from pennylane.exceptions import DeviceError
 from pennylane.measurements import (
     DensityMatrixMP,
@@ -305,13 +306,22 @@ def _bras(backend: Backend, circuit: _Circuit, psi: StateBatch, rows: Sequence[t
     backend.scale(bras, np.zeros(1))
     for r, row in enumerate(rows):
         bra = backend.vectors(bras, r, r + 1)
+        # the Pauli observables' terms as one sum: one backend call however many there are
+        paulis = qml.pauli.PauliSentence()
         for mp, dy in zip(circuit.tape.measurements, row, strict=True):
-            if not _is_zero(dy):
+            if _is_zero(dy):
+                continue
+            if isinstance(mp, ExpectationMP) and mp.obs.pauli_rep is not None:
+                paulis += (2.0 * float(dy)) * mp.obs.pauli_rep
+            else:
                 _add_term(backend, bra, psi, program, mp, dy)
+        if paulis:
+            measure.add_pauli_sentence(backend, bra, psi, program, paulis)
     return bras
 
 
 def _add_term(backend, bra, psi, program: Program, mp: MeasurementProcess, dy) -> None:
+    """bra += the cotangent term of a state, probs, or expval of a non-Pauli observable."""
     if isinstance(mp, StateMP):
         backend.add_scaled(bra, backend.from_host(np.conj(np.asarray(dy))[None]), np.ones(1))
     elif isinstance(mp, ProbabilityMP):
@@ -320,15 +330,8 @@ def _add_term(backend, bra, psi, program: Program, mp: MeasurementProcess, dy) -
         backend.apply_diagonal(scaled, weights, program.targets(mp.wires or program.wires))
         backend.add_scaled(bra, scaled, np.full(1, 2.0))
     else:
-        _add_observable_term(backend, bra, psi, program, mp.obs, 2.0 * float(dy))
-
-
-def _add_observable_term(backend, bra, psi, program: Program, obs: Operator, weight: float):
-    """bra += weight * O psi (psi unchanged)."""
-    if obs.pauli_rep is None:
-        backend.add_scaled(bra, measure.applied_observable(backend, psi, program, obs), [weight])
-        return
-    measure.add_pauli_sentence(backend, bra, psi, program, obs.pauli_rep, weight)
+        applied = measure.applied_observable(backend, psi, program, mp.obs)
+        backend.add_scaled(bra, applied, [2.0 * float(dy)])
 
 
 def _state_derivatives(backend: Backend, circuit: _Circuit) -> list[np.ndarray]:

@@ -332,12 +332,12 @@ class _FinalStates:
     def replace(self, tapes: Sequence[QuantumScript], states: dict) -> None:
         """``states``: {tape index: (final state, compilation)}, as run_tapes fills it."""
         self._entries = {
-            tapes[i].hash: (_parameters(tapes[i]), entry) for i, entry in states.items()
+            _signature(tapes[i]): (_parameters(tapes[i]), entry) for i, entry in states.items()
         }
 
     def pop(self, tape: QuantumScript) -> tuple:
         """(final state, compilation) of ``tape``, or (None, None)."""
-        entry = self._entries.pop(tape.hash, None) if self._entries else None
+        entry = self._entries.pop(_signature(tape), None) if self._entries else None
         if entry is None:
             return None, None
         parameters, kept = entry
@@ -346,6 +346,16 @@ class _FinalStates:
             np.array_equal(a, b) for a, b in zip(parameters, current, strict=True)
         )
         return kept if same else (None, None)
+
+
+def _signature(tape: QuantumScript) -> tuple:
+    """The gates' names, wires and hyperparameters: with the parameters, all that the final
+    state depends on (``tape.hash`` also rounds every parameter, which costs milliseconds
+    on circuits of a few hundred gates)."""
+    return tuple(
+        (op.name, op.wires, str(op.hyperparameters) if op.hyperparameters else "")
+        for op in tape.operations
+    )
 
 
 def _parameters(tape: QuantumScript) -> list:

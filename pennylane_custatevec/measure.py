@@ -79,10 +79,10 @@ def _expectation(
 ) -> np.ndarray:
     """<psi_b|O|psi_b> for each vector of the batch, float64 of shape (B,)."""
     if form.pauli is not None:
-        total = 0.0
-        for letters, bits, coefficient in _backend_words(form.pauli, program):
-            total = total + np.real(coefficient) * backend.expval_pauli(state, letters, bits)
-        return total
+        terms = _backend_words(form.pauli, program)
+        words = [(letters, bits) for letters, bits, _ in terms]
+        coefficients = np.array([np.real(coefficient) for _, _, coefficient in terms])
+        return backend.expval_pauli_sum(state, words, coefficients)
     if form.matrix is not None:
         return np.real(backend.expval_matrix(state, form.matrix, program.targets(form.wires)))
     vectors = backend.to_host(state)

@@ -558,14 +558,26 @@ def test_inner_matrix(targets, kets, dtype):
     np.testing.assert_allclose(out, expected, atol=TOL[dtype] * 10)
 
 
+MANY_Z_WORDS = [
+    ("ZZ", (0, 5)),
+    ("Z", (3,)),
+    ("", ()),
+    ("ZZZ", (1, 2, 4)),
+    ("ZZ", (0, 5)),
+    ("ZIZZ", (5, 1, 2, 0)),
+]
+"""Enough Z words (one repeated, one empty) for the sums' Walsh-Hadamard path."""
+
+
 @pytest.mark.parametrize(
     "words",
     [
         [("Z", (0,)), ("ZZ", (1, 4)), ("ZIZ", (5, 2, 3))],
         [("Z", (2,)), ("", ())],
         [("X", (0,)), ("ZY", (1, 4)), ("Z", (3,))],
+        MANY_Z_WORDS,
     ],
-    ids=["z-words", "z-and-identity", "mixed"],
+    ids=["z-words", "z-and-identity", "mixed", "many-z-words"],
 )
 def test_add_pauli_sum(words):
     """dst += sum_k c_k P_k src with src unchanged; Z words take the one-pass kernel."""
@@ -581,6 +593,47 @@ def test_add_pauli_sum(words):
     )
     np.testing.assert_allclose(state, dst + (operator @ src[0])[None], atol=1e-12)
     np.testing.assert_array_equal(source, src)
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
+@pytest.mark.parametrize("complex_coefficients", [False, True], ids=["real", "complex"])
+def test_add_pauli_sum_of_many_z_words(dtype, complex_coefficients):
+    """The Walsh-Hadamard diagonal in the state's precision, real or complex."""
+    rng = np.random.default_rng(stable_seed("pauli_sum_many", complex_coefficients))
+    dst, src = random_states(N, 2, rng), random_states(N, 1, rng)
+    coefficients = rng.normal(size=len(MANY_Z_WORDS))
+    if complex_coefficients:
+        coefficients = coefficients + 1j * rng.normal(size=len(MANY_Z_WORDS))
+    backend = CPUBackend(dtype)
+    state = backend.from_host(dst)
+    backend.add_pauli_sum(state, backend.from_host(src), MANY_Z_WORDS, coefficients)
+    operator = sum(
+        c * dense_operator(N, word_matrix(w), t)
+        for (w, t), c in zip(MANY_Z_WORDS, coefficients, strict=True)
+    )
+    expected = dst.astype(dtype) + (operator @ src.astype(dtype)[0])[None]
+    np.testing.assert_allclose(backend.to_host(state), expected, atol=TOL[dtype] * 10)
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
+@pytest.mark.parametrize(
+    "words",
+    [MANY_Z_WORDS, [("X", (0,)), ("ZY", (1, 4)), ("Z", (3,)), ("YY", (2, 5)), ("", ())]],
+    ids=["many-z-words", "mixed"],
+)
+def test_expval_pauli_sum(words, dtype):
+    rng = np.random.default_rng(stable_seed("expval_pauli_sum", str(words)))
+    vectors = random_states(N, 3, rng)
+    coefficients = rng.normal(size=len(words))
+    backend = CPUBackend(dtype)
+    out = backend.expval_pauli_sum(backend.from_host(vectors), words, coefficients)
+    operator = sum(
+        c * dense_operator(N, word_matrix(w), t)
+        for (w, t), c in zip(words, coefficients, strict=True)
+    )
+    expected = np.real(np.einsum("bi,ij,bj->b", vectors.conj(), operator, vectors))
+    assert out.dtype == np.float64 and out.shape == (3,)
+    np.testing.assert_allclose(out, expected, atol=TOL[dtype] * 10)
 
 
 @pytest.mark.parametrize("sources, factors", [(1, [2.0 - 1j]), (3, [0.5, -1.0, 1j])])
@@ -696,6 +749,10 @@ def _kernel_args(name, state, rng):
         return (state[::-1].copy(), masks, np.array([0.5, -1.25j, 2.0]))
     if name == "add_scaled":
         return (state[::-1].copy(), np.array([0.5 - 0.25j]))
+    if name == "add_weighted":
+        return (state[::-1].copy(), rng.normal(size=state.shape[1]))
+    if name == "weighted_norms":
+        return (rng.normal(size=state.shape[1]), np.empty(batch))
     if name == "marginal_probs":
         return (np.array([4, 0, n - 1]), np.empty((batch, 8)))
     raise AssertionError(f"no arguments for new kernel {name}; add them to this test")
@@ -713,10 +770,10 @@ def test_threaded_kernel_equals_serial_kernel(name, shape, big_states):
         state = np.array(psi, order="C")
         fn_args = tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args)
         fn(state, *fn_args)
-        out = fn_args[-1] if name.startswith(("inner", "marginal")) else state
+        out = fn_args[-1] if name.startswith(("inner", "marginal", "weighted")) else state
         outputs.append(out)
     np.testing.assert_allclose(outputs[0], outputs[1], atol=1e-12)
-    if not name.startswith(("inner", "marginal")):
+    if not name.startswith(("inner", "marginal", "weighted")):
         assert not np.allclose(outputs[0], psi)  # the kernel did something
 
 

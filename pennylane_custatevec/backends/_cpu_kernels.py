@@ -636,6 +636,55 @@ def _add_z_sum(dst, src, z_masks, coefficients):
             target[u] += factor * source[u]
 
 
+def _add_weighted(dst, src, weights):
+    """dst[b] += weights * src[b], elementwise (weights real or complex, one per amplitude);
+    a single src vector serves every dst."""
+    batch, dim = dst.shape
+    shared_src = src.shape[0] == 1
+    per = _chunks_per_vector(batch, dim)
+    for job in numba.prange(batch * per):
+        b = job // per
+        c = job - b * per
+        target = dst[b]
+        source = src[0] if shared_src else src[b]
+        for i in range(c * dim // per, (c + 1) * dim // per):
+            target[i] += weights[i] * source[i]
+
+
+def _weighted_norms(state, weights, out):
+    """out[b] = sum_i weights[i] |psi_b[i]|^2 (weights real)."""
+    batch, dim = state.shape
+    per = _chunks_per_vector(batch, dim)
+    partial = np.zeros(batch * per)
+    for job in numba.prange(batch * per):
+        b = job // per
+        c = job - b * per
+        vec = state[b]
+        total = 0.0
+        for i in range(c * dim // per, (c + 1) * dim // per):
+            v = vec[i]
+            total += weights[i] * (v.real * v.real + v.imag * v.imag)
+        partial[job] = total
+    for b in range(batch):
+        out[b] = partial[b * per : (b + 1) * per].sum()
+
+
+@numba.njit(cache=True)
+def walsh_hadamard(values):
+    """In place: values[x] <- sum_m values[m] (-1)**popcount(x & m), the unnormalised
+    Walsh-Hadamard transform, in log2(len) butterfly passes."""
+    n = values.shape[0]
+    half = 1
+    while half < n:
+        for start in range(0, n, 2 * half):
+            for i in range(start, start + half):
+                a = values[i]
+                b = values[i + half]
+                values[i] = a + b
+                values[i + half] = a - b
+        half *= 2
+
+
 def _marginal_probs(state, bits, out):
     """out[b, a] = sum of |psi_b[i]|^2 over i whose bits[j] give bit j of a."""
     batch, dim = state.shape
@@ -681,6 +730,8 @@ _KERNELS = {
         _inner_diagonal,
         _add_scaled,
         _add_z_sum,
+        _add_weighted,
+        _weighted_norms,
         _rotation_step_1q,
         _diagonal_step,
         _marginal_probs,

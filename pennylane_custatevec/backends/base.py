@@ -95,6 +95,15 @@ class Backend(Protocol):
     def expval_pauli(self, state: StateBatch, paulis: str, targets: Sequence[int]) -> np.ndarray:
         """<psi_b|P|psi_b> for each vector, float64 of shape (B,)."""
 
+    def expval_pauli_sum(
+        self,
+        state: StateBatch,
+        words: Sequence[tuple[str, Sequence[int]]],
+        coefficients: np.ndarray,
+    ) -> np.ndarray:
+        """sum_k coefficients[k] <psi_b|P_k|psi_b> for each vector, float64 of shape (B,),
+        for the Pauli words (paulis, targets) and real coefficients (a Hamiltonian)."""
+
     def expval_matrix(
         self, state: StateBatch, matrix: np.ndarray, targets: Sequence[int]
     ) -> np.ndarray:

@@ -1,11 +1,13 @@
 """CPU backend: numpy state vectors updated in place by numba kernels."""
 
 import functools
+import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
-from ._cpu_kernels import kernel
+from ._cpu_kernels import kernel, walsh_hadamard
 from .base import StateBatch
 
 _I_POWERS = (1.0 + 0.0j, 1.0j, -1.0 + 0.0j, -1.0j)
@@ -24,8 +26,39 @@ def _control_mask(controls: Sequence[int], control_values: Sequence[int]) -> int
     return sum(int(v) << int(c) for c, v in zip(controls, control_values, strict=True))
 
 
+class _Placement(NamedTuple):
+    """Where a gate acts, as the kernels take it."""
+
+    targets: np.ndarray
+    fixed_bits: np.ndarray
+    control_mask: int
+
+
+def _placement(
+    targets: Sequence[int], controls: Sequence[int] = (), control_values: Sequence[int] = ()
+) -> _Placement:
+    return _cached_placement(tuple(targets), tuple(controls), tuple(control_values))
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_placement(targets: tuple, controls: tuple, control_values: tuple) -> _Placement:
+    """Built once per placement: a circuit applies the same few placements again and
+    again, and building the arrays costs more than a gate on a few qubits."""
+    placement = _Placement(
+        _bits(targets), _fixed_bits(targets, controls), _control_mask(controls, control_values)
+    )
+    placement.targets.flags.writeable = False
+    placement.fixed_bits.flags.writeable = False
+    return placement
+
+
 def _pauli_masks(paulis: str, targets: Sequence[int]) -> tuple[int, int, complex]:
     """(x_mask, z_mask, i**n_Y) of a Pauli word: P|i> = i**n_Y (-1)**|i & z| |i ^ x>."""
+    return _cached_pauli_masks(paulis, tuple(targets))
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_pauli_masks(paulis: str, targets: tuple) -> tuple[int, int, complex]:
     x_mask = z_mask = n_y = 0
     for letter, bit in zip(paulis, targets, strict=True):
         if letter in "XY":
@@ -34,6 +67,16 @@ def _pauli_masks(paulis: str, targets: Sequence[int]) -> tuple[int, int, complex
             z_mask |= 1 << bit
         n_y += letter == "Y"
     return x_mask, z_mask, _I_POWERS[n_y % 4]
+
+
+def _z_rotation_diagonals(angles: np.ndarray, paulis: str) -> np.ndarray:
+    """The diagonals of exp(-i angle/2 P) for a word P of Z and I letters, (len(angles), 2**k)."""
+    signs = _z_word_signs(paulis)
+    if angles.shape[0] == 1:  # scalar math: numpy on one angle costs microseconds per call
+        half = 0.5 * float(angles[0])
+        return (math.cos(half) - (1j * math.sin(half)) * signs)[None]
+    half = 0.5 * angles.reshape(-1, 1)
+    return np.cos(half) - 1j * np.sin(half) * signs
 
 
 def _available_host_bytes() -> int:
@@ -71,40 +114,41 @@ class CPUBackend:
 
     def apply_matrix(self, state, matrices, targets, controls=(), control_values=()) -> None:
         matrices = np.ascontiguousarray(matrices, dtype=self.dtype)
-        fixed = _fixed_bits(targets, controls)
-        mask = _control_mask(controls, control_values)
+        where = _placement(targets, controls, control_values)
         if len(targets) == 1:
-            kernel("apply_1q", state)(state, matrices, int(targets[0]), fixed, mask)
+            apply = kernel("apply_1q", state)
+            apply(state, matrices, int(targets[0]), where.fixed_bits, where.control_mask)
         elif len(targets) == 2:
-            kernel("apply_2q", state)(state, matrices, _bits(targets), fixed, mask)
+            apply = kernel("apply_2q", state)
+            apply(state, matrices, where.targets, where.fixed_bits, where.control_mask)
         else:
-            kernel("apply_kq", state)(state, matrices, _bits(targets), fixed, mask)
+            apply = kernel("apply_kq", state)
+            apply(state, matrices, where.targets, where.fixed_bits, where.control_mask)
 
     def apply_diagonal(self, state, diagonals, targets, controls=(), control_values=()) -> None:
         diagonals = np.ascontiguousarray(diagonals, dtype=self.dtype)
-        fixed = _fixed_bits(targets, controls)
-        mask = _control_mask(controls, control_values)
-        kernel("apply_diagonal", state)(state, diagonals, _bits(targets), fixed, mask)
+        where = _placement(targets, controls, control_values)
+        apply = kernel("apply_diagonal", state)
+        apply(state, diagonals, where.targets, where.fixed_bits, where.control_mask)
 
     def apply_pauli_rotation(
         self, state, angles, paulis, targets, controls=(), control_values=()
     ) -> None:
-        mask = _control_mask(controls, control_values)
         angles = np.ascontiguousarray(angles, dtype=np.float64).reshape(-1)
         if len(paulis) == 1:
-            fixed = _fixed_bits(targets, controls)
+            where = _placement(targets, controls, control_values)
             letter = "IXYZ".index(paulis)
-            kernel("apply_1q_rotation", state)(state, angles, letter, int(targets[0]), fixed, mask)
+            apply = kernel("apply_1q_rotation", state)
+            apply(state, angles, letter, int(targets[0]), where.fixed_bits, where.control_mask)
             return
         x_mask, z_mask, i_power = _pauli_masks(paulis, targets)
         if x_mask == 0 and len(paulis) <= _DIAGONAL_WORD_LETTERS:
-            half = 0.5 * angles.reshape(-1, 1)
-            signs = _z_word_signs(paulis)
-            diagonals = np.cos(half) - 1j * np.sin(half) * signs
+            diagonals = _z_rotation_diagonals(angles, paulis)
             self.apply_diagonal(state, diagonals, targets, controls, control_values)
             return
-        fixed = _fixed_bits(controls, _pivot(x_mask))
-        kernel("apply_pauli_rotation", state)(state, angles, x_mask, z_mask, i_power, fixed, mask)
+        where = _placement(_pivot(x_mask), controls, control_values)
+        apply = kernel("apply_pauli_rotation", state)
+        apply(state, angles, x_mask, z_mask, i_power, where.fixed_bits, where.control_mask)
 
     def apply_pauli(self, state, paulis, targets, controls=(), control_values=()) -> None:
         x_mask, z_mask, i_power = _pauli_masks(paulis, targets)
@@ -112,9 +156,9 @@ class CPUBackend:
             signs = _z_word_signs(paulis)[None]
             self.apply_diagonal(state, signs, targets, controls, control_values)
             return
-        fixed = _fixed_bits(controls, _pivot(x_mask))
-        mask = _control_mask(controls, control_values)
-        kernel("apply_pauli", state)(state, x_mask, z_mask, i_power, fixed, mask)
+        where = _placement(_pivot(x_mask), controls, control_values)
+        apply = kernel("apply_pauli", state)
+        apply(state, x_mask, z_mask, i_power, where.fixed_bits, where.control_mask)
 
     def scale(self, state, factors) -> None:
         state *= np.asarray(factors, dtype=self.dtype).reshape(-1, 1)
@@ -125,41 +169,53 @@ class CPUBackend:
     def expval_matrix(self, state, matrix, targets) -> np.ndarray:
         return self.inner_matrix(state, state, matrix, targets)
 
+    def expval_pauli_sum(self, state, words, coefficients) -> np.ndarray:
+        coefficients = np.real(np.asarray(coefficients)).reshape(-1)
+        z_masks = _z_masks(words)
+        if z_masks is not None and len(words) >= _WALSH_MIN_WORDS:
+            weights = _z_sum_diagonal(z_masks, coefficients, state.shape[1])
+            out = np.empty(state.shape[0])
+            kernel("weighted_norms", state)(state, weights, out)
+            return out
+        total = np.zeros(state.shape[0])
+        for (paulis, targets), coefficient in zip(words, coefficients, strict=True):
+            total += coefficient * self.expval_pauli(state, paulis, targets)
+        return total
+
     def inner_pauli(self, bra, ket, paulis, targets) -> np.ndarray:
         x_mask, z_mask, i_power = _pauli_masks(paulis, targets)
         out = np.empty(bra.shape[0], dtype=np.complex128)
         if x_mask == 0 and 0 < len(paulis) <= _DIAGONAL_WORD_LETTERS:
-            signs = _z_word_signs(paulis)
-            fixed = _fixed_bits(targets)
-            kernel("inner_diagonal", bra)(bra, ket, signs, _bits(targets), fixed, out)
+            where = _placement(targets)
+            inner = kernel("inner_diagonal", bra)
+            inner(bra, ket, _z_word_signs(paulis), where.targets, where.fixed_bits, out)
             return out
-        fixed = _fixed_bits(_pivot(x_mask))
-        kernel("inner_pauli", bra)(bra, ket, x_mask, z_mask, i_power, fixed, out)
+        where = _placement(_pivot(x_mask))
+        kernel("inner_pauli", bra)(bra, ket, x_mask, z_mask, i_power, where.fixed_bits, out)
         return out
 
     def inner_matrix(self, bra, ket, matrix, targets) -> np.ndarray:
         matrix = np.ascontiguousarray(matrix, dtype=np.complex128)
         out = np.empty(bra.shape[0], dtype=np.complex128)
-        fixed = _fixed_bits(targets)
-        kernel("inner_matrix", bra)(bra, ket, matrix, _bits(targets), fixed, out)
+        where = _placement(targets)
+        kernel("inner_matrix", bra)(bra, ket, matrix, where.targets, where.fixed_bits, out)
         return out
 
     def adjoint_rotation_step(self, phi, bras, angles, paulis, targets) -> np.ndarray:
         angles = np.ascontiguousarray(angles, dtype=np.float64).reshape(-1)
         out = np.empty(bras.shape[0], dtype=np.complex128)
         x_mask, _, _ = _pauli_masks(paulis, targets)
-        fixed = _fixed_bits(targets)
+        where = _placement(targets)
         if len(paulis) == 1 and paulis != "I":
             letter = "IXYZ".index(paulis)
             step = kernel("rotation_step_1q", bras)
-            step(phi, bras, angles, letter, int(targets[0]), fixed, out)
+            step(phi, bras, angles, letter, int(targets[0]), where.fixed_bits, out)
             return out
         if x_mask == 0 and 0 < len(paulis) <= _DIAGONAL_WORD_LETTERS:
             signs = _z_word_signs(paulis)
-            half = 0.5 * angles[0]
-            diagonal = np.cos(half) - 1j * np.sin(half) * signs
+            diagonal = _z_rotation_diagonals(angles, paulis)[0]
             step = kernel("diagonal_step", bras)
-            step(phi, bras, diagonal, signs, _bits(targets), fixed, out)
+            step(phi, bras, diagonal, signs, where.targets, where.fixed_bits, out)
             return out
         out = self.inner_pauli(bras, phi, paulis, targets)
         self.apply_pauli_rotation(phi, -angles, paulis, targets)
@@ -168,10 +224,15 @@ class CPUBackend:
 
     def add_pauli_sum(self, dst, src, words, coefficients) -> None:
         coefficients = np.asarray(coefficients, dtype=np.complex128).reshape(-1)
-        masks = [_pauli_masks(paulis, targets) for paulis, targets in words]
-        if all(x_mask == 0 for x_mask, _, _ in masks):
-            z_masks = np.array([z_mask for _, z_mask, _ in masks], dtype=np.uint64)
-            kernel("add_z_sum", dst)(dst, src, z_masks, coefficients)
+        z_masks = _z_masks(words)
+        if z_masks is not None and len(words) >= _WALSH_MIN_WORDS:
+            weights = _z_sum_diagonal(z_masks, coefficients, dst.shape[1])
+            kernel("add_weighted", dst)(
+                dst, src, weights.astype(_weight_dtype(self.dtype, weights))
+            )
+            return
+        if z_masks is not None:
+            kernel("add_z_sum", dst)(dst, src, z_masks.astype(np.uint64), coefficients)
             return
         for (paulis, targets), coefficient in zip(words, coefficients, strict=True):
             self.apply_pauli(src, paulis, targets)
@@ -203,6 +264,40 @@ class CPUBackend:
 _DIAGONAL_WORD_LETTERS = 4
 """Words of Z and I up to this length run as diagonals: a constant factor per inner loop
 instead of a parity per amplitude."""
+
+
+_WALSH_MIN_WORDS = 4
+"""From this many Z words on, a sum of them is built as one diagonal (a Walsh-Hadamard
+transform: log2(dim) passes over one real vector, whatever the number of words) instead of
+a parity per word and amplitude."""
+
+
+def _z_masks(words: Sequence[tuple[str, Sequence[int]]]) -> np.ndarray | None:
+    """The Z masks of the words if every word is made of Z and I letters, else None."""
+    masks = [_pauli_masks(paulis, targets) for paulis, targets in words]
+    if any(x_mask for x_mask, _, _ in masks):
+        return None
+    return np.array([z_mask for _, z_mask, _ in masks], dtype=np.int64)
+
+
+def _z_sum_diagonal(z_masks: np.ndarray, coefficients: np.ndarray, dim: int) -> np.ndarray:
+    """d[x] = sum_k c_k (-1)**popcount(x & z_masks[k]): the diagonal of sum_k c_k Z-word_k
+    is the Walsh-Hadamard transform of the coefficients placed at their masks. Real unless
+    a coefficient is complex."""
+    parts = []
+    for part in (coefficients.real, coefficients.imag):
+        placed = np.zeros(dim)
+        np.add.at(placed, z_masks, part)
+        walsh_hadamard(placed)
+        parts.append(placed)
+    if not np.any(coefficients.imag):
+        return parts[0]
+    return parts[0] + 1j * parts[1]
+
+
+def _weight_dtype(state_dtype: np.dtype, weights: np.ndarray) -> np.dtype:
+    """The state's precision: real weights stay real (half the memory of complex ones)."""
+    return state_dtype if np.iscomplexobj(weights) else np.finfo(state_dtype).dtype
 
 
 @functools.cache
