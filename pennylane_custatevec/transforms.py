@@ -24,6 +24,8 @@ def decompose_late_state_preps(tape: QuantumScript):
 
     The device starts from a prepared state only at the beginning of a circuit.
     """
+    if not any(isinstance(op, StatePrepBase) for op in tape.operations[1:]):
+        return (tape,), _first_result
     operations = []
     for position, op in enumerate(tape.operations):
         if position > 0 and isinstance(op, StatePrepBase):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import random_unitary, stable_seed
 
-from pennylane_custatevec.backends import _cpu_kernels
+from pennylane_custatevec.backends import _cpu_kernels, cpu
 from pennylane_custatevec.backends.cpu import CPUBackend
 
 PAULI = {
@@ -566,7 +566,7 @@ MANY_Z_WORDS = [
     ("ZZ", (0, 5)),
     ("ZIZZ", (5, 1, 2, 0)),
 ]
-"""Enough Z words (one repeated, one empty) for the sums' Walsh-Hadamard path."""
+"""Enough Z words (one repeated, one empty) for the sums' one-diagonal path."""
 
 
 @pytest.mark.parametrize(
@@ -595,10 +595,25 @@ def test_add_pauli_sum(words):
     np.testing.assert_array_equal(source, src)
 
 
+@pytest.mark.parametrize("n", [0, 1, 7, 10])
+def test_z_sum_diagonal_is_the_sum_of_signed_coefficients(n):
+    """d[x] = sum_k c_k (-1)**popcount(x & m_k), for odd and even register sizes."""
+    rng = np.random.default_rng(stable_seed("z_sum_diagonal", n))
+    masks = rng.integers(0, 1 << n, size=9)
+    coefficients = rng.normal(size=9) + 1j * rng.normal(size=9)
+    x = np.arange(1 << n)
+    parity = np.array([[bin(int(i) & int(m)).count("1") % 2 for m in masks] for i in x])
+    expected = (1 - 2 * parity) @ coefficients
+    np.testing.assert_allclose(cpu._z_sum_diagonal(masks, coefficients, 1 << n), expected)
+    real = cpu._z_sum_diagonal(masks, coefficients.real, 1 << n)
+    assert real.dtype == np.float64
+    np.testing.assert_allclose(real, expected.real)
+
+
 @pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
 @pytest.mark.parametrize("complex_coefficients", [False, True], ids=["real", "complex"])
 def test_add_pauli_sum_of_many_z_words(dtype, complex_coefficients):
-    """The Walsh-Hadamard diagonal in the state's precision, real or complex."""
+    """The summed diagonal in the state's precision, real or complex."""
     rng = np.random.default_rng(stable_seed("pauli_sum_many", complex_coefficients))
     dst, src = random_states(N, 2, rng), random_states(N, 1, rng)
     coefficients = rng.normal(size=len(MANY_Z_WORDS))

@@ -669,22 +669,6 @@ def _weighted_norms(state, weights, out):
         out[b] = partial[b * per : (b + 1) * per].sum()
 
 
-@numba.njit(cache=True)
-def walsh_hadamard(values):
-    """In place: values[x] <- sum_m values[m] (-1)**popcount(x & m), the unnormalised
-    Walsh-Hadamard transform, in log2(len) butterfly passes."""
-    n = values.shape[0]
-    half = 1
-    while half < n:
-        for start in range(0, n, 2 * half):
-            for i in range(start, start + half):
-                a = values[i]
-                b = values[i + half]
-                values[i] = a + b
-                values[i + half] = a - b
-        half *= 2
-
-
 def _marginal_probs(state, bits, out):
     """out[b, a] = sum of |psi_b[i]|^2 over i whose bits[j] give bit j of a."""
     batch, dim = state.shape
