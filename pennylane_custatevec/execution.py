@@ -83,7 +83,7 @@ def _run_analytic_batch(backend, tapes: list[QuantumScript], programs: list[Prog
     """Results of tapes that share a structure, and each tape's final states (a view)."""
     merged = merge(programs)
     state, _ = simulate.final_state(backend, merged)
-    values = [measure.measure_analytic(backend, state, merged, mp) for mp in tapes[0].measurements]
+    values = measure.measure_all_analytic(backend, state, merged, tapes[0].measurements)
     results, states, offset = [], [], 0
     for tape, program in zip(tapes, programs, strict=True):
         rows = slice(offset, offset + program.batch_size)

@@ -2,7 +2,8 @@
 
 Analytic expectation values reduce every observable to one of three forms:
 
-* a Pauli sentence ``sum_k c_k P_k``: <O> = sum_k c_k <P_k>, one state pass per word;
+* a Pauli sentence ``sum_k c_k P_k``: <O> = sum_k c_k <P_k>, the words' expectations
+  measured by the backend in one call (for all the Pauli observables of a tape at once);
 * a dense matrix on at most ``DENSE_OBSERVABLE_WIRES`` wires: <O> = <psi|M|psi>;
 * a sparse matrix on the whole register (large Hamiltonians without Pauli form),
   evaluated on the host.
@@ -79,14 +80,29 @@ def _expectation(
 ) -> np.ndarray:
     """<psi_b|O|psi_b> for each vector of the batch, float64 of shape (B,)."""
     if form.pauli is not None:
-        terms = _backend_words(form.pauli, program)
-        words = [(letters, bits) for letters, bits, _ in terms]
-        coefficients = np.array([np.real(coefficient) for _, _, coefficient in terms])
-        return backend.expval_pauli_sum(state, words, coefficients)
+        return _pauli_expectations(backend, state, program, [form.pauli])[0]
     if form.matrix is not None:
         return np.real(backend.expval_matrix(state, form.matrix, program.targets(form.wires)))
     vectors = backend.to_host(state)
     return np.real(np.einsum("bi,bi->b", vectors.conj(), (form.sparse @ vectors.T).T))
+
+
+def _pauli_expectations(
+    backend: Backend, state: StateBatch, program: Program, sentences: list
+) -> list[np.ndarray]:
+    """<sum_k c_k P_k> of each Pauli sentence, float64 (B,) each: the distinct words of
+    all the sentences in one backend call."""
+    columns: dict = {}
+    per_sentence = []
+    for sentence in sentences:
+        terms = []
+        for letters, bits, coefficient in _backend_words(sentence, program):
+            column = columns.setdefault((letters, bits), len(columns))
+            terms.append((column, np.real(coefficient)))
+        per_sentence.append(terms)
+    values = backend.expval_pauli_words(state, list(columns))
+    zero = np.zeros(values.shape[0])
+    return [sum((c * values[:, k] for k, c in terms), zero) for terms in per_sentence]
 
 
 def transition(
@@ -181,6 +197,28 @@ def measure_analytic(backend: Backend, state: StateBatch, program: Program, mp: 
         vectors = backend.to_host(state)
         return np.stack([mp.process_state(v, wire_order=program.wires) for v in vectors])
     raise DeviceError(f"Measurement {mp} is not supported analytically.")
+
+
+def measure_all_analytic(
+    backend: Backend, state: StateBatch, program: Program, measurements
+) -> list:
+    """The analytic results of ``measurements``, each with a leading batch axis; the
+    expectation values of Pauli observables all come from one backend call."""
+    results: list = [None] * len(measurements)
+    paulis = [
+        i
+        for i, mp in enumerate(measurements)
+        if isinstance(mp, ExpectationMP) and mp.obs is not None and mp.obs.pauli_rep is not None
+    ]
+    if len(paulis) > 1:
+        sentences = [measurements[i].obs.pauli_rep for i in paulis]
+        values = _pauli_expectations(backend, state, program, sentences)
+        for i, value in zip(paulis, values, strict=True):
+            results[i] = value
+    for i, mp in enumerate(measurements):
+        if results[i] is None:
+            results[i] = measure_analytic(backend, state, program, mp)
+    return results
 
 
 def _moment_of_eigenvalues(backend, state, program: Program, mp) -> np.ndarray:

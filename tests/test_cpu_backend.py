@@ -633,22 +633,31 @@ def test_add_pauli_sum_of_many_z_words(dtype, complex_coefficients):
 @pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
 @pytest.mark.parametrize(
     "words",
-    [MANY_Z_WORDS, [("X", (0,)), ("ZY", (1, 4)), ("Z", (3,)), ("YY", (2, 5)), ("", ())]],
-    ids=["many-z-words", "mixed"],
+    [
+        MANY_Z_WORDS,
+        [("Z", (b,)) for b in range(N)],
+        [("X", (0,)), ("ZY", (1, 4)), ("Z", (3,)), ("YY", (2, 5)), ("", ())],
+        [],
+    ],
+    ids=["many-z-words", "every-z", "mixed", "none"],
 )
-def test_expval_pauli_sum(words, dtype):
-    rng = np.random.default_rng(stable_seed("expval_pauli_sum", str(words)))
+def test_expval_pauli_words(words, dtype):
+    rng = np.random.default_rng(stable_seed("expval_pauli_words", str(words)))
     vectors = random_states(N, 3, rng)
-    coefficients = rng.normal(size=len(words))
     backend = CPUBackend(dtype)
-    out = backend.expval_pauli_sum(backend.from_host(vectors), words, coefficients)
-    operator = sum(
-        c * dense_operator(N, word_matrix(w), t)
-        for (w, t), c in zip(words, coefficients, strict=True)
-    )
-    expected = np.real(np.einsum("bi,ij,bj->b", vectors.conj(), operator, vectors))
-    assert out.dtype == np.float64 and out.shape == (3,)
-    np.testing.assert_allclose(out, expected, atol=TOL[dtype] * 10)
+    out = backend.expval_pauli_words(backend.from_host(vectors), words)
+    expected = np.array(
+        [
+            np.real(
+                np.einsum(
+                    "bi,ij,bj->b", vectors.conj(), dense_operator(N, word_matrix(w), t), vectors
+                )
+            )
+            for w, t in words
+        ]
+    ).reshape(len(words), 3)
+    assert out.dtype == np.float64 and out.shape == (3, len(words))
+    np.testing.assert_allclose(out, expected.T, atol=TOL[dtype] * 10)
 
 
 @pytest.mark.parametrize("sources, factors", [(1, [2.0 - 1j]), (3, [0.5, -1.0, 1j])])
@@ -766,8 +775,10 @@ def _kernel_args(name, state, rng):
         return (state[::-1].copy(), np.array([0.5 - 0.25j]))
     if name == "add_weighted":
         return (state[::-1].copy(), rng.normal(size=state.shape[1]))
-    if name == "weighted_norms":
-        return (rng.normal(size=state.shape[1]), np.empty(batch))
+    if name == "low_sign_sums":
+        low = 7
+        signs = 1.0 - 2.0 * rng.integers(0, 2, size=(3, 1 << low))
+        return (signs, low, np.empty((batch, state.shape[1] >> low, 3)))
     if name == "marginal_probs":
         return (np.array([4, 0, n - 1]), np.empty((batch, 8)))
     raise AssertionError(f"no arguments for new kernel {name}; add them to this test")
@@ -785,10 +796,10 @@ def test_threaded_kernel_equals_serial_kernel(name, shape, big_states):
         state = np.array(psi, order="C")
         fn_args = tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args)
         fn(state, *fn_args)
-        out = fn_args[-1] if name.startswith(("inner", "marginal", "weighted")) else state
+        out = fn_args[-1] if name.startswith(("inner", "marginal", "low_sign")) else state
         outputs.append(out)
     np.testing.assert_allclose(outputs[0], outputs[1], atol=1e-12)
-    if not name.startswith(("inner", "marginal", "weighted")):
+    if not name.startswith(("inner", "marginal", "low_sign")):
         assert not np.allclose(outputs[0], psi)  # the kernel did something
 
 

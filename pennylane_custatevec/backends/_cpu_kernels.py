@@ -651,22 +651,26 @@ def _add_weighted(dst, src, weights):
             target[i] += weights[i] * source[i]
 
 
-def _weighted_norms(state, weights, out):
-    """out[b] = sum_i weights[i] |psi_b[i]|^2 (weights real)."""
+def _low_sign_sums(state, low_signs, low, out):
+    """out[b, h, g] = sum_l low_signs[g, l] |psi_b[h * 2**low + l]|^2: each block of 2**low
+    consecutive amplitudes (the high bits fixed) summed against every row of signs while
+    it is in cache."""
     batch, dim = state.shape
-    per = _chunks_per_vector(batch, dim)
-    partial = np.zeros(batch * per)
-    for job in numba.prange(batch * per):
-        b = job // per
-        c = job - b * per
+    blocks = dim >> low
+    size = 1 << low
+    groups = low_signs.shape[0]
+    for job in numba.prange(batch * blocks):
+        b = job // blocks
+        h = job - b * blocks
         vec = state[b]
-        total = 0.0
-        for i in range(c * dim // per, (c + 1) * dim // per):
-            v = vec[i]
-            total += weights[i] * (v.real * v.real + v.imag * v.imag)
-        partial[job] = total
-    for b in range(batch):
-        out[b] = partial[b * per : (b + 1) * per].sum()
+        base = h << low
+        for g in range(groups):
+            row = low_signs[g]
+            total = 0.0
+            for i in range(size):
+                v = vec[base + i]
+                total += row[i] * (v.real * v.real + v.imag * v.imag)
+            out[b, h, g] = total
 
 
 def _marginal_probs(state, bits, out):
@@ -715,7 +719,7 @@ _KERNELS = {
         _add_scaled,
         _add_z_sum,
         _add_weighted,
-        _weighted_norms,
+        _low_sign_sums,
         _rotation_step_1q,
         _diagonal_step,
         _marginal_probs,

@@ -95,14 +95,11 @@ class Backend(Protocol):
     def expval_pauli(self, state: StateBatch, paulis: str, targets: Sequence[int]) -> np.ndarray:
         """<psi_b|P|psi_b> for each vector, float64 of shape (B,)."""
 
-    def expval_pauli_sum(
-        self,
-        state: StateBatch,
-        words: Sequence[tuple[str, Sequence[int]]],
-        coefficients: np.ndarray,
+    def expval_pauli_words(
+        self, state: StateBatch, words: Sequence[tuple[str, Sequence[int]]]
     ) -> np.ndarray:
-        """sum_k coefficients[k] <psi_b|P_k|psi_b> for each vector, float64 of shape (B,),
-        for the Pauli words (paulis, targets) and real coefficients (a Hamiltonian)."""
+        """<psi_b|P_k|psi_b> for each vector and each Pauli word (paulis, targets), float64
+        of shape (B, K): a backend may measure all the words in one pass."""
 
     def expval_matrix(
         self, state: StateBatch, matrix: np.ndarray, targets: Sequence[int]

@@ -169,18 +169,12 @@ class CPUBackend:
     def expval_matrix(self, state, matrix, targets) -> np.ndarray:
         return self.inner_matrix(state, state, matrix, targets)
 
-    def expval_pauli_sum(self, state, words, coefficients) -> np.ndarray:
-        coefficients = np.real(np.asarray(coefficients)).reshape(-1)
+    def expval_pauli_words(self, state, words) -> np.ndarray:
         z_masks = _z_masks(words)
-        if z_masks is not None and len(words) >= _SUMMED_DIAGONAL_MIN_WORDS:
-            weights = _z_sum_diagonal(z_masks, coefficients, state.shape[1])
-            out = np.empty(state.shape[0])
-            kernel("weighted_norms", state)(state, weights, out)
-            return out
-        total = np.zeros(state.shape[0])
-        for (paulis, targets), coefficient in zip(words, coefficients, strict=True):
-            total += coefficient * self.expval_pauli(state, paulis, targets)
-        return total
+        if z_masks is not None and len(words) >= _MANY_WORDS:
+            return _z_word_expectations(state, z_masks)
+        values = [self.expval_pauli(state, paulis, targets) for paulis, targets in words]
+        return np.stack(values, axis=1) if values else np.zeros((state.shape[0], 0))
 
     def inner_pauli(self, bra, ket, paulis, targets) -> np.ndarray:
         x_mask, z_mask, i_power = _pauli_masks(paulis, targets)
@@ -225,7 +219,7 @@ class CPUBackend:
     def add_pauli_sum(self, dst, src, words, coefficients) -> None:
         coefficients = np.asarray(coefficients, dtype=np.complex128).reshape(-1)
         z_masks = _z_masks(words)
-        if z_masks is not None and len(words) >= _SUMMED_DIAGONAL_MIN_WORDS:
+        if z_masks is not None and len(words) >= _MANY_WORDS:
             weights = _z_sum_diagonal(z_masks, coefficients, dst.shape[1])
             kernel("add_weighted", dst)(
                 dst, src, weights.astype(_weight_dtype(self.dtype, weights))
@@ -266,9 +260,10 @@ _DIAGONAL_WORD_LETTERS = 4
 instead of a parity per amplitude."""
 
 
-_SUMMED_DIAGONAL_MIN_WORDS = 4
-"""From this many Z words on, a sum of them is built as one diagonal (see
-_z_sum_diagonal) and applied in one pass, instead of a parity per word and amplitude."""
+_MANY_WORDS = 4
+"""From this many Z words on, their expectation values come from one pass over the state
+(see _z_word_expectations) and a weighted sum of them is one diagonal (_z_sum_diagonal),
+instead of a parity per word and amplitude."""
 
 
 def _z_masks(words: Sequence[tuple[str, Sequence[int]]]) -> np.ndarray | None:
@@ -279,27 +274,45 @@ def _z_masks(words: Sequence[tuple[str, Sequence[int]]]) -> np.ndarray | None:
     return np.array([z_mask for _, z_mask, _ in masks], dtype=np.int64)
 
 
-def _z_sum_diagonal(z_masks: np.ndarray, coefficients: np.ndarray, dim: int) -> np.ndarray:
-    """d[x] = sum_k c_k (-1)**popcount(x & z_masks[k]), the diagonal of sum_k c_k Z-word_k.
+def _sign_table(masks: np.ndarray, bits: int) -> np.ndarray:
+    """table[k, x] = (-1)**popcount(x & masks[k]) for x < 2**bits, float64."""
+    x = np.arange(1 << bits, dtype=np.int64)
+    return 1.0 - 2.0 * (np.bitwise_count(masks[:, None] & x[None, :]) & 1)
 
-    With x split into high and low halves, each sign factors as s(x_hi & m_hi) s(x_lo & m_lo),
-    so d, read as a 2**hi x 2**lo matrix, is (high signs @ coefficients grouped by low mask)
-    @ (low signs): one small matrix product instead of a parity per word and amplitude.
-    Real unless a coefficient is complex.
-    """
-    n = dim.bit_length() - 1
-    low = n // 2
-    x_low = np.arange(1 << low, dtype=np.int64)
-    x_high = np.arange(1 << (n - low), dtype=np.int64)
+
+def _split_masks(z_masks: np.ndarray, dim: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """(low, low masks, group): the index split into its ``low`` lowest bits and the rest,
+    and the distinct low parts of the masks with each mask's position among them. A Z-word
+    sign factors over the split: (-1)**|x & m| = (-1)**|x_hi & m_hi| (-1)**|x_lo & m_lo|."""
+    low = (dim.bit_length() - 1) // 2
     low_masks, group = np.unique(z_masks & ((1 << low) - 1), return_inverse=True)
-    low_signs = 1.0 - 2.0 * (np.bitwise_count(low_masks[:, None] & x_low[None, :]) & 1)
-    high_signs = 1.0 - 2.0 * (np.bitwise_count(x_high[:, None] & (z_masks >> low)[None, :]) & 1)
-    dtype = np.float64 if not np.any(np.imag(coefficients)) else np.complex128
+    return low, low_masks, group
+
+
+def _z_sum_diagonal(z_masks: np.ndarray, coefficients: np.ndarray, dim: int) -> np.ndarray:
+    """d[x] = sum_k c_k (-1)**popcount(x & z_masks[k]), the diagonal of sum_k c_k Z-word_k:
+    read as a 2**hi x 2**lo matrix, d = (high signs @ coefficients grouped by low mask) @
+    (low signs), one small matrix product. Real unless a coefficient is complex."""
+    low, low_masks, group = _split_masks(z_masks, dim)
+    high = dim.bit_length() - 1 - low
+    dtype = np.complex128 if np.any(np.imag(coefficients)) else np.float64
     grouped = np.zeros((len(z_masks), len(low_masks)), dtype=dtype)
     grouped[np.arange(len(z_masks)), group] = (
         coefficients if dtype is np.complex128 else np.real(coefficients)
     )
-    return ((high_signs @ grouped) @ low_signs).reshape(-1)
+    high_signs = _sign_table(z_masks >> low, high).T
+    return ((high_signs @ grouped) @ _sign_table(low_masks, low)).reshape(-1)
+
+
+def _z_word_expectations(state: np.ndarray, z_masks: np.ndarray) -> np.ndarray:
+    """<psi_b|Z-word_k|psi_b>, (B, K): one pass sums each block of low bits against the low
+    signs of the distinct low masks; the high signs then combine the blocks."""
+    batch, dim = state.shape
+    low, low_masks, group = _split_masks(z_masks, dim)
+    high = dim.bit_length() - 1 - low
+    sums = np.empty((batch, 1 << high, len(low_masks)))
+    kernel("low_sign_sums", state)(state, _sign_table(low_masks, low), low, sums)
+    return np.einsum("bhk,kh->bk", sums[:, :, group], _sign_table(z_masks >> low, high))
 
 
 def _weight_dtype(state_dtype: np.dtype, weights: np.ndarray) -> np.dtype:
