@@ -215,7 +215,8 @@ class CuStateVecBackend:
 
     @_on_device
     def from_host(self, vectors: np.ndarray) -> StateBatch:
-        return self._cp.asarray(np.array(vectors, dtype=self.dtype, order="C", ndmin=2))
+        host = np.array(vectors, dtype=self.dtype, order="C", ndmin=2, copy=None)
+        return self._cp.asarray(host)
 
     @_on_device
     def to_host(self, state: StateBatch) -> np.ndarray:
