@@ -1,6 +1,7 @@
 """Run the workloads of bench/WORKLOADS.md on this device and its peers; print ratios.
 
     python benchmarks/run_workloads.py [--workloads W1,W4] [--quick] [--repeat 3]
+                                       [--backend custatevec]
 
 Every configuration runs each workload once (warm-up) and its values and gradients are
 compared with the first peer's; then each is timed, best of ``--repeat``. W6 runs every
@@ -55,6 +56,8 @@ PEERS = (
 )
 PEERS_BY_WORKLOAD = {"W6": PEERS[:1]}
 """W6's other peers would need more memory than these machines have, or many minutes."""
+GPU_PEERS = (Config("lightning.gpu adjoint + device_vjp", "lightning.gpu", "adjoint", True),)
+"""Peers added with ``--backend custatevec`` when they can be built here."""
 
 
 @dataclass
@@ -69,18 +72,43 @@ class Cell:
     mismatch: bool = False
 
 
-def our_config(device_name: str) -> Config | str:
-    """Adjoint (with device VJPs where supported), else parameter-shift; a str says why none."""
+def our_config(device_name: str, backend: str | None = None) -> Config | str:
+    """Adjoint (with device VJPs where supported), else parameter-shift; a str says why none.
+
+    With ``backend``, the device must run on that backend: the workloads build devices with
+    their default options, and custatevec.qubit picks the GPU itself when it is usable.
+    """
     try:
         device = qml.device(device_name, wires=1)
     except Exception as exc:  # any failure means: not usable in this environment
         return f"unavailable: {type(exc).__name__}: {exc}"
+    name = device_name
+    if backend is not None:
+        in_use = getattr(device, "backend_name", None)
+        if in_use != backend:
+            return f"unavailable: {device_name} runs on backend {in_use}, not {backend}"
+        name = f"{device_name} [{backend}]"
     adjoint = ExecutionConfig(gradient_method="adjoint")
     if device.supports_derivatives(adjoint):
         vjp = device.supports_vjp(adjoint)
         suffix = " + device_vjp" if vjp else " (Jacobian on forward)"
-        return Config(f"{device_name} adjoint{suffix}", device_name, "adjoint", vjp)
-    return Config(f"{device_name} (param-shift)", device_name, "parameter-shift")
+        return Config(f"{name} adjoint{suffix}", device_name, "adjoint", vjp)
+    return Config(f"{name} (param-shift)", device_name, "parameter-shift")
+
+
+def usable_peers(backend: str | None) -> tuple[Config, ...]:
+    """PEERS, and with ``backend="custatevec"`` the GPU peers that can be built here."""
+    if backend != "custatevec":
+        return PEERS
+    usable = []
+    for peer in GPU_PEERS:
+        try:
+            qml.device(peer.device, wires=1)
+        except Exception as exc:  # not installed, or no GPU: left out, and said why
+            _progress(f"{peer.device} left out: {type(exc).__name__}: {exc}")
+            continue
+        usable.append(peer)
+    return PEERS + tuple(usable)
 
 
 def prepare(workload_id: str, config: Config, sizes: dict) -> tuple[Workload | None, Cell]:
@@ -161,16 +189,18 @@ def _difference(arrays: Arrays, reference: Arrays) -> str:
     return ""
 
 
-def run_workload(workload_id: str, ours: Config | str, sizes: dict, repeat: int) -> list[Cell]:
-    """The cells of one table row: ours, then every peer in PEERS."""
-    wanted = PEERS_BY_WORKLOAD.get(workload_id, PEERS)
+def run_workload(
+    workload_id: str, ours: Config | str, sizes: dict, repeat: int, peers=PEERS
+) -> list[Cell]:
+    """The cells of one table row: ours, then every peer in ``peers``."""
+    wanted = PEERS_BY_WORKLOAD.get(workload_id, peers)
     first = ours if isinstance(ours, Config) else "unavailable (see below)"
     jacobian_mode = (
         workload_id in JACOBIAN_WORKLOADS and isinstance(ours, Config) and ours.device_vjp
     )
     if jacobian_mode:
         first = dataclasses.replace(ours, label=f"{ours.device} adjoint", device_vjp=False)
-    configs = [first, *(peer if peer in wanted else "n/a" for peer in PEERS)]
+    configs = [first, *(peer if peer in wanted else "n/a" for peer in peers)]
     if workload_id in MEMORY_WORKLOADS:
         cells = [_in_child(workload_id, config, sizes, repeat) for config in configs]
         cross_check(cells)
@@ -205,11 +235,13 @@ def _progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def render(rows: dict[str, list[Cell]], ours: Config | str, args: argparse.Namespace) -> str:
+def render(
+    rows: dict[str, list[Cell]], ours: Config | str, args: argparse.Namespace, peers=PEERS
+) -> str:
     """The report: environment, the table, and what the columns mean."""
     ours_label = ours.label if isinstance(ours, Config) else args.device
     header = ["workload", ours_label]
-    for peer in PEERS:
+    for peer in peers:
         header += [peer.label, "ratio"]
     lines = [*_preamble(args), "", _table_row(header), _table_row(["---"] * len(header))]
     for workload_id, cells in rows.items():
@@ -295,6 +327,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=3, help="timed calls after the warm-up")
     parser.add_argument("--out", default="benchmarks/results/workloads.md")
     parser.add_argument("--device", default="custatevec.qubit", help="the device under test")
+    parser.add_argument(
+        "--backend",
+        choices=("cpu", "custatevec"),
+        help="require the device under test to run on this backend (custatevec.qubit picks "
+        "custatevec when a GPU is usable); custatevec also adds lightning.gpu as a peer "
+        "when it can be built",
+    )
     args = parser.parse_args(argv)
     args.workloads = [w.strip().upper() for w in args.workloads.split(",") if w.strip()]
     unknown = sorted(set(args.workloads) - set(BUILDERS))
@@ -307,14 +346,15 @@ def main(argv: list[str] | None = None) -> int:
     """Run, print and write the report; exit status 1 if any configuration disagreed."""
     args = parse_args(argv)
     torch.set_num_threads(TORCH_THREADS)
-    ours = our_config(args.device)
+    ours = our_config(args.device, args.backend)
+    peers = usable_peers(args.backend)
     rows = {
         workload_id: run_workload(
-            workload_id, ours, QUICK_SIZES[workload_id] if args.quick else {}, args.repeat
+            workload_id, ours, QUICK_SIZES[workload_id] if args.quick else {}, args.repeat, peers
         )
         for workload_id in args.workloads
     }
-    report = render(rows, ours, args)
+    report = render(rows, ours, args, peers)
     print(report)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

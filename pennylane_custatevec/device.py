@@ -79,7 +79,12 @@ class CuStateVecDevice(Device):
         seed (int, None, "global", numpy.random.Generator): seeds sampling and
             mid-circuit measurements; ``"global"`` draws the seed from numpy's global state.
         c_dtype (numpy.complex128, numpy.complex64): amplitude precision.
-        backend ("auto", "cpu", "custatevec"): where state vectors live.
+        backend ("auto", "cpu", "custatevec"): where state vectors live; "auto" is
+            "custatevec" when cupy, cuQuantum and a GPU are usable, else "cpu" (with a
+            warning saying why).
+        device_id (int, None): the GPU of the custatevec backend; ``None`` takes
+            $LOCAL_RANK when set (one process per GPU under torch.distributed), else the
+            current CUDA device. Ignored by the CPU backend.
     """
 
     config_filepath = Path(__file__).parent / "capabilities.toml"
@@ -92,12 +97,13 @@ class CuStateVecDevice(Device):
         seed="global",
         c_dtype=np.complex128,
         backend: str = "auto",
+        device_id: int | None = None,
         **unknown,
     ):
         if unknown:
             raise UnknownOptionError(
                 f"custatevec.qubit got unknown option(s) {sorted(unknown)}; valid options are "
-                "wires, shots, seed, c_dtype, backend."
+                "wires, shots, seed, c_dtype, backend, device_id."
             )
         if np.dtype(c_dtype) not in {np.dtype(d) for d in _DTYPE_CHOICES}:
             raise ValueError(
@@ -107,8 +113,19 @@ class CuStateVecDevice(Device):
             raise ValueError(
                 f"backend={backend!r} is not valid; choose one of {', '.join(BACKEND_CHOICES)}."
             )
+        if device_id is not None and (
+            isinstance(device_id, bool)
+            or not isinstance(device_id, (int, np.integer))
+            or device_id < 0
+        ):
+            raise ValueError(
+                f"device_id={device_id!r} is not valid; use a GPU index (0, 1, ...) or None "
+                "(LOCAL_RANK if set, else the current CUDA device)."
+            )
         super().__init__(wires=wires, shots=shots)
-        self._backend = select_backend(backend, np.dtype(c_dtype))
+        self._backend = select_backend(
+            backend, np.dtype(c_dtype), None if device_id is None else int(device_id)
+        )
         self._rng = _rng_from_seed(seed)
         self._final_states = _FinalStates()
 
@@ -127,10 +144,9 @@ class CuStateVecDevice(Device):
 
     def __repr__(self) -> str:
         wires = len(self.wires) if self.wires is not None else None
-        return (
-            f"<CuStateVecDevice: wires={wires}, backend={self.backend_name}, "
-            f"c_dtype={self.c_dtype.name}>"
-        )
+        gpu = getattr(self._backend, "device_id", None)
+        where = self.backend_name if gpu is None else f"{self.backend_name}, device_id={gpu}"
+        return f"<CuStateVecDevice: wires={wires}, backend={where}, c_dtype={self.c_dtype.name}>"
 
     def supports_derivatives(
         self, execution_config: ExecutionConfig | None = None, circuit: QuantumScript | None = None

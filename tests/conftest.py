@@ -6,13 +6,46 @@ reference) on the same wires, with the same circuit.
 
 from __future__ import annotations
 
+import os
 import zlib
 
 import numpy as np
 import pennylane as qml
 import pytest
 
+from pennylane_custatevec.backends import custatevec
+
 DEVICE = "custatevec.qubit"
+
+TEST_BACKEND = os.environ.get("PLCSV_TEST_BACKEND", "")
+"""``custatevec`` (set by scripts/gpu_check.sh): the session requires a usable GPU backend,
+so that ``backend="auto"`` (every device test) and the backend tests run on the GPU."""
+
+AUTO_BACKEND = "custatevec" if custatevec.unavailable_reason() is None else "cpu"
+"""What ``backend="auto"`` picks in this process."""
+
+
+def pytest_sessionstart(session):
+    if TEST_BACKEND == "custatevec" and AUTO_BACKEND != "custatevec":
+        pytest.exit(
+            "PLCSV_TEST_BACKEND=custatevec, but the cuStateVec backend cannot run here: "
+            f"{custatevec.unavailable_reason()}",
+            returncode=3,
+        )
+
+
+@pytest.fixture
+def gpu_double(monkeypatch):
+    """The NumPy double of cupy and cuStateVec (tests/custatevec_double.py) in place of the
+    real libraries, for devices and backends built during the test; returns its Libraries."""
+    from custatevec_double import make_libraries
+
+    libraries = make_libraries()
+    monkeypatch.setattr(custatevec, "import_libraries", lambda: libraries)
+    custatevec.unavailable_reason.cache_clear()
+    yield libraries
+    custatevec.unavailable_reason.cache_clear()
+
 
 # Non-contiguous integer and string labels, deliberately not in sorted order.
 MIXED_WIRES = ["a", 3, "q1", 0, "z"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pennylane as qml
 import pytest
-from conftest import MIXED_WIRES, assert_allclose_nested, make_devices
+from conftest import AUTO_BACKEND, MIXED_WIRES, assert_allclose_nested, make_devices
 
 import pennylane_custatevec
 from pennylane_custatevec import CuStateVecDevice, simulate
@@ -27,10 +27,11 @@ def test_device_loads_through_entry_point():
 def test_repr_names_backend_and_dtype(dtype, name, backend):
     dev = qml.device("custatevec.qubit", wires=MIXED_WIRES, c_dtype=dtype, backend=backend)
     text = repr(dev)
-    assert "backend=cpu" in text
+    expected = AUTO_BACKEND if backend == "auto" else "cpu"
+    assert f"backend={expected}" in text
     assert name in text
     assert "wires=5" in text
-    assert dev.backend_name == "cpu"
+    assert dev.backend_name == expected
     assert dev.c_dtype == np.dtype(dtype)
 
 
@@ -38,6 +39,7 @@ def test_default_dtype_is_complex128():
     assert qml.device("custatevec.qubit", wires=1).c_dtype == np.complex128
 
 
+@pytest.mark.skipif(AUTO_BACKEND == "custatevec", reason="the GPU backend is usable here")
 def test_custatevec_backend_unavailable():
     with pytest.raises(BackendUnavailableError, match="not available"):
         qml.device("custatevec.qubit", wires=2, backend="custatevec")
@@ -47,7 +49,7 @@ def test_custatevec_backend_unavailable():
 def test_unknown_option():
     with pytest.raises(ValueError, match="foo") as info:
         qml.device("custatevec.qubit", wires=2, foo=1)
-    for option in ("seed", "c_dtype", "backend"):
+    for option in ("seed", "c_dtype", "backend", "device_id"):
         assert option in str(info.value)
 
 

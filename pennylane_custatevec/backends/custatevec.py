@@ -1,0 +1,624 @@
+"""cuStateVec backend: cupy state vectors updated through ``cuquantum.bindings.custatevec``.
+
+The only module of the package that touches cupy or cuQuantum, and only through
+:func:`import_libraries` (called when a backend is built or probed), so that importing the
+package never needs them. Tests replace that one function with a NumPy double of the
+library (``tests/custatevec_double.py``); the code below runs unchanged on it.
+
+Every library call follows NVIDIA's Python samples: positional arguments in the C API's
+order, pointers as Python ints (``array.data.ptr`` on the device, ``array.ctypes.data``
+on the host), ``0`` for NULL. State index bits are little-endian and ``targets[j]`` is
+the state bit that becomes bit ``j`` of a matrix index, as in the backend protocol, so
+targets pass through unchanged.
+
+One handle and one stream per backend; workspaces come from a stream-ordered memory pool
+(``cudaMallocAsync``) set as the handle's memory handler, so calls pass ``0, 0`` for
+their workspace. Nothing synchronises the stream except reading results on the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..pauli import pauli_word_matrix
+from .base import StateBatch
+
+SMALL_BATCHED_TARGETS = 4
+"""A batch of vectors with a diagonal, Pauli word or rotation on at most this many targets
+runs as one ``apply_matrix_batched`` launch of dense matrices; larger operators run their
+specialised kernel once per vector (a dense matrix would cost 4**k)."""
+
+NULL = 0
+_I_POWERS = (1.0 + 0.0j, 1.0j, -1.0 + 0.0j, -1.0j)
+
+
+@dataclasses.dataclass(frozen=True)
+class Libraries:
+    """What the backend uses: ``cupy``, ``cuquantum.bindings.custatevec`` and
+    ``cuquantum.cudaDataType``."""
+
+    cupy: Any
+    custatevec: Any
+    cuda_data_type: Any
+
+
+def import_libraries() -> Libraries:
+    """Import cupy and cuStateVec's bindings (the seam that tests replace with a double)."""
+    import cupy
+    from cuquantum import cudaDataType
+    from cuquantum.bindings import custatevec
+
+    return Libraries(cupy, custatevec, cudaDataType)
+
+
+INSTALL_HINT = (
+    'pip install "pennylane-custatevec[cuda12]" (CUDA 12 driver) or '
+    '"pennylane-custatevec[cuda13]" (CUDA 13 driver)'
+)
+
+
+@functools.cache
+def unavailable_reason() -> str | None:
+    """Why the cuStateVec backend cannot run in this process, or None when it can.
+
+    Probes in the order that tells the causes apart: the two packages, a visible GPU,
+    then a library handle (which loads cuBLAS and checks the GPU). Cached per process.
+    """
+    try:
+        libraries = import_libraries()
+    except ImportError as exc:
+        return _import_problem(exc)
+    cp, cusv = libraries.cupy, libraries.custatevec
+    if not cp.cuda.is_available():
+        return _no_gpu_problem(cp)
+    try:
+        handle = cusv.create()
+    except cusv.cuStateVecError as exc:
+        return (
+            f"cuStateVec could not start on the GPU ({exc}); it needs compute capability "
+            "7.5 or newer and an NVIDIA driver >= 525.60.13 (CUDA 12) or >= 580.65.06 (CUDA 13)"
+        )
+    except RuntimeError as exc:
+        return (
+            f"cuBLAS could not be loaded ({exc}); the custatevec wheel does not install it: "
+            "pip install nvidia-cublas-cu12 (CUDA 12) or nvidia-cublas (CUDA 13), or the "
+            "[cuda12] / [cuda13] extra"
+        )
+    cusv.destroy(handle)
+    return None
+
+
+def _import_problem(exc: ImportError) -> str:
+    package = (exc.name or "").split(".")[0]
+    if package == "cupy":
+        return f"cupy is not installed ({INSTALL_HINT})"
+    if package == "cuquantum":
+        return f"cuquantum-python >= 26.9 is not installed ({exc}; {INSTALL_HINT})"
+    return f"importing cupy or cuquantum failed ({type(exc).__name__}: {exc})"
+
+
+def _no_gpu_problem(cp) -> str:
+    try:
+        count = cp.cuda.runtime.getDeviceCount()
+    except cp.cuda.runtime.CUDARuntimeError as exc:
+        return (
+            f"no CUDA GPU is usable ({exc}); check the NVIDIA driver (nvidia-smi) and "
+            "CUDA_VISIBLE_DEVICES"
+        )
+    return f"no CUDA GPU is visible ({count} devices); check nvidia-smi and CUDA_VISIBLE_DEVICES"
+
+
+def resolve_device_id(cp, device_id: int | None) -> int:
+    """The GPU to use: ``device_id``, else $LOCAL_RANK (one process per GPU under
+    torch.distributed), else the current CUDA device; refused unless it is visible."""
+    source = f"device_id={device_id}"
+    if device_id is None:
+        local_rank = os.environ.get("LOCAL_RANK")
+        if local_rank is None:
+            return cp.cuda.Device().id
+        if not local_rank.isdigit():
+            raise ValueError(f"LOCAL_RANK={local_rank!r} is not a GPU index; pass device_id.")
+        device_id, source = int(local_rank), f"LOCAL_RANK={local_rank}"
+    count = cp.cuda.runtime.getDeviceCount()
+    if device_id >= count:
+        raise ValueError(
+            f"{source} names GPU {device_id}, but {count} GPU(s) are visible (0 to "
+            f"{count - 1}); pass device_id, or check CUDA_VISIBLE_DEVICES."
+        )
+    return device_id
+
+
+def _stream_ordered_handler(runtime) -> tuple[Callable, Callable, str]:
+    """A memory handler (malloc, free, name) on the device's stream-ordered pool. It holds
+    no reference to the backend, so that the binding keeping it does not keep the backend."""
+
+    def malloc(size: int, stream: int) -> int:
+        return runtime.mallocAsync(size, stream)
+
+    def free(ptr: int, size: int, stream: int) -> None:
+        runtime.freeAsync(ptr, stream)
+
+    return malloc, free, "pennylane-custatevec stream-ordered pool"
+
+
+def _release(cusv, device, handle: int, stream) -> None:
+    """Destroy the handle on its device; ``stream`` is passed only to outlive the handle."""
+    with device:
+        cusv.destroy(handle)
+
+
+def _on_device(method):
+    """Run the method with the backend's GPU current and its stream as cupy's stream."""
+
+    @functools.wraps(method)
+    def on_device(self, *args, **kwargs):
+        with self._device, self._stream:
+            return method(self, *args, **kwargs)
+
+    return on_device
+
+
+class CuStateVecBackend:
+    """State vectors as a C-contiguous cupy array of shape (B, 2**n) on one GPU."""
+
+    name = "custatevec"
+
+    def __init__(
+        self,
+        dtype: np.dtype = np.complex128,
+        device_id: int | None = None,
+        libraries: Libraries | None = None,
+    ):
+        libraries = libraries or import_libraries()
+        cp, cusv = libraries.cupy, libraries.custatevec
+        self._cp, self._cusv = cp, cusv
+        self.dtype = np.dtype(dtype)
+        self.device_id = resolve_device_id(cp, device_id)
+        single = self.dtype == np.complex64
+        self._sv_type = (
+            libraries.cuda_data_type.CUDA_C_32F if single else libraries.cuda_data_type.CUDA_C_64F
+        )
+        self._compute_type = (
+            cusv.ComputeType.COMPUTE_32F if single else cusv.ComputeType.COMPUTE_64F
+        )
+        # Matrices, diagonals and expectation values are complex128 on the host: valid with
+        # either state type.
+        self._complex128 = libraries.cuda_data_type.CUDA_C_64F
+        self._device = cp.cuda.Device(self.device_id)
+        with self._device:
+            self._stream = cp.cuda.Stream(non_blocking=True)
+            self._handle = cusv.create()
+            cusv.set_stream(self._handle, self._stream.ptr)
+            cusv.set_device_mem_handler(self._handle, _stream_ordered_handler(cp.cuda.runtime))
+        weakref.finalize(self, _release, cusv, self._device, self._handle, self._stream)
+
+    # --- memory ------------------------------------------------------------------------
+
+    @_on_device
+    def available_bytes(self) -> int:
+        """Free GPU memory plus what cupy's pool holds unused (it serves new arrays first)."""
+        free_bytes, _total_bytes = self._cp.cuda.runtime.memGetInfo()
+        return free_bytes + self._cp.get_default_memory_pool().free_bytes()
+
+    @_on_device
+    def zero_state(self, n_qubits: int, batch_size: int) -> StateBatch:
+        state = self._cp.zeros((batch_size, 1 << n_qubits), dtype=self.dtype)
+        state[:, 0] = 1.0
+        return state
+
+    @_on_device
+    def from_host(self, vectors: np.ndarray) -> StateBatch:
+        host = np.array(vectors, dtype=self.dtype, order="C", ndmin=2, copy=None)
+        return self._cp.asarray(host)
+
+    @_on_device
+    def to_host(self, state: StateBatch) -> np.ndarray:
+        return self._cp.asnumpy(state).astype(np.complex128, copy=False)
+
+    @_on_device
+    def copy(self, state: StateBatch) -> StateBatch:
+        return state.copy()
+
+    def vectors(self, state: StateBatch, start: int, stop: int) -> StateBatch:
+        return state[start:stop]
+
+    # --- gates -------------------------------------------------------------------------
+
+    @_on_device
+    def apply_matrix(self, state, matrices, targets, controls=(), control_values=()) -> None:
+        matrices = np.ascontiguousarray(matrices, dtype=np.complex128)
+        n_svs, n_index_bits = _layout(state)
+        controls_arg, values_arg = _controls(controls, control_values)
+        if n_svs == 1:
+            self._cusv.apply_matrix(
+                self._handle,
+                state.data.ptr,
+                self._sv_type,
+                n_index_bits,
+                matrices.ctypes.data,
+                self._complex128,
+                self._cusv.MatrixLayout.ROW,
+                0,  # adjoint: no
+                _bit_list(targets),
+                len(targets),
+                controls_arg,
+                values_arg,
+                len(controls),
+                self._compute_type,
+                NULL,  # workspace: from the handle's memory handler
+                0,
+            )
+            return
+        shared = matrices.shape[0] == 1
+        map_type = self._cusv.MatrixMapType
+        self._cusv.apply_matrix_batched(
+            self._handle,
+            state.data.ptr,
+            self._sv_type,
+            n_index_bits,
+            n_svs,
+            1 << n_index_bits,  # sv_stride, in elements
+            map_type.BROADCAST if shared else map_type.MATRIX_INDEXED,
+            NULL if shared else np.arange(n_svs, dtype=np.int32),  # matrix of vector i
+            matrices.ctypes.data,
+            self._complex128,
+            self._cusv.MatrixLayout.ROW,
+            0,  # adjoint: no
+            matrices.shape[0],
+            _bit_list(targets),
+            len(targets),
+            controls_arg,
+            values_arg,
+            len(controls),
+            self._compute_type,
+            NULL,
+            0,
+        )
+
+    @_on_device
+    def apply_diagonal(self, state, diagonals, targets, controls=(), control_values=()) -> None:
+        diagonals = np.ascontiguousarray(diagonals, dtype=np.complex128)
+        if not len(targets):
+            if not len(controls):
+                self.scale(state, diagonals[:, 0])
+                return
+            diagonals, targets, controls, control_values = _control_as_target(
+                diagonals, controls, control_values
+            )
+        if _runs_batched(state, len(targets)):
+            matrices = diagonals[:, :, None] * np.eye(diagonals.shape[1])
+            self.apply_matrix(state, matrices, targets, controls, control_values)
+            return
+        for vector, pointer in enumerate(_vector_pointers(state)):
+            diagonal = diagonals[vector if diagonals.shape[0] > 1 else 0]
+            self._generalized_permutation(
+                pointer, state, NULL, diagonal, targets, controls, control_values
+            )
+
+    @_on_device
+    def apply_pauli_rotation(
+        self, state, angles, paulis, targets, controls=(), control_values=()
+    ) -> None:
+        angles = np.ascontiguousarray(angles, dtype=np.float64).reshape(-1)
+        letters, bits = _without_identities(paulis, targets)
+        if not letters:  # exp(-i angle/2 I) is a phase
+            phases = np.exp(-0.5j * angles)[:, None]
+            self.apply_diagonal(state, phases, (), controls, control_values)
+            return
+        if _runs_batched(state, len(bits)):
+            word = pauli_word_matrix(letters)
+            half = 0.5 * angles[:, None, None]
+            matrices = np.cos(half) * np.eye(len(word)) - 1j * np.sin(half) * word
+            self.apply_matrix(state, matrices, bits, controls, control_values)
+            return
+        controls_arg, values_arg = _controls(controls, control_values)
+        pauli_codes = [self._cusv.Pauli[letter] for letter in letters]
+        for vector, pointer in enumerate(_vector_pointers(state)):
+            angle = angles[vector if len(angles) > 1 else 0]
+            self._cusv.apply_pauli_rotation(
+                self._handle,
+                pointer,
+                self._sv_type,
+                _layout(state)[1],
+                -0.5 * angle,  # theta: cuStateVec applies exp(+i theta P)
+                pauli_codes,
+                bits,
+                len(bits),
+                controls_arg,
+                values_arg,
+                len(controls),
+            )
+
+    @_on_device
+    def apply_pauli(self, state, paulis, targets, controls=(), control_values=()) -> None:
+        letters, bits = _without_identities(paulis, targets)
+        if not letters:
+            return
+        if _runs_batched(state, len(bits)):
+            matrix = pauli_word_matrix(letters)[None]
+            self.apply_matrix(state, matrix, bits, controls, control_values)
+            return
+        permutation, diagonal = _pauli_as_permutation(letters)
+        for pointer in _vector_pointers(state):
+            self._generalized_permutation(
+                pointer, state, permutation, diagonal, bits, controls, control_values
+            )
+
+    def _generalized_permutation(
+        self, pointer, state, permutation, diagonal, targets, controls, control_values
+    ) -> None:
+        """D P on one vector (``permutation`` NULL: D alone)."""
+        controls_arg, values_arg = _controls(controls, control_values)
+        self._cusv.apply_generalized_permutation_matrix(
+            self._handle,
+            pointer,
+            self._sv_type,
+            _layout(state)[1],
+            permutation,
+            diagonal.ctypes.data,
+            self._complex128,
+            0,  # adjoint: no
+            _bit_list(targets),
+            len(targets),
+            controls_arg,
+            values_arg,
+            len(controls),
+            NULL,
+            0,
+        )
+
+    @_on_device
+    def scale(self, state, factors) -> None:
+        state *= self._cp.asarray(np.asarray(factors, dtype=self.dtype).reshape(-1, 1))
+
+    # --- expectations and inner products -----------------------------------------------
+
+    @_on_device
+    def expval_pauli(self, state, paulis, targets) -> np.ndarray:
+        letters, bits = _without_identities(paulis, targets)
+        out = np.empty(state.shape[0], dtype=np.float64)
+        for vector, pointer in enumerate(_vector_pointers(state)):
+            self._cusv.compute_expectations_on_pauli_basis(
+                self._handle,
+                pointer,
+                self._sv_type,
+                _layout(state)[1],
+                out.ctypes.data + vector * out.itemsize,  # host output
+                [[self._cusv.Pauli[letter] for letter in letters]],
+                1,  # one Pauli word
+                [bits],
+                [len(bits)],
+            )
+        return out
+
+    @_on_device
+    def expval_matrix(self, state, matrix, targets) -> np.ndarray:
+        matrix = np.ascontiguousarray(matrix, dtype=np.complex128)
+        n_svs, n_index_bits = _layout(state)
+        out = np.empty(n_svs, dtype=np.complex128)
+        if n_svs == 1:
+            self._cusv.compute_expectation(
+                self._handle,
+                state.data.ptr,
+                self._sv_type,
+                n_index_bits,
+                out.ctypes.data,  # the value is written here; the return value is not it
+                self._complex128,  # complex: a matrix that is not Hermitian has a complex value
+                matrix.ctypes.data,
+                self._complex128,
+                self._cusv.MatrixLayout.ROW,
+                _bit_list(targets),
+                len(targets),
+                self._compute_type,
+                NULL,
+                0,
+            )
+            return out
+        self._cusv.compute_expectation_batched(
+            self._handle,
+            state.data.ptr,
+            self._sv_type,
+            n_index_bits,
+            n_svs,
+            1 << n_index_bits,  # sv_stride
+            out.ctypes.data,  # complex128, element [vector * n_matrices + matrix]
+            matrix.ctypes.data,
+            self._complex128,
+            self._cusv.MatrixLayout.ROW,
+            1,  # n_matrices
+            _bit_list(targets),
+            len(targets),
+            self._compute_type,
+            NULL,
+            0,
+        )
+        return out
+
+    @_on_device
+    def inner_pauli(self, bra, ket, paulis, targets) -> np.ndarray:
+        applied = ket.copy()
+        self.apply_pauli(applied, paulis, targets)
+        return self._braket(bra, applied)
+
+    @_on_device
+    def inner_matrix(self, bra, ket, matrix, targets) -> np.ndarray:
+        applied = ket.copy()
+        self.apply_matrix(applied, np.asarray(matrix)[None], targets)
+        return self._braket(bra, applied)
+
+    def _braket(self, bra, kets) -> np.ndarray:
+        """<bra_b|kets_b> (one ket serves every bra); ``kets`` is scratch: it is conjugated
+        in place so that one matrix product, <a|b> = conj(a . conj(b)), needs no copy of
+        the bras."""
+        cp = self._cp
+        cp.conj(kets, out=kets)
+        if kets.shape[0] == 1:
+            products = cp.matmul(bra, kets[0])
+        else:
+            products = cp.matmul(bra[:, None, :], kets[:, :, None])[:, 0, 0]
+        return np.conj(cp.asnumpy(products).astype(np.complex128))
+
+    @_on_device
+    def adjoint_rotation_step(self, phi, bras, angles, paulis, targets) -> np.ndarray:
+        products = self.inner_pauli(bras, phi, paulis, targets)
+        self.apply_pauli_rotation(phi, -np.asarray(angles), paulis, targets)
+        self.apply_pauli_rotation(bras, -np.asarray(angles), paulis, targets)
+        return products
+
+    @_on_device
+    def add_pauli_sum(self, dst, src, words, coefficients) -> None:
+        coefficients = np.asarray(coefficients, dtype=np.complex128).reshape(-1)
+        for (paulis, targets), coefficient in zip(words, coefficients, strict=True):
+            self.apply_pauli(src, paulis, targets)
+            self.add_scaled(dst, src, np.full(1, coefficient))
+            self.apply_pauli(src, paulis, targets)  # P P = 1: src is back, exactly
+
+    @_on_device
+    def add_scaled(self, dst, src, factors) -> None:
+        factors = np.asarray(factors, dtype=self.dtype).reshape(-1, 1)
+        dst += self._cp.asarray(factors) * src
+
+    # --- measurements ------------------------------------------------------------------
+
+    @_on_device
+    def probabilities(self, state, bits) -> np.ndarray:
+        n_svs, n_index_bits = _layout(state)
+        out = np.empty((n_svs, 1 << len(bits)), dtype=np.float64)
+        bit_ordering = _bit_list(bits) if len(bits) else NULL  # empty ordering: the norm
+        if n_svs == 1:
+            self._cusv.abs2sum_array(
+                self._handle,
+                state.data.ptr,
+                self._sv_type,
+                n_index_bits,
+                out.ctypes.data,  # host output
+                bit_ordering,
+                len(bits),
+                NULL,  # mask_bit_string: no mask
+                NULL,  # mask_ordering
+                0,  # mask_len
+            )
+            return out
+        self._cusv.abs2sum_array_batched(
+            self._handle,
+            state.data.ptr,
+            self._sv_type,
+            n_index_bits,
+            n_svs,
+            1 << n_index_bits,  # sv_stride
+            out.ctypes.data,
+            out.shape[1],  # abs2sum_array_stride
+            bit_ordering,
+            len(bits),
+            NULL,  # mask_bit_strings: no mask
+            NULL,
+            0,
+        )
+        return out
+
+    @_on_device
+    def sample(self, state, bits, shots, rng) -> np.ndarray:
+        n_svs, n_index_bits = _layout(state)
+        # One uniform number per shot from the caller's Generator: a seed fixes the samples.
+        randnums = rng.random((n_svs, shots))
+        out = np.zeros((n_svs, shots), dtype=np.int64)
+        if not len(bits) or not shots:
+            return out
+        for vector, pointer in enumerate(_vector_pointers(state)):
+            sampler, _workspace_size = self._cusv.sampler_create(
+                self._handle, pointer, self._sv_type, n_index_bits, shots
+            )
+            try:
+                # Workspace NULL: the memory handler provides it for the sampler's lifetime.
+                self._cusv.sampler_preprocess(self._handle, sampler, NULL, 0)
+                self._cusv.sampler_sample(
+                    self._handle,
+                    sampler,
+                    out[vector].ctypes.data,  # host output, int64 bit strings
+                    _bit_list(bits),
+                    len(bits),
+                    randnums[vector],  # float64, in [0, 1)
+                    shots,
+                    self._cusv.SamplerOutput.RANDNUM_ORDER,
+                )
+            finally:
+                self._cusv.sampler_destroy(sampler)
+        return out
+
+
+def _layout(state) -> tuple[int, int]:
+    """(number of vectors, index bits) of a C-contiguous batch."""
+    if not state.flags.c_contiguous:
+        raise ValueError("cuStateVec needs C-contiguous state vectors")
+    return state.shape[0], state.shape[1].bit_length() - 1
+
+
+def _vector_pointers(state) -> list[int]:
+    """Device pointers of each vector of the batch."""
+    return [state.data.ptr + vector * state.strides[0] for vector in range(state.shape[0])]
+
+
+def _runs_batched(state, n_targets: int) -> bool:
+    return state.shape[0] > 1 and n_targets <= SMALL_BATCHED_TARGETS
+
+
+def _bit_list(bits: Sequence[int]) -> list[int]:
+    """Bit positions as the binding's int32 sequence."""
+    return [int(bit) for bit in bits]
+
+
+def _controls(controls: Sequence[int], control_values: Sequence[int]) -> tuple:
+    """(controls, control bit values) arguments, NULL when there are none."""
+    if not len(controls):
+        return NULL, NULL
+    if len(control_values) != len(controls):
+        raise ValueError(
+            f"{len(controls)} controls need as many control values, not {len(control_values)}"
+        )
+    return _bit_list(controls), _bit_list(control_values)
+
+
+def _control_as_target(diagonals, controls, control_values):
+    """A phase d on the subspace where the controls hold, written as a diagonal on the
+    first control (d at its control value, 1 at the other) under the other controls."""
+    phase = diagonals[:, 0]
+    ones = np.ones_like(phase)
+    if control_values[0]:
+        diagonal = np.stack([ones, phase], axis=1)
+    else:
+        diagonal = np.stack([phase, ones], axis=1)
+    return diagonal, (controls[0],), tuple(controls[1:]), tuple(control_values[1:])
+
+
+def _without_identities(paulis: str, targets: Sequence[int]) -> tuple[str, list[int]]:
+    """The letters other than I and their bits (I acts as the identity on its bit)."""
+    kept = [
+        (letter, int(bit)) for letter, bit in zip(paulis, targets, strict=True) if letter != "I"
+    ]
+    return "".join(letter for letter, _ in kept), [bit for _, bit in kept]
+
+
+@functools.cache
+def _pauli_as_permutation(letters: str) -> tuple[np.ndarray, np.ndarray]:
+    """A Pauli word (letter j on bit j of the matrix index) as D P for
+    apply_generalized_permutation_matrix: P|a> = |a ^ x> and D = diag(d) with
+    d[r] = i**n_Y (-1)**|(r ^ x) & z|, so that (D P psi)[r] = d[r] psi[r ^ x]. The
+    permutation is an involution, so the table reads the same in either direction."""
+    x_mask = sum(1 << j for j, letter in enumerate(letters) if letter in "XY")
+    z_mask = sum(1 << j for j, letter in enumerate(letters) if letter in "YZ")
+    source = np.arange(1 << len(letters), dtype=np.int64) ^ x_mask
+    parity = np.zeros_like(source)
+    for j in range(len(letters)):
+        parity ^= (source >> j) & (z_mask >> j) & 1
+    diagonal = _I_POWERS[letters.count("Y") % 4] * (1.0 - 2.0 * parity)
+    diagonal = np.ascontiguousarray(diagonal, dtype=np.complex128)
+    for array in (source, diagonal):
+        array.flags.writeable = False
+    return source, diagonal

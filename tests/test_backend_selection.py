@@ -1,0 +1,254 @@
+"""Choosing the backend (probe, fallback warning, clear errors, device_id) and the
+custatevec.qubit device on the cuStateVec backend (run on the NumPy double)."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import numpy as np
+import pennylane as qml
+import pytest
+import torch
+from conftest import AUTO_BACKEND, assert_allclose_nested
+from custatevec_double import make_libraries
+
+from pennylane_custatevec import backends
+from pennylane_custatevec.backends import BackendUnavailableError, custatevec
+from pennylane_custatevec.simulate import StateTooLargeError
+
+
+@pytest.fixture
+def probe_sees(monkeypatch):
+    """probe_sees(outcome): the probe imports ``outcome`` (a Libraries, or an ImportError to
+    raise); the fallback warning is fresh."""
+    monkeypatch.setattr(backends, "_fallbacks_reported", set())
+
+    def set_outcome(outcome):
+        def import_libraries():
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+
+        monkeypatch.setattr(custatevec, "import_libraries", import_libraries)
+        custatevec.unavailable_reason.cache_clear()
+
+    yield set_outcome
+    custatevec.unavailable_reason.cache_clear()
+
+
+PROBLEMS = {
+    "no-cupy": (
+        lambda: ModuleNotFoundError("No module named 'cupy'", name="cupy"),
+        r"cupy is not installed \(pip install \"pennylane-custatevec\[cuda12\]\"",
+    ),
+    "no-cuquantum": (
+        lambda: ModuleNotFoundError("No module named 'cuquantum'", name="cuquantum"),
+        r"cuquantum-python >= 26.9 is not installed .*\[cuda13\]",
+    ),
+    "no-gpu": (lambda: make_libraries(gpus=0), r"no CUDA GPU is visible \(0 devices\)"),
+    "old-driver": (
+        lambda: make_libraries(driver_error="cudaErrorInsufficientDriver: CUDA driver version"),
+        r"no CUDA GPU is usable \(cudaErrorInsufficientDriver.*nvidia-smi",
+    ),
+    "no-cublas": (
+        lambda: make_libraries(create_error="cublas"),
+        r"cuBLAS could not be loaded \(Failure finding 'libcublas.so'.*nvidia-cublas-cu12",
+    ),
+    "old-gpu": (
+        lambda: make_libraries(create_error="ARCH_MISMATCH"),
+        r"cuStateVec could not start on the GPU \(ARCH_MISMATCH.*compute capability 7.5",
+    ),
+}
+
+
+@pytest.mark.parametrize("problem", list(PROBLEMS))
+def test_auto_falls_back_to_the_cpu_with_one_warning_naming_the_reason(probe_sees, problem):
+    outcome, message = PROBLEMS[problem]
+    probe_sees(outcome())
+    with pytest.warns(UserWarning, match="runs on the CPU backend") as record:
+        dev = qml.device("custatevec.qubit", wires=2)
+    assert dev.backend_name == "cpu"
+    assert len(record) == 1
+    assert re.search(message, str(record[0].message))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process, not once per device
+        assert qml.device("custatevec.qubit", wires=3).backend_name == "cpu"
+
+
+@pytest.mark.parametrize("problem", list(PROBLEMS))
+def test_custatevec_that_cannot_run_raises_naming_what_is_missing(probe_sees, problem):
+    outcome, message = PROBLEMS[problem]
+    probe_sees(outcome())
+    with pytest.raises(BackendUnavailableError, match="not available on this machine") as info:
+        qml.device("custatevec.qubit", wires=2, backend="custatevec")
+    assert re.search(message, str(info.value))
+    assert "backend='cpu'" in str(info.value)
+
+
+def test_probe_destroys_its_handle(probe_sees):
+    libraries = make_libraries()
+    probe_sees(libraries)
+    assert custatevec.unavailable_reason() is None
+    assert libraries.custatevec.handles == {} and len(libraries.custatevec.destroyed) == 1
+
+
+@pytest.mark.skipif(AUTO_BACKEND == "custatevec", reason="the GPU backend is usable here")
+def test_here_auto_picks_the_cpu_and_says_why(monkeypatch):
+    """This machine has no cupy: the real probe says so."""
+    monkeypatch.setattr(backends, "_fallbacks_reported", set())
+    custatevec.unavailable_reason.cache_clear()
+    with pytest.warns(UserWarning, match="cupy is not installed"):
+        assert qml.device("custatevec.qubit", wires=1).backend_name == "cpu"
+    with pytest.raises(BackendUnavailableError, match="cupy is not installed"):
+        qml.device("custatevec.qubit", wires=1, backend="custatevec")
+
+
+def test_cpu_backend_needs_no_probe(monkeypatch):
+    monkeypatch.setattr(custatevec, "unavailable_reason", lambda: pytest.fail("probed"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dev = qml.device("custatevec.qubit", wires=1, backend="cpu", device_id=3)
+    assert dev.backend_name == "cpu" and "device_id" not in repr(dev)
+
+
+@pytest.mark.parametrize("device_id", [-1, "0", 1.0, True])
+def test_bad_device_id(device_id):
+    with pytest.raises(ValueError, match="device_id") as info:
+        qml.device("custatevec.qubit", wires=1, backend="cpu", device_id=device_id)
+    assert "GPU index" in str(info.value)
+
+
+# --- the device on the cuStateVec backend (double) ----------------------------------------
+
+
+def _pair(wires=3, **options):
+    """(custatevec.qubit on custatevec, custatevec.qubit on cpu), same options."""
+    return (
+        qml.device("custatevec.qubit", wires=wires, backend="custatevec", **options),
+        qml.device("custatevec.qubit", wires=wires, backend="cpu", **options),
+    )
+
+
+def _circuit(x, y):
+    qml.RX(x, wires=0)
+    qml.RY(y, wires=1)
+    qml.CNOT(wires=[0, 1])
+    qml.CRX(0.4 * x, wires=[1, 2])
+    qml.PauliRot(y, "XYZ", wires=[0, 1, 2])
+    qml.MultiRZ(0.3, wires=[0, 2])
+    qml.Toffoli(wires=[0, 1, 2])
+    qml.QubitUnitary(qml.matrix(qml.Rot(0.1, 0.2, 0.3, wires=0)), wires=2)
+
+
+def test_device_on_custatevec_matches_the_cpu_backend(gpu_double):
+    gpu, cpu = _pair(c_dtype=np.complex128)
+    assert gpu.backend_name == "custatevec" and repr(gpu).endswith(
+        "backend=custatevec, device_id=0, c_dtype=complex128>"
+    )
+    hamiltonian = qml.Hamiltonian([0.5, -1.2], [qml.X(0) @ qml.Z(2), qml.Y(1)])
+
+    def measured(x, y):
+        _circuit(x, y)
+        return (
+            qml.expval(qml.Z(0)),
+            qml.expval(hamiltonian),
+            qml.expval(qml.Hermitian(np.diag([1.0, 2.0, 3.0, 4.0]), wires=[2, 0])),
+            qml.var(qml.Y(2)),
+            qml.probs(wires=[2, 0]),
+            qml.state(),
+        )
+
+    x, y = np.array([0.3, 1.1]), np.array([0.7, -0.2])  # broadcast: a batch of two
+    results = [qml.QNode(measured, dev)(x, y) for dev in (gpu, cpu)]
+    assert_allclose_nested(results[0], results[1], atol=1e-12)
+    assert {"apply_matrix_batched", "compute_expectations_on_pauli_basis"} <= set(
+        gpu_double.custatevec.calls
+    )
+
+
+@pytest.mark.parametrize("dtype, atol", [(np.complex128, 1e-10), (np.complex64, 1e-5)])
+def test_adjoint_gradients_match_the_cpu_backend(gpu_double, dtype, atol):
+    gpu, cpu = _pair(c_dtype=dtype)
+
+    def cost(x, y):
+        _circuit(x, y)
+        return qml.expval(qml.Z(2) @ qml.X(0)), qml.probs(wires=[1])
+
+    def scalar_cost(x, y):
+        _circuit(x, y)
+        return qml.expval(qml.Z(2) @ qml.X(0))
+
+    grads = []
+    for dev in (gpu, cpu):
+        node = qml.QNode(cost, dev, diff_method="adjoint")
+        x = qml.numpy.array(0.4, requires_grad=True)
+        y = qml.numpy.array(-0.9, requires_grad=True)
+        grads.append(qml.jacobian(lambda a, b, node=node: qml.math.hstack(node(a, b)))(x, y))
+    assert_allclose_nested(grads[0], grads[1], atol=atol)
+
+    torch_grads = []
+    for dev in (gpu, cpu):
+        node = qml.QNode(
+            scalar_cost, dev, interface="torch", diff_method="adjoint", device_vjp=True
+        )
+        x = torch.tensor(0.4, dtype=torch.float64, requires_grad=True)
+        y = torch.tensor(-0.9, dtype=torch.float64, requires_grad=True)
+        node(x, y).backward()
+        torch_grads.append([x.grad.item(), y.grad.item()])
+    np.testing.assert_allclose(torch_grads[0], torch_grads[1], atol=atol)
+    d_expval = [grads[1][0][0], grads[1][1][0]]  # (d/dx, d/dy) of the first output
+    np.testing.assert_allclose(torch_grads[0], d_expval, atol=atol)
+
+
+def test_sampling_is_seeded_and_has_the_right_statistics(gpu_double):
+    def sampled():
+        _circuit(0.8, 1.3)
+        return qml.sample(wires=[2, 0]), qml.expval(qml.Z(1)), qml.counts(wires=[0])
+
+    def run(dev):
+        return qml.set_shots(qml.QNode(sampled, dev), shots=20000)()
+
+    first = run(qml.device("custatevec.qubit", wires=3, backend="custatevec", seed=11))
+    again = run(qml.device("custatevec.qubit", wires=3, backend="custatevec", seed=11))
+    np.testing.assert_array_equal(first[0], again[0])
+    assert first[0].shape == (20000, 2)
+    cpu = run(qml.device("custatevec.qubit", wires=3, backend="cpu", seed=11))
+    assert first[1] == pytest.approx(cpu[1], abs=0.03)
+    assert first[2]["1"] / 20000 == pytest.approx(cpu[2]["1"] / 20000, abs=0.02)
+    for bits in ((0, 0), (0, 1), (1, 0), (1, 1)):
+        frequency = [np.mean(np.all(s == bits, axis=1)) for s in (first[0], cpu[0])]
+        assert frequency[0] == pytest.approx(frequency[1], abs=0.02)
+
+
+def test_one_shot_mid_circuit_measurements(gpu_double):
+    """Each shot its own vector: per-vector projectors and conditional gates."""
+
+    def circuit():
+        qml.Hadamard(0)
+        m = qml.measure(0, reset=True)
+        qml.cond(m, qml.PauliX)(1)
+        return qml.sample(wires=[0, 1]), qml.expval(m)
+
+    dev = qml.device("custatevec.qubit", wires=2, backend="custatevec", seed=5)
+    node = qml.set_shots(qml.QNode(circuit, dev, mcm_method="one-shot"), shots=400)
+    samples, mean = node()
+    assert np.all(samples[:, 0] == 0)  # reset
+    assert 0.4 < np.mean(samples[:, 1]) < 0.6
+    assert mean == pytest.approx(np.mean(samples[:, 1]))
+
+
+def test_memory_is_refused_before_allocating(gpu_double):
+    gpu_double.cupy.free_bytes = 1 << 20
+    dev = qml.device("custatevec.qubit", wires=21, backend="custatevec")
+
+    @qml.qnode(dev)
+    def circuit():
+        for wire in range(21):
+            qml.Hadamard(wire)
+        return qml.expval(qml.Z(0))
+
+    message = r"needs 33,554,432 bytes of custatevec memory; 1,048,576 bytes are available"
+    with pytest.raises(StateTooLargeError, match=message):
+        circuit()
+    assert gpu_double.cupy.allocations == []

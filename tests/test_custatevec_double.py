@@ -1,0 +1,262 @@
+"""The NumPy double of cuStateVec is faithful where the backend's correctness depends on it:
+the real binding's signatures and enum values, and NVIDIA's documented semantics, each
+checked against a dense-matrix reference."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.linalg
+from conftest import random_state, random_unitary
+from custatevec_double import (
+    ComputeType,
+    DeviceArray,
+    MatrixLayout,
+    MatrixMapType,
+    Pauli,
+    SamplerOutput,
+    Status,
+    cudaDataType,
+    cuStateVecError,
+    make_libraries,
+)
+from test_cpu_backend import dense_operator, word_matrix
+
+SNAPSHOT = json.loads((Path(__file__).parent / "data" / "custatevec_bindings.json").read_text())
+C64F, R64F = cudaDataType.CUDA_C_64F, cudaDataType.CUDA_C_32F
+ROW, COMPUTE_64F = MatrixLayout.ROW, ComputeType.COMPUTE_64F
+
+
+@pytest.fixture
+def lib():
+    """(cupy double, cuStateVec double, handle)."""
+    libraries = make_libraries()
+    handle = libraries.custatevec.create()
+    return libraries.cupy, libraries.custatevec, handle
+
+
+def device(cp, vector):
+    return cp.asarray(np.asarray(vector, dtype=np.complex128))
+
+
+# --- the real binding's surface ------------------------------------------------------------
+
+
+def test_signatures_and_enums_match_the_real_binding_snapshot():
+    """Positional parameters of every function the backend calls, and the enum values, as
+    cuquantum-python 26.9 has them (tests/data/custatevec_bindings.json, recorded with
+    inspect.signature from the wheel)."""
+    cusv = make_libraries().custatevec
+    for name, parameters in SNAPSHOT["functions"].items():
+        assert list(inspect.signature(getattr(cusv, name)).parameters) == parameters, name
+    for name, members in SNAPSHOT["enums"].items():
+        assert {m.name: int(m) for m in getattr(cusv, name)} == members, name
+    assert {m.name: int(m) for m in cudaDataType} == SNAPSHOT["cudaDataType"]
+
+
+def test_snapshot_matches_the_installed_binding():
+    """Where cuquantum is installed, the snapshot is still what it has."""
+    cusv = pytest.importorskip("cuquantum.bindings.custatevec")
+    for name, parameters in SNAPSHOT["functions"].items():
+        assert list(inspect.signature(getattr(cusv, name)).parameters) == parameters, name
+    for name, members in SNAPSHOT["enums"].items():
+        assert {m.name: int(m) for m in getattr(cusv, name)} == members, name
+
+
+# --- semantics -----------------------------------------------------------------------------
+
+
+def test_apply_pauli_rotation_is_exp_plus_i_theta_p(lib):
+    cp, cusv, handle = lib
+    rng = np.random.default_rng(1)
+    psi, theta = random_state(4, rng), 0.37
+    sv = device(cp, psi)
+    paulis, targets = [Pauli.X, Pauli.Y, Pauli.Z], [2, 0, 3]
+    cusv.apply_pauli_rotation(handle, sv.data.ptr, C64F, 4, theta, paulis, targets, 3, 0, 0, 0)
+    expected = scipy.linalg.expm(1j * theta * dense_operator(4, word_matrix("XYZ"), targets)) @ psi
+    np.testing.assert_allclose(cp.asnumpy(sv), expected, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", [MatrixLayout.ROW, MatrixLayout.COL])
+@pytest.mark.parametrize("adjoint", [0, 1])
+def test_apply_matrix_target_order_layout_and_adjoint(lib, layout, adjoint):
+    """targets[j] is bit j of the matrix index (a non-symmetric matrix on targets (3, 1))."""
+    cp, cusv, handle = lib
+    rng = np.random.default_rng(2)
+    psi, m = random_state(4, rng), random_unitary(4, rng)
+    sv = device(cp, psi)
+    stored = np.ascontiguousarray(m if layout is MatrixLayout.ROW else m.T)
+    cusv.apply_matrix(
+        handle, sv.data.ptr, C64F, 4, stored.ctypes.data, C64F, layout, adjoint,
+        [3, 1], 2, 0, 0, 0, COMPUTE_64F, 0, 0,
+    )  # fmt: skip
+    applied = m.conj().T if adjoint else m
+    np.testing.assert_allclose(cp.asnumpy(sv), dense_operator(4, applied, (3, 1)) @ psi, atol=1e-12)
+
+
+def test_null_control_values_mean_all_ones(lib):
+    cp, cusv, handle = lib
+    rng = np.random.default_rng(3)
+    psi, m = random_state(3, rng), random_unitary(2, rng)
+    results = []
+    for values in (0, [1, 1]):
+        sv = device(cp, psi)
+        cusv.apply_matrix(
+            handle, sv.data.ptr, C64F, 3, m.ctypes.data, C64F, ROW, 0,
+            [1], 1, [0, 2], values, 2, COMPUTE_64F, 0, 0,
+        )  # fmt: skip
+        results.append(cp.asnumpy(sv))
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_allclose(results[0], dense_operator(3, m, (1,), (0, 2), (1, 1)) @ psi)
+
+
+def test_apply_matrix_batched_maps_matrices_to_vectors(lib):
+    cp, cusv, handle = lib
+    rng = np.random.default_rng(4)
+    psi = np.stack([random_state(3, rng) for _ in range(3)])
+    mats = np.stack([random_unitary(2, rng) for _ in range(2)])
+    sv = cp.asarray(psi)
+    cusv.apply_matrix_batched(
+        handle, sv.data.ptr, C64F, 3, 3, 8, MatrixMapType.MATRIX_INDEXED,
+        np.array([1, 0, 1], dtype=np.int32), mats.ctypes.data, C64F, ROW, 0, 2,
+        [2], 1, 0, 0, 0, COMPUTE_64F, 0, 0,
+    )  # fmt: skip
+    for vector, index in enumerate([1, 0, 1]):
+        expected = dense_operator(3, mats[index], (2,)) @ psi[vector]
+        np.testing.assert_allclose(cp.asnumpy(sv)[vector], expected, atol=1e-12)
+
+
+def test_generalized_permutation_is_d_times_p(lib):
+    """(D P psi)[r] = d[r] psi[perm[r]]: with the table of a Pauli word (an involution) and
+    d from the dense word matrix, it applies the word."""
+    cp, cusv, handle = lib
+    rng = np.random.default_rng(5)
+    psi = random_state(4, rng)
+    word = word_matrix("YZX")  # letter j on bit j: x mask 0b101
+    table = np.arange(8, dtype=np.int64) ^ 0b101
+    diagonal = np.ascontiguousarray(word[np.arange(8), table])
+    sv = device(cp, psi)
+    cusv.apply_generalized_permutation_matrix(
+        handle, sv.data.ptr, C64F, 4, table, diagonal.ctypes.data, C64F, 0,
+        [0, 3, 1], 3, 0, 0, 0, 0, 0,
+    )  # fmt: skip
+    np.testing.assert_allclose(cp.asnumpy(sv), dense_operator(4, word, (0, 3, 1)) @ psi)
+
+
+def test_compute_expectation_writes_the_value_into_the_output_buffer(lib):
+    cp, cusv, handle = lib
+    rng = np.random.default_rng(6)
+    psi = random_state(3, rng)
+    m = rng.normal(size=(4, 4)) + 1j * rng.normal(size=(4, 4))
+    expected = np.vdot(psi, dense_operator(3, m, (2, 0)) @ psi)
+    sv = device(cp, psi)  # kept: a temporary's pointer would dangle, on a GPU too
+    out = np.zeros(2, dtype=np.complex128)
+    returned = cusv.compute_expectation(
+        handle, sv.data.ptr, C64F, 3, out.ctypes.data, C64F, m.ctypes.data, C64F,
+        ROW, [2, 0], 2, COMPUTE_64F, 0, 0,
+    )  # fmt: skip
+    np.testing.assert_allclose(out[0], expected, atol=1e-12)
+    assert out[1] == 0 and returned != pytest.approx(expected.real)
+    real = np.zeros(2, dtype=np.float64)
+    cusv.compute_expectation(
+        handle, sv.data.ptr, C64F, 3, real.ctypes.data, cudaDataType.CUDA_R_64F,
+        m.ctypes.data, C64F, ROW, [2, 0], 2, COMPUTE_64F, 0, 0,
+    )  # fmt: skip
+    assert real[0] == pytest.approx(expected.real) and real[1] == 0
+
+
+def test_abs2sum_orders_output_bits_by_bit_ordering(lib):
+    cp, cusv, handle = lib
+    psi = np.zeros(8, dtype=np.complex128)
+    psi[0b101] = 1.0
+    sv, out = device(cp, psi), np.zeros(4)
+    cusv.abs2sum_array(handle, sv.data.ptr, C64F, 3, out.ctypes.data, [2, 1], 2, 0, 0, 0)
+    # output bit 0 is state bit 2 (1), output bit 1 is state bit 1 (0): index 0b01
+    np.testing.assert_array_equal(out, [0, 1, 0, 0])
+
+
+def test_sampler_scales_by_the_norm_keeps_randnum_order_and_uses_the_handler(lib):
+    cp, cusv, handle = lib
+    psi = np.array([0, 1, 0, 1j], dtype=np.complex128) * 3.0  # |01> and |11>, unnormalised
+    sv = device(cp, psi)
+    sampler, _ = cusv.sampler_create(handle, sv.data.ptr, C64F, 2, 4)
+    out = np.zeros(4, dtype=np.int64)
+    args = (out.ctypes.data, [1, 0], 2, np.array([0.9, 0.1, 0.6, 0.2]), 4)
+    with pytest.raises(cuStateVecError, match="SAMPLER_NOT_PREPROCESSED"):
+        cusv.sampler_sample(handle, sampler, *args, SamplerOutput.RANDNUM_ORDER)
+    with pytest.raises(cuStateVecError, match="INSUFFICIENT_WORKSPACE"):
+        cusv.sampler_preprocess(handle, sampler, 0, 0)  # NULL workspace and no handler
+    cusv.set_device_mem_handler(
+        handle,
+        (cp.cuda.runtime.mallocAsync, lambda p, s, st: cp.cuda.runtime.freeAsync(p, st), "t"),
+    )
+    cusv.sampler_preprocess(handle, sampler, 0, 0)
+    assert len(cp.pool_allocations) == 1
+    cusv.sampler_sample(handle, sampler, *args, SamplerOutput.RANDNUM_ORDER)
+    # index 1 (bits 1,0 = 0,1 -> output 0b10) below 0.5, index 3 (-> 0b11) above
+    np.testing.assert_array_equal(out, [0b11, 0b10, 0b11, 0b10])
+    cusv.sampler_sample(handle, sampler, *args, SamplerOutput.ASCENDING_ORDER)
+    np.testing.assert_array_equal(out, [0b10, 0b10, 0b11, 0b11])
+    cusv.sampler_destroy(sampler)
+    assert cp.pool_allocations == {}
+
+
+# --- calling conventions -------------------------------------------------------------------
+
+
+def test_item_sizes_null_and_memory_kinds_are_enforced(lib):
+    cp, cusv, handle = lib
+    sv = device(cp, random_state(3, np.random.default_rng(7)))
+    m = np.eye(2, dtype=np.complex128)
+
+    def apply(sv_ptr=sv.data.ptr, targets=(0,), controls=0, values=0, n_controls=0):
+        cusv.apply_matrix(
+            handle, sv_ptr, C64F, 3, m.ctypes.data, C64F, ROW, 0, targets, 1,
+            controls, values, n_controls, COMPUTE_64F, 0, 0,
+        )  # fmt: skip
+
+    apply(targets=np.array([0], dtype=np.int32))
+    with pytest.raises(AssertionError):
+        apply(targets=np.array([0], dtype=np.int64))  # int32 expected
+    with pytest.raises(TypeError):
+        apply(controls=None)  # NULL is 0, not None
+    with pytest.raises(cuStateVecError, match="INVALID_VALUE"):
+        apply(controls=0, n_controls=1)  # NULL controls with a count
+    with pytest.raises(cuStateVecError, match="INVALID_VALUE"):
+        apply(targets=[1], controls=[1], values=[1], n_controls=1)  # overlap
+    host = np.zeros(8, dtype=np.complex128)
+    with pytest.raises(AssertionError, match="not device memory"):
+        apply(sv_ptr=host.ctypes.data)
+    on_device = cp.zeros(2, dtype=np.complex128)
+    with pytest.raises(AssertionError, match="wants host memory"):
+        cusv.compute_expectation(
+            handle, sv.data.ptr, C64F, 3, on_device.data.ptr, C64F, m.ctypes.data, C64F, ROW,
+            [0], 1, COMPUTE_64F, 0, 0,
+        )  # fmt: skip
+    with pytest.raises(cuStateVecError, match="INVALID_VALUE"):  # complex128 sv, 32F compute
+        cusv.apply_matrix(
+            handle, sv.data.ptr, C64F, 3, m.ctypes.data, C64F, ROW, 0, [0], 1, 0, 0, 0,
+            ComputeType.COMPUTE_32F, 0, 0,
+        )  # fmt: skip
+    sampler, _ = cusv.sampler_create(handle, sv.data.ptr, C64F, 3, 2)
+    cusv.sampler_preprocess(handle, sampler, cp.zeros(1024, dtype=np.uint8).data.ptr, 1024)
+    out = np.zeros(2, dtype=np.int64)
+    with pytest.raises(AssertionError):  # random numbers are float64
+        cusv.sampler_sample(
+            handle, sampler, out.ctypes.data, [0], 1, np.zeros(2, dtype=np.float32), 2, 0
+        )
+    assert Status.SUCCESS == 0
+
+
+def test_device_arrays_refuse_host_arrays_like_cupy():
+    cp = make_libraries().cupy
+    on_device = cp.zeros(3, dtype=np.complex128)
+    with pytest.raises(TypeError):
+        on_device * np.ones(3)
+    with pytest.raises(TypeError):
+        np.vdot(on_device, np.ones(3))
+    assert isinstance(on_device * cp.asarray(np.ones(3)), DeviceArray)
