@@ -16,6 +16,7 @@ from conftest import AUTO_BACKEND, random_unitary, stable_seed
 from custatevec_double import make_libraries
 from test_cpu_backend import (
     DIAG_CASES,
+    MANY_Z_WORDS,
     PAULI_CASES,
     TARGET_CASES,
     TOL,
@@ -207,6 +208,25 @@ def test_expval_pauli(make, word, targets, batch, dtype):
     expected = np.real(np.einsum("bi,ij,bj->b", psi.conj(), op, psi))
     np.testing.assert_allclose(out, expected, atol=TOL[dtype] * 10)
     np.testing.assert_allclose(backend.to_host(state), psi, atol=TOL[dtype])
+
+
+@DTYPES
+@pytest.mark.parametrize(
+    "words",
+    [MANY_Z_WORDS, [("X", (0,)), ("ZY", (1, 4)), ("I", (3,)), ("YY", (2, 5))], []],
+    ids=["many-z-words", "mixed", "none"],
+)
+def test_expval_pauli_words(make, words, dtype):
+    """Every word of every vector from one library call per vector."""
+    rng = np.random.default_rng(stable_seed("expval_pauli_words", str(words)))
+    psi = random_states(N, 3, rng)
+    backend = make(dtype)
+    out = backend.expval_pauli_words(load(backend, psi), words)
+    assert out.dtype == np.float64 and out.shape == (3, len(words))
+    for k, (word, targets) in enumerate(words):
+        op = dense_operator(N, word_matrix(word), targets)
+        expected = np.real(np.einsum("bi,ij,bj->b", psi.conj(), op, psi))
+        np.testing.assert_allclose(out[:, k], expected, atol=TOL[dtype] * 10)
 
 
 @DTYPES

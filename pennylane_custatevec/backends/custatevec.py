@@ -380,21 +380,26 @@ class CuStateVecBackend:
 
     # --- expectations and inner products -----------------------------------------------
 
-    @_on_device
     def expval_pauli(self, state, paulis, targets) -> np.ndarray:
-        letters, bits = _without_identities(paulis, targets)
-        out = np.empty(state.shape[0], dtype=np.float64)
+        return self.expval_pauli_words(state, [(paulis, targets)])[:, 0]
+
+    @_on_device
+    def expval_pauli_words(self, state, words) -> np.ndarray:
+        out = np.zeros((state.shape[0], len(words)), dtype=np.float64)
+        if not words:
+            return out
+        kept = [_without_identities(paulis, targets) for paulis, targets in words]
         for vector, pointer in enumerate(_vector_pointers(state)):
             self._cusv.compute_expectations_on_pauli_basis(
                 self._handle,
                 pointer,
                 self._sv_type,
                 _layout(state)[1],
-                out.ctypes.data + vector * out.itemsize,  # host output
-                [[self._cusv.Pauli[letter] for letter in letters]],
-                1,  # one Pauli word
-                [bits],
-                [len(bits)],
+                out[vector].ctypes.data,  # host output: one float64 per word
+                [[self._cusv.Pauli[letter] for letter in letters] for letters, _ in kept],
+                len(kept),  # number of Pauli words
+                [bits for _, bits in kept],
+                [len(bits) for _, bits in kept],
             )
         return out
 
