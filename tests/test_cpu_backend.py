@@ -712,6 +712,50 @@ def test_adjoint_rotation_step(word, targets, rows, dtype):
     np.testing.assert_allclose(products, direct, atol=TOL[dtype] * 10)
 
 
+LARGE_REGISTER_CASES = [
+    # (targets, controls, values) on a 12-bit register: low and high bits mixed
+    ((9, 2), (), ()),
+    ((0, 8), (10,), (1,)),
+    ((11, 10), (3, 9), (0, 1)),
+    ((1, 0, 10), (), ()),
+]
+
+
+@pytest.mark.parametrize("case", LARGE_REGISTER_CASES, ids=str)
+def test_shared_diagonal_on_a_larger_register(case):
+    """Runs of consecutive amplitudes longer and shorter than a kernel's inner loop."""
+    targets, controls, values = case
+    n = 12
+    rng = np.random.default_rng(stable_seed("rows", case))
+    psi = random_states(n, 2, rng)
+    diagonal = np.exp(1j * rng.uniform(0, 6, size=(1, 1 << len(targets))))
+    backend = CPUBackend()
+    state = backend.from_host(psi)
+    backend.apply_diagonal(state, diagonal, targets, controls, values)
+    matrices = np.diag(diagonal[0])[None]
+    np.testing.assert_allclose(
+        state, ref_apply_blocks(psi, matrices, targets, controls, values), atol=1e-12
+    )
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("word, targets", [("ZZ", (9, 2)), ("ZIZ", (0, 5, 11)), ("Z", (10,))])
+def test_diagonal_step_on_a_larger_register(word, targets, rows):
+    n = 12
+    rng = np.random.default_rng(stable_seed("rows_step", word, targets, rows))
+    phi, bras = random_states(n, 1, rng), random_states(n, rows, rng)
+    angle = np.array([rng.uniform(-3, 3)])
+    backend = CPUBackend()
+    fused_phi, fused_bras = backend.from_host(phi), backend.from_host(bras)
+    products = backend.adjoint_rotation_step(fused_phi, fused_bras, angle, word, targets)
+    signs = np.diag(word_matrix(word))
+    undo = np.diag(np.exp(0.5j * angle[0] * signs))
+    z = ref_apply_blocks(phi, np.diag(signs)[None], targets)
+    np.testing.assert_allclose(products, bras.conj() @ z[0], atol=1e-12)
+    np.testing.assert_allclose(fused_phi, ref_apply_blocks(phi, undo[None], targets), atol=1e-12)
+    np.testing.assert_allclose(fused_bras, ref_apply_blocks(bras, undo[None], targets), atol=1e-12)
+
+
 def _kernel_args(name, state, rng):
     """Arguments (after the state) of kernel ``name``, the way CPUBackend builds them."""
     n = state.shape[1].bit_length() - 1
@@ -768,6 +812,7 @@ def _kernel_args(name, state, rng):
             sort([3, n - 1]),
             np.empty(batch, dtype=complex),
         )
+
     if name == "add_z_sum":
         masks = np.array([(1 << 3) | 1, 1 << (n - 1), 0], dtype=np.uint64)
         return (state[::-1].copy(), masks, np.array([0.5, -1.25j, 2.0]))
