@@ -684,6 +684,8 @@ def test_add_scaled_and_vector_views(sources, factors):
         ("Y", (4,)),
         ("Z", (5,)),
         ("I", (2,)),
+        ("Y", (1,)),
+        ("Z", (2,)),
         ("ZZ", (0, 1)),
         ("ZZ", (3, 5)),
         ("ZIZ", (4, 3, 5)),

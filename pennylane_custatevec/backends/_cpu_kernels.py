@@ -244,25 +244,49 @@ def _rotation_step_1q(phi, bras, angles, letter, target, fixed_bits, out):
 
 
 @numba.njit(cache=True)
-def _two_bit_diagonal_step(ket, bras, diag, signs, t0, t1, out):
-    """_diagonal_step for two target bits among the lowest, one amplitude after the other
-    (see _apply_two_bit_diagonal)."""
-    s0 = np.uint64(t0)
-    s1 = np.uint64(t1)
-    one = np.uint64(1)
-    undo = np.conj(diag)
-    for r in range(bras.shape[0]):
+def _low_diagonal_step(ket, bras, diag, signs, targets, out):
+    """_diagonal_step where a target is among the three lowest bits: the factors then
+    repeat every 8 amplitudes, so each block of 8 reads them (the undo factors and the real
+    generator signs) from a row of 8 chosen by the targets above bit 2."""
+    rows, dim = bras.shape
+    k = targets.shape[0]
+    high = np.empty(k, dtype=np.int64)
+    rank = np.full(k, -1)
+    count = 0
+    for m in range(k):
+        if targets[m] >= 3:
+            high[count] = targets[m]
+            rank[m] = count
+            count += 1
+    high = high[:count]
+    undo = np.empty((1 << count, 8), dtype=np.complex128)
+    sign = np.empty((1 << count, 8))
+    for h in range(1 << count):
+        for j in range(8):
+            a = 0
+            for m in range(k):
+                bit = (j >> targets[m]) & 1 if rank[m] < 0 else (h >> rank[m]) & 1
+                a |= bit << m
+            undo[h, j] = np.conj(diag[a])
+            sign[h, j] = signs[a].real
+    for r in range(rows):
         bra = bras[r]
         term = 0.0 + 0.0j
-        for i in range(ket.shape[0]):
-            u = np.uint64(i)
-            a = ((u >> s0) & one) | (((u >> s1) & one) << one)
-            term += signs[a] * np.conj(bra[u]) * ket[u]
-            bra[u] *= undo[a]
+        for block in range(dim >> 3):
+            base = block << 3
+            h = 0
+            for m in range(count):
+                h |= ((base >> high[m]) & 1) << m
+            factor = undo[h]
+            weight = sign[h]
+            for j in range(8):
+                left = bra[base + j]
+                value = ket[base + j]
+                term += weight[j] * (np.conj(left) * value)
+                bra[base + j] = left * factor[j]
+                if r == rows - 1:
+                    ket[base + j] = value * factor[j]
         out[r] = term
-    for i in range(ket.shape[0]):
-        u = np.uint64(i)
-        ket[u] *= undo[((u >> s0) & one) | (((u >> s1) & one) << one)]
 
 
 def _diagonal_step(phi, bras, diag, signs, targets, fixed_bits, out):
@@ -274,8 +298,8 @@ def _diagonal_step(phi, bras, diag, signs, targets, fixed_bits, out):
     offsets = _target_offsets(targets)
     partial = np.zeros((per, rows), dtype=np.complex128)
     ket = phi[0]
-    if span < _MIN_SPAN and len(targets) == 2:
-        _two_bit_diagonal_step(ket, bras, diag, signs, targets[0], targets[1], out)
+    if span < _MIN_SPAN:
+        _low_diagonal_step(ket, bras, diag, signs, targets, out)
         return
     for c in numba.prange(per):
         i, hi = c * items // per, (c + 1) * items // per
