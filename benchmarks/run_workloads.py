@@ -4,7 +4,8 @@
                                        [--backend custatevec]
 
 Every configuration runs each workload once (warm-up) and its values and gradients are
-compared with the first peer's; then each is timed, best of ``--repeat``. W6 runs every
+compared with the first peer's; then each is timed, best of ``--repeat`` steps taken
+round-robin across the configurations (one step of each per round). W6 runs every
 configuration in a fresh (spawned) process and reports its peak resident memory.
 """
 
@@ -210,10 +211,14 @@ def run_workload(
     cross_check(cells)
     if jacobian_mode:
         cells[0].note = ", ".join(filter(None, [cells[0].note, "Jacobian on forward"]))
-    for config, (workload, cell) in zip(configs, prepared, strict=True):
-        if workload is not None:
-            _progress(f"{workload_id}: timing {config.label}")
-            cell.seconds = best_time(workload.step, repeat)
+    timed = [(workload, cell) for workload, cell in prepared if workload is not None]
+    _progress(f"{workload_id}: timing {len(timed)} configurations, {repeat} rounds")
+    times: list[list[float]] = [[] for _ in timed]
+    for _ in range(repeat):  # round-robin: a slow phase of the machine hits every config
+        for (workload, _), own in zip(timed, times, strict=True):
+            own.append(best_time(workload.step, 1))
+    for (_, cell), own in zip(timed, times, strict=True):
+        cell.seconds = min(own)
     return cells
 
 
@@ -266,7 +271,7 @@ def _preamble(args: argparse.Namespace) -> list[str]:
         f"- machine: {platform.platform()}, {multiprocessing.cpu_count()} CPUs",
         f"- python {platform.python_version()}, {versions}, torch threads {TORCH_THREADS}",
         f"- command: `python {' '.join(sys.argv)}`",
-        f"- times: best of {args.repeat} after one warm-up",
+        f"- times: best of {args.repeat} after one warm-up, configurations round-robin",
         f"- sizes: {'--quick (smoke test)' if args.quick else 'full (bench/WORKLOADS.md)'}",
     ]
 
