@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import random_unitary, stable_seed
 
-from pennylane_custatevec.backends import _cpu_kernels, cpu
+from pennylane_custatevec.backends import _cpu_kernels
 from pennylane_custatevec.backends.cpu import CPUBackend
 
 PAULI = {
@@ -595,19 +595,20 @@ def test_add_pauli_sum(words):
     np.testing.assert_array_equal(source, src)
 
 
-@pytest.mark.parametrize("n", [0, 1, 7, 10])
-def test_z_sum_diagonal_is_the_sum_of_signed_coefficients(n):
-    """d[x] = sum_k c_k (-1)**popcount(x & m_k), for odd and even register sizes."""
-    rng = np.random.default_rng(stable_seed("z_sum_diagonal", n))
-    masks = rng.integers(0, 1 << n, size=9)
+@pytest.mark.parametrize("n", [1, 7, 10])
+def test_add_pauli_sum_of_many_z_words_on_other_registers(n):
+    """The diagonal factored over the high and low index bits, for odd and even n."""
+    rng = np.random.default_rng(stable_seed("z_sum_registers", n))
+    masks = [int(m) for m in rng.integers(0, 1 << n, size=9)]
+    words = [("Z" * bin(m).count("1"), [b for b in range(n) if (m >> b) & 1]) for m in masks]
     coefficients = rng.normal(size=9) + 1j * rng.normal(size=9)
+    dst, src = random_states(n, 2, rng), random_states(n, 1, rng)
+    state = CPUBackend().from_host(dst)
+    CPUBackend().add_pauli_sum(state, src, words, coefficients)
     x = np.arange(1 << n)
-    parity = np.array([[bin(int(i) & int(m)).count("1") % 2 for m in masks] for i in x])
-    expected = (1 - 2 * parity) @ coefficients
-    np.testing.assert_allclose(cpu._z_sum_diagonal(masks, coefficients, 1 << n), expected)
-    real = cpu._z_sum_diagonal(masks, coefficients.real, 1 << n)
-    assert real.dtype == np.float64
-    np.testing.assert_allclose(real, expected.real)
+    parity = np.array([[bin(int(i) & m).count("1") % 2 for m in masks] for i in x])
+    diagonal = (1 - 2 * parity) @ coefficients
+    np.testing.assert_allclose(state, dst + diagonal[None] * src, atol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
@@ -820,8 +821,11 @@ def _kernel_args(name, state, rng):
         return (state[::-1].copy(), masks, np.array([0.5, -1.25j, 2.0]))
     if name == "add_scaled":
         return (state[::-1].copy(), np.array([0.5 - 0.25j]))
-    if name == "add_weighted":
-        return (state[::-1].copy(), rng.normal(size=state.shape[1]))
+    if name == "add_z_sum_by_blocks":
+        low = 7
+        signs = 1.0 - 2.0 * rng.integers(0, 2, size=(3, 1 << low))
+        coefficients = rng.normal(size=(state.shape[1] >> low, 3)) * (1 - 0.5j)
+        return (state[::-1].copy(), coefficients, signs, low)
     if name == "low_sign_sums":
         low = 7
         signs = 1.0 - 2.0 * rng.integers(0, 2, size=(3, 1 << low))

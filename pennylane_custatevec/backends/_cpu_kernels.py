@@ -660,19 +660,31 @@ def _add_z_sum(dst, src, z_masks, coefficients):
             target[u] += factor * source[u]
 
 
-def _add_weighted(dst, src, weights):
-    """dst[b] += weights * src[b], elementwise (weights real or complex, one per amplitude);
-    a single src vector serves every dst."""
+def _add_z_sum_by_blocks(dst, src, block_coefficients, low_signs, low):
+    """dst[b] += diag(d) src[b] for d[h * 2**low + l] = sum_g block_coefficients[h, g]
+    low_signs[g, l]: each block's factors are built in a small row while it is in cache,
+    never as a vector of the state's length. A single src vector serves every dst."""
     batch, dim = dst.shape
     shared_src = src.shape[0] == 1
-    per = _chunks_per_vector(batch, dim)
-    for job in numba.prange(batch * per):
-        b = job // per
-        c = job - b * per
+    blocks = dim >> low
+    size = 1 << low
+    groups = low_signs.shape[0]
+    for job in numba.prange(batch * blocks):
+        b = job // blocks
+        h = job - b * blocks
         target = dst[b]
         source = src[0] if shared_src else src[b]
-        for i in range(c * dim // per, (c + 1) * dim // per):
-            target[i] += weights[i] * source[i]
+        base = h << low
+        real = np.zeros(size)
+        imag = np.zeros(size)
+        for g in range(groups):
+            coefficient = block_coefficients[h, g]
+            signs = low_signs[g]
+            for i in range(size):  # real arithmetic: the sign rows are real
+                real[i] += coefficient.real * signs[i]
+                imag[i] += coefficient.imag * signs[i]
+        for i in range(size):
+            target[base + i] += complex(real[i], imag[i]) * source[base + i]
 
 
 def _low_sign_sums(state, low_signs, low, out):
@@ -688,13 +700,23 @@ def _low_sign_sums(state, low_signs, low, out):
         h = job - b * blocks
         vec = state[b]
         base = h << low
+        probability = np.empty(size)
+        for i in range(size):
+            v = vec[base + i]
+            probability[i] = v.real * v.real + v.imag * v.imag
+        whole = size - size % 4
         for g in range(groups):
             row = low_signs[g]
-            total = 0.0
-            for i in range(size):
-                v = vec[base + i]
-                total += row[i] * (v.real * v.real + v.imag * v.imag)
-            out[b, h, g] = total
+            # four partial sums: one running sum would wait on each addition's latency
+            t0 = t1 = t2 = t3 = 0.0
+            for i in range(0, whole, 4):
+                t0 += row[i] * probability[i]
+                t1 += row[i + 1] * probability[i + 1]
+                t2 += row[i + 2] * probability[i + 2]
+                t3 += row[i + 3] * probability[i + 3]
+            for i in range(whole, size):
+                t0 += row[i] * probability[i]
+            out[b, h, g] = (t0 + t1) + (t2 + t3)
 
 
 def _marginal_probs(state, bits, out):
@@ -742,7 +764,7 @@ _KERNELS = {
         _inner_diagonal,
         _add_scaled,
         _add_z_sum,
-        _add_weighted,
+        _add_z_sum_by_blocks,
         _low_sign_sums,
         _rotation_step_1q,
         _diagonal_step,

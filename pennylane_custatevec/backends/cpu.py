@@ -220,10 +220,9 @@ class CPUBackend:
         coefficients = np.asarray(coefficients, dtype=np.complex128).reshape(-1)
         z_masks = _z_masks(words)
         if z_masks is not None and len(words) >= _MANY_WORDS:
-            weights = _z_sum_diagonal(z_masks, coefficients, dst.shape[1])
-            kernel("add_weighted", dst)(
-                dst, src, weights.astype(_weight_dtype(self.dtype, weights))
-            )
+            block_coefficients, low_signs, low = _z_sum_blocks(z_masks, coefficients, dst.shape[1])
+            add = kernel("add_z_sum_by_blocks", dst)
+            add(dst, src, block_coefficients, low_signs, low)
             return
         if z_masks is not None:
             kernel("add_z_sum", dst)(dst, src, z_masks.astype(np.uint64), coefficients)
@@ -262,7 +261,7 @@ instead of a parity per amplitude."""
 
 _MANY_WORDS = 4
 """From this many Z words on, their expectation values come from one pass over the state
-(see _z_word_expectations) and a weighted sum of them is one diagonal (_z_sum_diagonal),
+(see _z_word_expectations) and a weighted sum of them is one diagonal (_z_sum_blocks),
 instead of a parity per word and amplitude."""
 
 
@@ -289,19 +288,19 @@ def _split_masks(z_masks: np.ndarray, dim: int) -> tuple[int, np.ndarray, np.nda
     return low, low_masks, group
 
 
-def _z_sum_diagonal(z_masks: np.ndarray, coefficients: np.ndarray, dim: int) -> np.ndarray:
-    """d[x] = sum_k c_k (-1)**popcount(x & z_masks[k]), the diagonal of sum_k c_k Z-word_k:
-    read as a 2**hi x 2**lo matrix, d = (high signs @ coefficients grouped by low mask) @
-    (low signs), one small matrix product. Real unless a coefficient is complex."""
+def _z_sum_blocks(
+    z_masks: np.ndarray, coefficients: np.ndarray, dim: int
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """The diagonal d[x] = sum_k c_k (-1)**popcount(x & z_masks[k]) of sum_k c_k Z-word_k,
+    factored over the split of x into high and low bits: d[h * 2**low + l] =
+    sum_g block_coefficients[h, g] low_signs[g, l], g over the distinct low masks. Returns
+    (block_coefficients, low_signs, low)."""
     low, low_masks, group = _split_masks(z_masks, dim)
-    high = dim.bit_length() - 1 - low
-    dtype = np.complex128 if np.any(np.imag(coefficients)) else np.float64
-    grouped = np.zeros((len(z_masks), len(low_masks)), dtype=dtype)
-    grouped[np.arange(len(z_masks)), group] = (
-        coefficients if dtype is np.complex128 else np.real(coefficients)
-    )
-    high_signs = _sign_table(z_masks >> low, high).T
-    return ((high_signs @ grouped) @ _sign_table(low_masks, low)).reshape(-1)
+    high_signs = _sign_table(z_masks >> low, dim.bit_length() - 1 - low)
+    block_coefficients = np.zeros((high_signs.shape[1], len(low_masks)), dtype=np.complex128)
+    for k, g in enumerate(group):  # no BLAS: its idle threads spin against the kernels'
+        block_coefficients[:, g] += coefficients[k] * high_signs[k]
+    return block_coefficients, _sign_table(low_masks, low), low
 
 
 def _z_word_expectations(state: np.ndarray, z_masks: np.ndarray) -> np.ndarray:
@@ -312,12 +311,8 @@ def _z_word_expectations(state: np.ndarray, z_masks: np.ndarray) -> np.ndarray:
     high = dim.bit_length() - 1 - low
     sums = np.empty((batch, 1 << high, len(low_masks)))
     kernel("low_sign_sums", state)(state, _sign_table(low_masks, low), low, sums)
-    return np.einsum("bhk,kh->bk", sums[:, :, group], _sign_table(z_masks >> low, high))
-
-
-def _weight_dtype(state_dtype: np.dtype, weights: np.ndarray) -> np.dtype:
-    """The state's precision: real weights stay real (half the memory of complex ones)."""
-    return state_dtype if np.iscomplexobj(weights) else np.finfo(state_dtype).dtype
+    high_signs = _sign_table(z_masks >> low, high)
+    return (sums[:, :, group] * high_signs.T[None]).sum(axis=1)
 
 
 @functools.cache
