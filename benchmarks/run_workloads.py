@@ -141,9 +141,16 @@ def measure_in_child(workload_id: str, config: Config, sizes: dict, repeat: int)
     start_mib = _memory_mib("VmRSS")
     workload, cell = prepare(workload_id, config, sizes)
     if workload is not None:
+        _reset_peak_memory()  # the warm-up may have compiled kernels: not the workload's memory
         cell.seconds = best_time(workload.step, repeat)
         cell.peak_mib, cell.start_mib = _memory_mib("VmHWM"), start_mib
     return cell
+
+
+def _reset_peak_memory() -> None:
+    """Set this process's VmHWM to its current resident memory (Linux: clear_refs 5)."""
+    with open("/proc/self/clear_refs", "w", encoding="ascii") as clear_refs:
+        clear_refs.write("5")
 
 
 def _memory_mib(field: str) -> float:
@@ -281,7 +288,8 @@ def _legend(ours: Config | str, args: argparse.Namespace) -> list[str]:
         "ratio = peer time / our time (higher is better). Before timing, every configuration's",
         "values and gradients are compared with the first peer that ran (np.allclose, atol 1e-6);",
         "a difference is marked **MISMATCH**. W4's and W4F's times cover all their calls.",
-        "W6 runs each configuration in a fresh process; peak = its peak resident memory (VmHWM),",
+        "W6 runs each configuration in a fresh process; peak = its peak resident memory (VmHWM)",
+        "over the timed steps (reset after the warm-up step, which may compile kernels),",
         "at start = its resident memory after the imports, before the workload was built.",
         "n/a: not run for this workload (memory or time).",
         f"{SKIPPED_SHIFT}: parameter-shift would need over {SHIFT_WORK_LIMIT:.0e} amplitude",
