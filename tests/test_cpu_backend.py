@@ -383,7 +383,11 @@ def test_sample_deterministic_state():
 
 @pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
 def test_state_management(dtype):
-    backend = CPUBackend(dtype)
+    check_state_management(CPUBackend(dtype), dtype)
+
+
+def check_state_management(backend, dtype):
+    """zero_state, to_host, copy, scale and available_bytes of any backend."""
     state = backend.zero_state(4, 3)
     assert state.shape == (3, 16) and state.dtype == dtype
     expected = np.zeros((3, 16))

@@ -22,6 +22,7 @@ from test_cpu_backend import (
     TOL,
     _ids,
     _pids,
+    check_state_management,
     dense_operator,
     random_states,
     ref_apply,
@@ -399,17 +400,7 @@ def test_sample_bit_order_unnormalised_and_edge_cases(make):
 @DTYPES
 def test_state_management(make, dtype):
     backend = make(dtype)
-    state = backend.zero_state(4, 3)
-    assert state.shape == (3, 16) and state.dtype == dtype
-    expected = np.zeros((3, 16))
-    expected[:, 0] = 1
-    np.testing.assert_array_equal(backend.to_host(state), expected)
-    assert backend.to_host(state).dtype == np.complex128
-    copy = backend.copy(state)
-    backend.apply_pauli(copy, "X", (2,))
-    np.testing.assert_array_equal(backend.to_host(state), expected)  # the copy is independent
-    assert backend.to_host(copy)[0, 4] == 1
-    assert backend.available_bytes() > 0
+    check_state_management(backend, dtype)
     one = backend.from_host(np.eye(16)[3])  # a single vector becomes a batch of one
     assert one.shape == (1, 16) and backend.to_host(one)[0, 3] == 1
 
