@@ -48,11 +48,15 @@ from .backends.base import Backend, StateBatch
 from .program import Instruction, Kind, Program, compile_steps, flatten, inverse
 
 
-def unsupported_reason(tape: QuantumScript, trainable: set[int] | None = None) -> str | None:
+def unsupported_reason(
+    tape: QuantumScript, trainable: set[int] | None = None, broadcast: bool | None = None
+) -> str | None:
     """Why the adjoint method cannot differentiate ``tape``, or None if it can.
 
     ``trainable`` holds the indices (into ``tape.get_parameters(trainable_only=False)``) of
-    the trainable parameters; by default ``tape.trainable_params``.
+    the trainable parameters; by default ``tape.trainable_params``. ``broadcast`` says
+    whether the tape is broadcast where that is already known: ``tape.batch_size`` looks
+    at every parameter of every gate, about 1 ms on a tape of a few dozen gates.
     """
     trainable = set(tape.trainable_params) if trainable is None else trainable
     for mp in tape.measurements:
@@ -64,7 +68,7 @@ def unsupported_reason(tape: QuantumScript, trainable: set[int] | None = None) -
             f"it needs analytic execution and the circuit has shots={tape.shots.total_shots}; "
             "use diff_method='parameter-shift' with shots"
         )
-    if tape.batch_size is not None:
+    if tape.batch_size is not None if broadcast is None else broadcast:
         return "broadcast circuits are expanded by the device's preprocessing first"
     n_ops = len(tape.operations)
     trainable_ops = set()
@@ -131,8 +135,8 @@ def _trainable_positions(tape: QuantumScript) -> dict[int, int]:
     return positions
 
 
-def _require_supported(tape: QuantumScript) -> None:
-    reason = unsupported_reason(tape)
+def _require_supported(tape: QuantumScript, broadcast: bool | None) -> None:
+    reason = unsupported_reason(tape, broadcast=broadcast)
     if reason:
         raise DeviceError(
             f"custatevec.qubit cannot differentiate this circuit by adjoint: {reason}."
@@ -143,7 +147,8 @@ class _Circuit:
     """A tape compiled for the sweep: its program, its gates, its trainable gates."""
 
     def __init__(self, tape: QuantumScript, device_wires: Wires | None, compiled=None):
-        _require_supported(tape)
+        # a compilation kept from the forward pass knows whether the tape is broadcast
+        _require_supported(tape, compiled[0].broadcast if compiled else None)
         self.tape = tape
         self.program, self.steps = compiled or compile_steps(tape, device_wires)
         offset = len(tape.operations) - len(self.steps)  # a state preparation became psi_0

@@ -347,36 +347,31 @@ class _FinalStates:
 
     def replace(self, tapes: Sequence[QuantumScript], states: dict) -> None:
         """``states``: {tape index: (final state, compilation)}, as run_tapes fills it."""
-        self._entries = {
-            _signature(tapes[i]): (_parameters(tapes[i]), entry) for i, entry in states.items()
-        }
+        self._entries = {}
+        for i, entry in states.items():
+            self._entries.setdefault(_key(tapes[i]), []).append(entry)
 
     def pop(self, tape: QuantumScript) -> tuple:
         """(final state, compilation) of ``tape``, or (None, None)."""
-        entry = self._entries.pop(_signature(tape), None) if self._entries else None
-        if entry is None:
-            return None, None
-        parameters, kept = entry
-        current = _parameters(tape)
-        same = len(parameters) == len(current) and all(
-            np.array_equal(a, b) for a, b in zip(parameters, current, strict=True)
-        )
-        return kept if same else (None, None)
+        kept = self._entries.get(_key(tape)) if self._entries else None
+        return kept.pop(0) if kept else (None, None)
 
 
-def _signature(tape: QuantumScript) -> tuple:
-    """The gates' names, wires and hyperparameters: with the parameters, all that the final
-    state depends on (``tape.hash`` also rounds every parameter, which costs milliseconds
-    on circuits of a few hundred gates)."""
-    return tuple(
+def _key(tape: QuantumScript) -> tuple:
+    """All that a tape's final state depends on: the gates' names, wires and
+    hyperparameters, and their parameters bit for bit (``tape.hash`` rounds every
+    parameter, and costs milliseconds on circuits of a few hundred gates)."""
+    gates = tuple(
         (op.name, op.wires, str(op.hyperparameters) if op.hyperparameters else "")
         for op in tape.operations
     )
-
-
-def _parameters(tape: QuantumScript) -> list:
-    """The gate parameters, which alone determine the final state."""
-    return [np.asarray(p) for p in tape.get_parameters(trainable_only=False, operations_only=True)]
+    parameters = tuple(
+        (value.dtype.str, value.shape, value.tobytes())
+        for value in map(
+            np.asarray, tape.get_parameters(trainable_only=False, operations_only=True)
+        )
+    )
+    return gates, parameters
 
 
 _MCM_OPS = frozenset({"MidMeasure", "Conditional"})

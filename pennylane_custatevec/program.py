@@ -73,6 +73,8 @@ class Program:
     instructions: tuple[Instruction, ...]
     batch_size: int
     initial_state: np.ndarray | None = None
+    broadcast: bool = False
+    """Whether the tape is broadcast (a broadcast of one entry has batch_size 1 too)."""
 
     @property
     def num_qubits(self) -> int:
@@ -171,7 +173,12 @@ def compile_steps(tape: QuantumScript, device_wires: Wires | None) -> tuple[Prog
     """The tape's Program without instructions (wires, batch size, initial state), and each
     operation after the initial state preparation with its instructions."""
     wires = register_wires(tape, device_wires)
-    layout = Program(wires=wires, instructions=(), batch_size=tape.batch_size or 1)
+    layout = Program(
+        wires=wires,
+        instructions=(),
+        batch_size=tape.batch_size or 1,
+        broadcast=tape.batch_size is not None,
+    )
     operations = list(tape.operations)
     initial_state = None
     if operations and isinstance(operations[0], qml.operation.StatePrepBase):

@@ -38,13 +38,14 @@ def decompose_late_state_preps(tape: QuantumScript):
 @transform
 def validate_adjoint_differentiation(tape: QuantumScript):
     """Refuse, naming the reason, a circuit the adjoint method cannot differentiate.
-    Trainable parameters are those that require a gradient in the ML framework."""
+    Trainable parameters are those that require a gradient in the ML framework. Runs after
+    ``broadcast_expand``: the tape is not broadcast."""
     trainable = {
         index
         for index, value in enumerate(tape.get_parameters(trainable_only=False))
         if math.requires_grad(value)
     }
-    reason = unsupported_reason(tape, trainable)
+    reason = unsupported_reason(tape, trainable, broadcast=False)
     if reason:
         raise DeviceError(
             f"custatevec.qubit cannot differentiate this circuit by adjoint: {reason}."

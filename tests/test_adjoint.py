@@ -838,6 +838,31 @@ def test_vjp_backward_does_not_simulate_again(simulations):
     _check(params, out, values)
 
 
+def test_broadcast_backward_does_not_simulate_again(simulations, mocker):
+    """Broadcasting expands into tapes of one structure with other parameters: the forward
+    pass simulates them as one batch, and every tape's VJP takes its own final state."""
+    dev = qml.device("custatevec.qubit", wires=2)
+    ref = qml.device("default.qubit", wires=2)
+    compilations = mocker.spy(pennylane_custatevec.adjoint, "compile_steps")
+
+    def circuit(x, y):
+        qml.RX(x, wires=0)
+        qml.CNOT([0, 1])
+        qml.RY(y, wires=1)
+        return qml.expval(qml.Z(1))
+
+    grads = []
+    for device, kwargs in ((dev, {"diff_method": "adjoint", "device_vjp": True}), (ref, {})):
+        x, y = _t([0.1, 0.7, -1.3, 2.0]), _t(0.4)
+        qml.QNode(circuit, device, **kwargs)(x, y).sum().backward()
+        grads.append((x.grad.numpy(), y.grad.numpy()))
+        if device is dev:
+            assert simulations.call_count == 1
+            assert compilations.call_count == 0
+    for ours, reference in zip(*grads, strict=True):
+        np.testing.assert_allclose(ours, reference, atol=ATOL)
+
+
 def test_jacobian_path_simulates_once(simulations):
     dev = qml.device("custatevec.qubit", wires=W4)
     qnode = qml.QNode(_cache_circuit, dev, diff_method="adjoint")
@@ -1060,3 +1085,21 @@ def test_batched_cotangents_are_refused_with_a_clear_error():
     (result,) = dev.compute_vjp([tape], [(1.0, np.array([0.5, -0.5]))])
     expected = -np.sin(0.3) + 0.5 * (-np.sin(0.3) / 2) - 0.5 * (np.sin(0.3) / 2)
     assert np.allclose(result, [expected])
+
+
+@pytest.mark.parametrize("entries", [[0.3, 1.1], [0.3]], ids=["two", "one"])
+@pytest.mark.parametrize("executed_first", [False, True], ids=["cold", "after-execute"])
+def test_broadcast_tapes_are_refused_by_the_device_api(entries, executed_first):
+    """Preprocessing expands broadcasts; a broadcast tape handed to the device's derivative
+    methods directly (even a broadcast of one entry, even after its forward pass) is
+    refused, never differentiated as if it were not broadcast."""
+    dev = qml.device("custatevec.qubit", wires=2)
+    tape = qml.tape.QuantumScript(
+        [qml.RX(np.array(entries), wires=0), qml.CNOT([0, 1])], [qml.expval(qml.Z(1))]
+    )
+    tape.trainable_params = [0]
+    config = ExecutionConfig(gradient_method="adjoint")
+    if executed_first:
+        dev.execute([tape], config)
+    with pytest.raises(qml.exceptions.DeviceError, match="broadcast circuits are expanded"):
+        dev.compute_vjp([tape], [np.ones(len(entries))], config)
