@@ -452,10 +452,10 @@ def _tapes(p):
     ]
 
 
-@VJP
-def test_execute_several_tapes(device_vjp):
-    rng = np.random.default_rng(stable_seed("several-tapes"))
-    values = _angles(rng, 7)
+def _execute_against_backprop(make_tapes, values, device_vjp: bool, loss_seed: int) -> list:
+    """qml.execute of make_tapes(torch parameters) and a random loss's backward, on our
+    device (adjoint) and on default.qubit (backprop); asserts equal results and gradients
+    and returns each run's gradients."""
     dev, ref = make_devices(W4)
     runs = []
     for device, kwargs in (
@@ -463,37 +463,36 @@ def test_execute_several_tapes(device_vjp):
         (ref, {"diff_method": "backprop"}),
     ):
         params = [_t(v) for v in values]
-        results = qml.execute(_tapes(params), device, interface="torch", **kwargs)
-        random_loss(results, 7).backward()
+        results = qml.execute(make_tapes(params), device, interface="torch", **kwargs)
+        random_loss(results, loss_seed).backward()
         runs.append((_numpy(results), [p.grad.numpy() for p in params]))
     assert_allclose_nested(runs[0][0], runs[1][0], atol=ATOL)
     np.testing.assert_allclose(runs[0][1], runs[1][1], atol=ATOL, rtol=0)
+    return [grads for _, grads in runs]
+
+
+@VJP
+def test_execute_several_tapes(device_vjp):
+    rng = np.random.default_rng(stable_seed("several-tapes"))
+    _execute_against_backprop(_tapes, _angles(rng, 7), device_vjp, loss_seed=7)
 
 
 @VJP
 def test_execute_identical_tapes_different_parameters(device_vjp):
     """Tapes that only differ by their parameters (one batch on the device)."""
     values = [0.3, -1.1, 2.2, 0.7]
-    dev, ref = make_devices(W4)
-    runs = []
-    for device, kwargs in (
-        (dev, {"diff_method": "adjoint", "device_vjp": device_vjp}),
-        (ref, {"diff_method": "backprop"}),
-    ):
-        params = [_t(v) for v in values]
-        tapes = [
+
+    def tapes(params):
+        return [
             QuantumScript(
                 [qml.Hadamard(0), qml.RX(x, "a"), qml.CNOT(["a", 0]), qml.CRY(x, [0, 3])],
                 [qml.expval(qml.Z(3) @ qml.X(0)), qml.probs(wires=["a", 3])],
             )
             for x in params
         ]
-        results = qml.execute(tapes, device, interface="torch", **kwargs)
-        random_loss(results, 11).backward()
-        runs.append((_numpy(results), [p.grad.numpy() for p in params]))
-    assert_allclose_nested(runs[0][0], runs[1][0], atol=ATOL)
-    np.testing.assert_allclose(runs[0][1], runs[1][1], atol=ATOL, rtol=0)
-    assert len({float(g) for g in runs[1][1]}) == len(values)  # the gradients differ
+
+    _, reference = _execute_against_backprop(tapes, values, device_vjp, loss_seed=11)
+    assert len({float(g) for g in reference}) == len(values)  # the gradients differ
 
 
 # ---------------------------------------------------------------------------------------

@@ -22,6 +22,8 @@ from test_cpu_backend import (
     TOL,
     _ids,
     _pids,
+    check_add_pauli_sum,
+    check_expval_pauli_words,
     check_state_management,
     dense_operator,
     random_states,
@@ -219,15 +221,7 @@ def test_expval_pauli(make, word, targets, batch, dtype):
 )
 def test_expval_pauli_words(make, words, dtype):
     """Every word of every vector from one library call per vector."""
-    rng = np.random.default_rng(stable_seed("expval_pauli_words", str(words)))
-    psi = random_states(N, 3, rng)
-    backend = make(dtype)
-    out = backend.expval_pauli_words(load(backend, psi), words)
-    assert out.dtype == np.float64 and out.shape == (3, len(words))
-    for k, (word, targets) in enumerate(words):
-        op = dense_operator(N, word_matrix(word), targets)
-        expected = np.real(np.einsum("bi,ij,bj->b", psi.conj(), op, psi))
-        np.testing.assert_allclose(out[:, k], expected, atol=TOL[dtype] * 10)
+    check_expval_pauli_words(make(dtype), words, dtype)
 
 
 @DTYPES
@@ -309,18 +303,7 @@ def test_adjoint_rotation_step(make, word, targets, rows, dtype):
     ids=["z-and-identity", "mixed"],
 )  # fmt: skip
 def test_add_pauli_sum(make, words):
-    rng = np.random.default_rng(stable_seed("pauli_sum", str(words)))
-    dst, src = random_states(N, 3, rng), random_states(N, 1, rng)
-    coefficients = rng.normal(size=len(words)) + 1j * rng.normal(size=len(words))
-    backend = make()
-    state, source = backend.from_host(dst), backend.from_host(src)
-    backend.add_pauli_sum(state, source, words, coefficients)
-    operator = sum(
-        c * dense_operator(N, word_matrix(w), t)
-        for (w, t), c in zip(words, coefficients, strict=True)
-    )
-    np.testing.assert_allclose(backend.to_host(state), dst + (operator @ src[0])[None], atol=1e-12)
-    np.testing.assert_array_equal(backend.to_host(source), src)
+    check_add_pauli_sum(make(), words)
 
 
 @pytest.mark.parametrize("sources, factors", [(1, [2.0 - 1j]), (3, [0.5, -1.0, 1j])])
