@@ -210,7 +210,7 @@ def measure_all_analytic(
         for i, mp in enumerate(measurements)
         if isinstance(mp, ExpectationMP) and mp.obs is not None and mp.obs.pauli_rep is not None
     ]
-    if len(paulis) > 1:
+    if paulis:
         sentences = [measurements[i].obs.pauli_rep for i in paulis]
         values = _pauli_expectations(backend, state, program, sentences)
         for i, value in zip(paulis, values, strict=True):
