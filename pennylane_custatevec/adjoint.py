@@ -49,7 +49,10 @@ from .program import Instruction, Kind, Program, compile_steps, flatten, inverse
 
 
 def unsupported_reason(
-    tape: QuantumScript, trainable: set[int] | None = None, broadcast: bool | None = None
+    tape: QuantumScript,
+    trainable: set[int] | None = None,
+    broadcast: bool | None = None,
+    batched: bool = False,
 ) -> str | None:
     """Why the adjoint method cannot differentiate ``tape``, or None if it can.
 
@@ -57,6 +60,8 @@ def unsupported_reason(
     the trainable parameters; by default ``tape.trainable_params``. ``broadcast`` says
     whether the tape is broadcast where that is already known: ``tape.batch_size`` looks
     at every parameter of every gate, about 1 ms on a tape of a few dozen gates.
+    ``batched``: the sweep runs a broadcast tape as one batch (the deferred mode), which
+    it can when no trainable parameter is broadcast.
     """
     trainable = set(tape.trainable_params) if trainable is None else trainable
     for mp in tape.measurements:
@@ -69,7 +74,13 @@ def unsupported_reason(
             "use diff_method='parameter-shift' with shots"
         )
     if tape.batch_size is not None if broadcast is None else broadcast:
-        return "broadcast circuits are expanded by the device's preprocessing first"
+        if not batched:
+            return "broadcast circuits are expanded by the device's preprocessing first"
+        if any(tape.par_info[index]["op"].batch_size is not None for index in trainable):
+            return (
+                "a trainable parameter is broadcast; such circuits are expanded by the "
+                "device's preprocessing first"
+            )
     n_ops = len(tape.operations)
     trainable_ops = set()
     for index in trainable:
@@ -135,22 +146,26 @@ def _trainable_positions(tape: QuantumScript) -> dict[int, int]:
     return positions
 
 
-def _require_supported(tape: QuantumScript, broadcast: bool | None) -> None:
-    reason = unsupported_reason(tape, broadcast=broadcast)
+def _require_supported(tape: QuantumScript, broadcast: bool | None, batched: bool) -> None:
+    reason = unsupported_reason(tape, broadcast=broadcast, batched=batched)
     if reason:
         raise DeviceError(
             f"custatevec.qubit cannot differentiate this circuit by adjoint: {reason}."
         )
 
 
-class _Circuit:
-    """A tape compiled for the sweep: its program, its gates, its trainable gates."""
+class Circuit:
+    """A tape compiled for the sweep: its program, its gates, its trainable gates.
+    ``batched``: a broadcast tape is differentiated as one batch (the deferred mode)."""
 
-    def __init__(self, tape: QuantumScript, device_wires: Wires | None, compiled=None):
+    def __init__(
+        self, tape: QuantumScript, device_wires: Wires | None, compiled=None, batched=False
+    ):
         # a compilation kept from the forward pass knows whether the tape is broadcast
-        _require_supported(tape, compiled[0].broadcast if compiled else None)
+        _require_supported(tape, compiled[0].broadcast if compiled else None, batched)
         self.tape = tape
-        self.program, self.steps = compiled or compile_steps(tape, device_wires)
+        self.compiled = compiled or compile_steps(tape, device_wires)
+        self.program, self.steps = self.compiled
         offset = len(tape.operations) - len(self.steps)  # a state preparation became psi_0
         self.columns = {
             position - offset: column for position, column in _trainable_positions(tape).items()
@@ -168,29 +183,29 @@ def jacobian(
     """The Jacobian of ``tape``'s results with respect to its trainable parameters, shaped as
     PennyLane expects. ``state``, the final state if already known, is consumed;
     ``compiled``, the tape's ``compile_steps`` if already known, is reused."""
-    circuit = _Circuit(tape, device_wires, compiled)
+    circuit = Circuit(tape, device_wires, compiled)
     measurements = tape.measurements
     per_measurement: list = [None] * len(measurements)
     swept = [i for i, mp in enumerate(measurements) if not isinstance(mp, StateMP)]
     if swept:
         if state is None:
             state = circuit.final_state(backend)
-        gradients = _sweep(backend, circuit, state, _one_hot_rows(circuit, swept))
+        gradients = _sweep(backend, circuit, state, one_hot_rows(circuit, swept))
         start = 0
         for i in swept:
             mp = measurements[i]
-            size = _output_size(mp, circuit.program)
+            size = output_size(mp, circuit.program)
             block = gradients[start : start + size]
             start += size
             shape = () if isinstance(mp, ExpectationMP) else (size,)
             per_measurement[i] = [block[:, p].reshape(shape) for p in range(circuit.n_params)]
     if len(swept) < len(measurements):
-        derivatives = _state_derivatives(backend, circuit)
+        derivatives = state_derivatives(backend, circuit)
         for i, mp in enumerate(measurements):
             if isinstance(mp, StateMP):
                 wires = circuit.program.wires
-                per_measurement[i] = [mp.process_state(d, wire_order=wires) for d in derivatives]
-    return _format_jacobian(per_measurement, circuit.n_params)
+                per_measurement[i] = [mp.process_state(d[0], wire_order=wires) for d in derivatives]
+    return format_jacobian(per_measurement, circuit.n_params)
 
 
 def vjp(
@@ -204,19 +219,11 @@ def vjp(
     """The vector-Jacobian product of ``tape`` with ``cotangents`` (PennyLane's per-tape
     cotangent: one value per measurement, not wrapped for a single measurement), a tuple
     with one entry per trainable parameter. ``state`` and ``compiled`` as in ``jacobian``."""
-    circuit = _Circuit(tape, device_wires, compiled)
-    per_measurement = (cotangents,) if len(tape.measurements) == 1 else tuple(cotangents)
-    for mp, dy in zip(tape.measurements, per_measurement, strict=True):
-        expected = () if isinstance(mp, ExpectationMP) else (_output_size(mp, circuit.program),)
-        if dy is not None and np.shape(dy) not in (expected, ()):
-            raise DeviceError(
-                f"custatevec.qubit got a cotangent of shape {np.shape(dy)} for {mp}, whose "
-                f"result has shape {expected}; batched cotangents are not supported (use one "
-                "VJP per cotangent, or the device Jacobian)."
-            )
+    circuit = Circuit(tape, device_wires, compiled)
+    per_measurement = checked_cotangents(circuit, cotangents)
     if circuit.n_params == 0:
         return ()
-    if all(_is_zero(dy) for dy in per_measurement):
+    if all(is_zero(dy) for dy in per_measurement):
         return tuple(np.float64(0.0) for _ in range(circuit.n_params))
     if state is None:
         state = circuit.final_state(backend)
@@ -224,23 +231,40 @@ def vjp(
     return tuple(np.float64(g) for g in gradients[0])
 
 
-def _is_zero(value) -> bool:
+def checked_cotangents(circuit: Circuit, cotangents) -> tuple:
+    """PennyLane's per-tape cotangent as one entry per measurement, each of its result's
+    shape (with the batch axis first for a broadcast tape), or a scalar, or None."""
+    tape = circuit.tape
+    per_measurement = (cotangents,) if len(tape.measurements) == 1 else tuple(cotangents)
+    batch = (circuit.program.batch_size,) if circuit.program.broadcast else ()
+    for mp, dy in zip(tape.measurements, per_measurement, strict=True):
+        expected = () if isinstance(mp, ExpectationMP) else (output_size(mp, circuit.program),)
+        if dy is not None and np.shape(dy) not in (batch + expected, ()):
+            raise DeviceError(
+                f"custatevec.qubit got a cotangent of shape {np.shape(dy)} for {mp}, whose "
+                f"result has shape {batch + expected}; batched cotangents are not supported "
+                "(use one VJP per cotangent, or the device Jacobian)."
+            )
+    return per_measurement
+
+
+def is_zero(value) -> bool:
     return value is None or not np.any(np.asarray(value))
 
 
-def _output_size(mp: MeasurementProcess, program: Program) -> int:
+def output_size(mp: MeasurementProcess, program: Program) -> int:
     if isinstance(mp, (ProbabilityMP, StateMP)):
         return 2 ** len(mp.wires or program.wires)
     return 1
 
 
-def _one_hot_rows(circuit: _Circuit, measured: list[int]) -> list[tuple]:
+def one_hot_rows(circuit: Circuit, measured: list[int]) -> list[tuple]:
     """One cotangent row per output of the measurements ``measured`` (indices into the
     tape's): 1 at that output, None elsewhere."""
     measurements = circuit.tape.measurements
     rows = []
     for i in measured:
-        size = _output_size(measurements[i], circuit.program)
+        size = output_size(measurements[i], circuit.program)
         for output in range(size):
             row: list = [None] * len(measurements)
             row[i] = 1.0 if isinstance(measurements[i], ExpectationMP) else np.eye(size)[output]
@@ -248,7 +272,7 @@ def _one_hot_rows(circuit: _Circuit, measured: list[int]) -> list[tuple]:
     return rows
 
 
-def _format_jacobian(per_measurement: list[list[np.ndarray]], n_params: int):
+def format_jacobian(per_measurement: list[list[np.ndarray]], n_params: int):
     """measurement x parameter, with single measurements and single parameters unwrapped."""
     if n_params == 1:
         entries = [columns[0] for columns in per_measurement]
@@ -257,7 +281,7 @@ def _format_jacobian(per_measurement: list[list[np.ndarray]], n_params: int):
     return entries[0] if len(entries) == 1 else tuple(entries)
 
 
-def _sweep(backend: Backend, circuit: _Circuit, state: StateBatch, rows: Sequence[tuple]):
+def _sweep(backend: Backend, circuit: Circuit, state: StateBatch, rows: Sequence[tuple]):
     """d/dtheta of the real cotangent products of every row, float64 (rows, params)."""
     gradients = np.zeros((len(rows), circuit.n_params))
     if not circuit.columns:
@@ -268,7 +292,7 @@ def _sweep(backend: Backend, circuit: _Circuit, state: StateBatch, rows: Sequenc
     for index in range(len(circuit.steps) - 1, first - 1, -1):
         op, instructions = circuit.steps[index]
         column = circuit.columns.get(index)
-        rotation = _plain_rotation(op, instructions)
+        rotation = plain_rotation(op, instructions)
         if column is not None and rotation is not None:
             # G = -P/2: the inner product and both undos in one backend step
             products = -0.5 * backend.adjoint_rotation_step(
@@ -288,7 +312,7 @@ def _sweep(backend: Backend, circuit: _Circuit, state: StateBatch, rows: Sequenc
     return gradients
 
 
-def _plain_rotation(op: Operator, instructions: list[Instruction]) -> Instruction | None:
+def plain_rotation(op: Operator, instructions: list[Instruction]) -> Instruction | None:
     """The instruction of ``op`` when it is one Pauli rotation exp(-i theta/2 P) without
     controls compiled from ``op`` itself (RX, IsingZZ, PauliRot, MultiRZ, ...): its
     generator is -P/2, known without building it."""
@@ -304,17 +328,30 @@ def _plain_rotation(op: Operator, instructions: list[Instruction]) -> Instructio
     return None
 
 
-def _bras(backend: Backend, circuit: _Circuit, psi: StateBatch, rows: Sequence[tuple]):
-    """One bra per row: sum over measurements of each cotangent's term (module docstring)."""
-    program = circuit.program
-    bras = backend.zero_state(program.num_qubits, len(rows))
+def _bras(backend: Backend, circuit: Circuit, psi: StateBatch, rows: Sequence[tuple]):
+    """One bra per row (module docstring), in a new batch."""
+    bras = backend.zero_state(circuit.program.num_qubits, len(rows))
     backend.scale(bras, np.zeros(1))
+    add_cotangent_terms(backend, bras, psi, circuit.program, circuit.tape.measurements, rows)
+    return bras
+
+
+def add_cotangent_terms(
+    backend: Backend,
+    bras: StateBatch,
+    psi: StateBatch,
+    program: Program,
+    measurements: Sequence[MeasurementProcess],
+    rows: Sequence[tuple],
+) -> None:
+    """bras[r] += the sum over measurements of each cotangent's term of row r (module
+    docstring), for the final state ``psi`` (one vector)."""
     for r, row in enumerate(rows):
         bra = backend.vectors(bras, r, r + 1)
         # the Pauli observables' terms as one sum: one backend call however many there are
         paulis = qml.pauli.PauliSentence()
-        for mp, dy in zip(circuit.tape.measurements, row, strict=True):
-            if _is_zero(dy):
+        for mp, dy in zip(measurements, row, strict=True):
+            if is_zero(dy):
                 continue
             if isinstance(mp, ExpectationMP) and mp.obs.pauli_rep is not None:
                 paulis += (2.0 * float(dy)) * mp.obs.pauli_rep
@@ -322,7 +359,6 @@ def _bras(backend: Backend, circuit: _Circuit, psi: StateBatch, rows: Sequence[t
                 _add_term(backend, bra, psi, program, mp, dy)
         if paulis:
             measure.add_pauli_sentence(backend, bra, psi, program, paulis)
-    return bras
 
 
 def _add_term(backend, bra, psi, program: Program, mp: MeasurementProcess, dy) -> None:
@@ -339,11 +375,11 @@ def _add_term(backend, bra, psi, program: Program, mp: MeasurementProcess, dy) -
         backend.add_scaled(bra, applied, [2.0 * float(dy)])
 
 
-def _state_derivatives(backend: Backend, circuit: _Circuit) -> list[np.ndarray]:
+def state_derivatives(backend: Backend, circuit: Circuit) -> list[np.ndarray]:
     """Forward mode: d psi/d theta_j = U_N ... U_{j+1} (i G_j) phi_j for every trainable
-    j, as host vectors (one vector per parameter: the Jacobian of a state is that big)."""
+    j, as host arrays (B, 2**n), one per parameter (the Jacobian of a state is that big)."""
     program = circuit.program
-    state = simulate.initial_state(backend, program, 1)
+    state = simulate.initial_state(backend, program, program.batch_size)
     derivatives: list[StateBatch | None] = [None] * circuit.n_params
     for index, (op, instructions) in enumerate(circuit.steps):
         for instruction in instructions:
@@ -356,4 +392,4 @@ def _state_derivatives(backend: Backend, circuit: _Circuit) -> list[np.ndarray]:
             derivative = measure.applied_observable(backend, state, program, op.generator())
             backend.scale(derivative, np.full(1, 1j))
             derivatives[column] = derivative
-    return [backend.to_host(d)[0] for d in derivatives]
+    return [backend.to_host(d) for d in derivatives]

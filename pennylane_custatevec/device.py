@@ -30,12 +30,13 @@ from pennylane.tape import QuantumScript
 from pennylane.transforms import broadcast_expand, defer_measurements, dynamic_one_shot
 from pennylane.transforms.core import CompilePipeline
 
-from . import adjoint
+from . import adjoint, deferred, settings
 from .backends import BACKEND_CHOICES, select_backend
 from .execution import run_tapes
 from .transforms import (
     complex_parameters_for_state,
     decompose_late_state_preps,
+    expand_trainable_broadcasts,
     rotate_sampled_measurements,
     validate_adjoint_differentiation,
 )
@@ -50,6 +51,11 @@ _MATRIX_DEFINED_OPS = (
 )
 """Operations whose parameters are matrices or states: never decomposed for the adjoint
 method, so that a trainable one is refused by name rather than silently expanded."""
+
+
+DEFAULT_FUSION_QUBITS = {"cpu": 2, "custatevec": 4}
+"""The largest fused block per backend when the device does not set it: what the
+benchmarks chose (doc/options.md)."""
 
 
 class UnknownOptionError(ValueError, TypeError):
@@ -85,6 +91,14 @@ class CuStateVecDevice(Device):
         device_id (int, None): the GPU of the custatevec backend; ``None`` takes
             $LOCAL_RANK when set (one process per GPU under torch.distributed), else the
             current CUDA device. Ignored by the CPU backend.
+        grad_accumulation ("deferred", "eager"): how the adjoint method accumulates
+            gradient contributions: "deferred" (fused blocks, one reduction per block,
+            batched tapes, one transfer per batch) or "eager" (the textbook sweep).
+        fusion_qubits (int, None): the largest block of fused gates, 0 to 6 (0 or 1: no
+            fusion); ``None`` takes the backend's default.
+
+    ``grad_accumulation`` and ``fusion_qubits`` can be overridden for a block of code or a
+    function with :func:`pennylane_custatevec.options`.
     """
 
     config_filepath = Path(__file__).parent / "capabilities.toml"
@@ -98,13 +112,19 @@ class CuStateVecDevice(Device):
         c_dtype=np.complex128,
         backend: str = "auto",
         device_id: int | None = None,
+        grad_accumulation: str = "deferred",
+        fusion_qubits: int | None = None,
         **unknown,
     ):
         if unknown:
             raise UnknownOptionError(
                 f"custatevec.qubit got unknown option(s) {sorted(unknown)}; valid options are "
-                "wires, shots, seed, c_dtype, backend, device_id."
+                "wires, shots, seed, c_dtype, backend, device_id, grad_accumulation, "
+                "fusion_qubits."
             )
+        settings.validate(grad_accumulation=grad_accumulation)
+        if fusion_qubits is not None:
+            settings.validate(fusion_qubits=fusion_qubits)
         if np.dtype(c_dtype) not in {np.dtype(d) for d in _DTYPE_CHOICES}:
             raise ValueError(
                 f"c_dtype={c_dtype!r} is not supported; choose numpy.complex128 or numpy.complex64."
@@ -128,6 +148,14 @@ class CuStateVecDevice(Device):
         )
         self._rng = _rng_from_seed(seed)
         self._final_states = _FinalStates()
+        self._options = settings.DifferentiationOptions(
+            grad_accumulation=grad_accumulation,
+            fusion_qubits=(
+                DEFAULT_FUSION_QUBITS[self._backend.name]
+                if fusion_qubits is None
+                else int(fusion_qubits)
+            ),
+        )
 
     @property
     def name(self) -> str:
@@ -141,6 +169,11 @@ class CuStateVecDevice(Device):
     @property
     def c_dtype(self) -> np.dtype:
         return self._backend.dtype
+
+    def options_in_force(self, config: ExecutionConfig | None = None):
+        """The differentiation options of an execution: ``config.device_options`` (set by
+        ``setup_execution_config``) over the context's overrides over the device's own."""
+        return settings.resolve(self._options, config.device_options if config else None)
 
     def __repr__(self) -> str:
         wires = len(self.wires) if self.wires is not None else None
@@ -207,6 +240,9 @@ class CuStateVecDevice(Device):
         if mcm_method is None:
             default = "one-shot" if shots_present else "deferred"
             updates["mcm_config"] = dataclasses.replace(config.mcm_config, mcm_method=default)
+        # the options of the context in force now, for the backward pass that may run later
+        in_force = self.options_in_force(config).as_device_options()
+        updates["device_options"] = {**config.device_options, **in_force}
         return dataclasses.replace(config, **updates)
 
     def preprocess_transforms(self, execution_config: ExecutionConfig | None = None):
@@ -235,8 +271,9 @@ class CuStateVecDevice(Device):
             validate_observables, stopping_condition=self._observable_supported, name=self.name
         )
         if differentiating:
-            pipeline.add_transform(broadcast_expand)
-            pipeline.add_transform(validate_adjoint_differentiation)
+            batched = self.options_in_force(config).grad_accumulation == "deferred"
+            pipeline.add_transform(expand_trainable_broadcasts if batched else broadcast_expand)
+            pipeline.add_transform(validate_adjoint_differentiation, batched=batched)
             if not config.use_device_jacobian_product:
                 pipeline.add_transform(complex_parameters_for_state)
             return pipeline
@@ -287,6 +324,7 @@ class CuStateVecDevice(Device):
             self._rng,
             config.mcm_config.postselect_mode,
             final_states=keep,
+            fusion_qubits=self.options_in_force(config).fusion_qubits,
         )
         self._final_states.replace(circuits, keep or {})
         return results
@@ -296,9 +334,15 @@ class CuStateVecDevice(Device):
         circuits: Sequence[QuantumScript],
         execution_config: ExecutionConfig | None = None,
     ):
+        in_force = self.options_in_force(execution_config)
+        kept = [self._final_states.pop(tape) for tape in circuits]
+        if in_force.grad_accumulation == "deferred":
+            return deferred.jacobians(
+                self._backend, circuits, self.wires, kept, in_force.fusion_qubits
+            )
         return tuple(
-            adjoint.jacobian(self._backend, tape, self.wires, *self._final_states.pop(tape))
-            for tape in circuits
+            adjoint.jacobian(self._backend, tape, self.wires, *entry)
+            for tape, entry in zip(circuits, kept, strict=True)
         )
 
     def execute_and_compute_derivatives(
@@ -316,9 +360,15 @@ class CuStateVecDevice(Device):
         cotangents: Sequence,
         execution_config: ExecutionConfig | None = None,
     ):
+        in_force = self.options_in_force(execution_config)
+        kept = [self._final_states.pop(tape) for tape in circuits]
+        if in_force.grad_accumulation == "deferred":
+            return deferred.vjps(
+                self._backend, circuits, cotangents, self.wires, kept, in_force.fusion_qubits
+            )
         return tuple(
-            adjoint.vjp(self._backend, tape, dy, self.wires, *self._final_states.pop(tape))
-            for tape, dy in zip(circuits, cotangents, strict=True)
+            adjoint.vjp(self._backend, tape, dy, self.wires, *entry)
+            for tape, dy, entry in zip(circuits, cotangents, kept, strict=True)
         )
 
     def execute_and_compute_vjp(

@@ -15,7 +15,7 @@ from pennylane.measurements import MeasurementProcess
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
-from . import measure, simulate
+from . import fusion, measure, simulate
 from .backends.base import Backend
 from .program import Kind, Program, compile_steps, flatten, merge
 
@@ -30,6 +30,7 @@ def run_tapes(
     rng: np.random.Generator,
     postselect_mode: str | None = None,
     final_states: dict | None = None,
+    fusion_qubits: int = 0,
 ) -> tuple:
     """The results of ``tapes``, in order.
 
@@ -38,6 +39,8 @@ def run_tapes(
     of state vectors; the others run one by one. With ``final_states`` given, it receives
     ``{tape index: (final state, (layout, steps))}`` of every analytic tape: a view into
     its batch and its compilation (see ``program.compile_steps``), for the derivatives.
+    Analytic batches run fused into blocks of at most ``fusion_qubits`` qubits (see
+    ``fusion``; 0 or 1: gate by gate).
     """
     compiled = [compile_steps(tape, device_wires) for tape in tapes]
     programs = [flatten(*c) for c in compiled]
@@ -55,7 +58,7 @@ def run_tapes(
         per_vector = simulate.state_bytes(backend, programs[indices[0]].num_qubits, 1)
         for chunk in _chunks(indices, programs, max(1, BATCH_BYTES // per_vector)):
             batch, states = _run_analytic_batch(
-                backend, [tapes[i] for i in chunk], [programs[i] for i in chunk]
+                backend, [tapes[i] for i in chunk], [compiled[i] for i in chunk], fusion_qubits
             )
             for i, result, state in zip(chunk, batch, states, strict=True):
                 results[i] = result
@@ -79,17 +82,23 @@ def _chunks(indices: list[int], programs: list[Program], max_vectors: int):
         yield chunk
 
 
-def _run_analytic_batch(backend, tapes: list[QuantumScript], programs: list[Program]):
+def _run_analytic_batch(
+    backend, tapes: list[QuantumScript], compiled: list, fusion_qubits: int
+) -> tuple[list, list]:
     """Results of tapes that share a structure, and each tape's final states (a view)."""
-    merged = merge(programs)
-    state, _ = simulate.final_state(backend, merged)
-    values = measure.measure_all_analytic(backend, state, merged, tapes[0].measurements)
+    layout, steps = merge(compiled)
+    if fusion_qubits > 1:
+        program = fusion.fused_program(layout, steps, fusion_qubits)
+    else:
+        program = flatten(layout, steps)
+    state, _ = simulate.final_state(backend, program)
+    values = measure.measure_all_analytic(backend, state, program, tapes[0].measurements)
     results, states, offset = [], [], 0
-    for tape, program in zip(tapes, programs, strict=True):
-        rows = slice(offset, offset + program.batch_size)
+    for tape, (tape_layout, _) in zip(tapes, compiled, strict=True):
+        rows = slice(offset, offset + tape_layout.batch_size)
         results.append(_nest(tape, [_unbatch(tape, v[rows]) for v in values]))
         states.append(backend.vectors(state, rows.start, rows.stop))
-        offset += program.batch_size
+        offset += tape_layout.batch_size
     return results, states
 
 

@@ -118,21 +118,34 @@ class Program:
         )
 
 
-def merge(programs: Sequence[Program]) -> Program:
-    """One program whose batch is the concatenation of the batches of ``programs``,
-    which must share a structure key and have no mid-circuit measurements."""
-    first = programs[0]
-    if len(programs) == 1:
-        return first
-    sizes = [p.batch_size for p in programs]
-    instructions = tuple(
-        dataclasses.replace(group[0], data=_concatenate_data([i.data for i in group], sizes))
-        for group in zip(*(p.instructions for p in programs), strict=True)
-    )
+Steps = list[tuple[Operator, list[Instruction]]]
+"""Each operation of a tape with the instructions it compiled to."""
+
+
+def merge(compiled: Sequence[tuple[Program, Steps]]) -> tuple[Program, Steps]:
+    """One compilation (layout, steps) whose batch is the concatenation of the batches of
+    ``compiled``: tapes that share a structure key and have no mid-circuit measurements."""
+    if len(compiled) == 1:
+        return compiled[0]
+    layouts = [layout for layout, _ in compiled]
+    sizes = [layout.batch_size for layout in layouts]
+    steps = [
+        (
+            group[0][0],
+            [
+                dataclasses.replace(
+                    parts[0], data=_concatenate_data([i.data for i in parts], sizes)
+                )
+                for parts in zip(*(instructions for _, instructions in group), strict=True)
+            ],
+        )
+        for group in zip(*(steps for _, steps in compiled), strict=True)
+    ]
     initial_state = None
-    if first.initial_state is not None:
-        initial_state = _concatenate_data([p.initial_state for p in programs], sizes)
-    return Program(first.wires, instructions, sum(sizes), initial_state)
+    if layouts[0].initial_state is not None:
+        initial_state = _concatenate_data([layout.initial_state for layout in layouts], sizes)
+    layout = dataclasses.replace(layouts[0], batch_size=sum(sizes), initial_state=initial_state)
+    return layout, steps
 
 
 def _concatenate_data(data: list, sizes: list[int]):
@@ -152,10 +165,6 @@ def register_wires(tape: QuantumScript, device_wires: Wires | None) -> Wires:
         return tape.wires
     used = set(tape.wires)
     return Wires([w for w in device_wires if w in used])
-
-
-Steps = list[tuple[Operator, list[Instruction]]]
-"""Each operation of a tape with the instructions it compiled to."""
 
 
 def compile_tape(tape: QuantumScript, device_wires: Wires | None) -> Program:

@@ -8,7 +8,7 @@ from pennylane.measurements import ExpectationMP, StateMP, VarianceMP
 from pennylane.operation import StatePrepBase
 from pennylane.ops import LinearCombination, Sum
 from pennylane.tape import QuantumScript
-from pennylane.transforms import diagonalize_measurements, split_non_commuting
+from pennylane.transforms import broadcast_expand, diagonalize_measurements, split_non_commuting
 from pennylane.transforms.core import transform
 
 from .adjoint import unsupported_reason
@@ -36,20 +36,38 @@ def decompose_late_state_preps(tape: QuantumScript):
 
 
 @transform
-def validate_adjoint_differentiation(tape: QuantumScript):
+def validate_adjoint_differentiation(tape: QuantumScript, batched: bool = False):
     """Refuse, naming the reason, a circuit the adjoint method cannot differentiate.
     Trainable parameters are those that require a gradient in the ML framework. Runs after
-    ``broadcast_expand``: the tape is not broadcast."""
+    ``broadcast_expand`` (the tape is not broadcast) or, with ``batched`` (the deferred
+    mode), after ``expand_trainable_broadcasts``."""
     trainable = {
         index
         for index, value in enumerate(tape.get_parameters(trainable_only=False))
         if math.requires_grad(value)
     }
-    reason = unsupported_reason(tape, trainable, broadcast=False)
+    reason = unsupported_reason(
+        tape, trainable, broadcast=None if batched else False, batched=batched
+    )
     if reason:
         raise DeviceError(
             f"custatevec.qubit cannot differentiate this circuit by adjoint: {reason}."
         )
+    return (tape,), _first_result
+
+
+@transform
+def expand_trainable_broadcasts(tape: QuantumScript):
+    """``broadcast_expand`` for a tape in which a broadcast parameter is trainable (its
+    gradient has one entry per broadcast entry); other broadcast tapes stay whole, for the
+    deferred mode differentiates them as one batch."""
+    if tape.batch_size is None:
+        return (tape,), _first_result
+    if any(
+        op.batch_size is not None and any(math.requires_grad(d) for d in op.data)
+        for op in tape.operations
+    ):
+        return broadcast_expand(tape)
     return (tape,), _first_result
 
 

@@ -26,6 +26,7 @@ from pennylane.ops.functions import bind_new_parameters
 from pennylane.tape import QuantumScript
 from test_gates import GATES, gate_spec
 
+import pennylane_custatevec
 import pennylane_custatevec.simulate
 
 ATOL = 1e-8
@@ -49,6 +50,13 @@ PARAMETRIZED = [
     for name in GATES
     if name not in MATRIX_DEFINED and getattr(qml, name).num_params not in (0, None)
 ]
+
+
+@pytest.fixture(autouse=True, params=["deferred", "eager"])
+def grad_accumulation(request):
+    """Every test in both modes, through the context-local option override."""
+    with pennylane_custatevec.options(grad_accumulation=request.param):
+        yield request.param
 
 
 def _t(value, requires_grad=True):
@@ -1100,5 +1108,5 @@ def test_broadcast_tapes_are_refused_by_the_device_api(entries, executed_first):
     config = ExecutionConfig(gradient_method="adjoint")
     if executed_first:
         dev.execute([tape], config)
-    with pytest.raises(qml.exceptions.DeviceError, match="broadcast circuits are expanded"):
+    with pytest.raises(qml.exceptions.DeviceError, match="expanded by the device's preprocessing"):
         dev.compute_vjp([tape], [np.ones(len(entries))], config)

@@ -395,6 +395,55 @@ def _apply_kq(state, mats, targets, fixed_bits, control_mask):
             i += length
 
 
+def _block_step(phi, bras, adjoints, targets, fixed_bits, out):
+    """One step of the deferred adjoint sweep back through a block M on ``targets``, in a
+    single pass: phi_b <- M_b^dagger phi_b, and for each bra r of vector b (row b*R + r),
+    out[job, r] += conj(bra[a]) (M_b^dagger phi_b)[c] summed over the job's work items
+    before bra <- M_b^dagger bra. ``adjoints`` holds M^dagger, (1 or B, d, d)."""
+    batch, dim = phi.shape
+    rows = bras.shape[0] // batch
+    items, per, run_length, low0, low1, span = _work_layout(batch, dim, fixed_bits)
+    shared = adjoints.shape[0] == 1
+    offsets = _target_offsets(targets)
+    d = offsets.shape[0]
+    for job in numba.prange(batch * per):
+        b = job // per
+        c = job - b * per
+        m = adjoints[0] if shared else adjoints[b]
+        ket = phi[b]
+        old = np.empty(d, dtype=phi.dtype)
+        new = np.empty(d, dtype=phi.dtype)
+        sums = np.zeros((rows, d, d), dtype=np.complex128)
+        i, hi = c * items // per, (c + 1) * items // per
+        while i < hi:
+            base, first, length = _run(i, hi, run_length, fixed_bits, 0)
+            for item in range(first, first + length):
+                i0 = np.uint64(base | _spread(item, low0, low1))
+                for a in range(d):
+                    old[a] = ket[i0 + offsets[a]]
+                for a in range(d):
+                    acc = m[a, 0] * old[0]
+                    for a2 in range(1, d):
+                        acc += m[a, a2] * old[a2]
+                    new[a] = acc
+                    ket[i0 + offsets[a]] = acc
+                for r in range(rows):
+                    bra = bras[b * rows + r]
+                    for a in range(d):
+                        old[a] = bra[i0 + offsets[a]]
+                    for a in range(d):
+                        left = np.conj(old[a])
+                        for a2 in range(d):
+                            sums[r, a, a2] += left * new[a2]
+                    for a in range(d):
+                        acc = m[a, 0] * old[0]
+                        for a2 in range(1, d):
+                            acc += m[a, a2] * old[a2]
+                        bra[i0 + offsets[a]] = acc
+            i += length
+        out[job] = sums
+
+
 @numba.njit(cache=True)
 def _apply_two_bit_diagonal(state, diags, t0, t1):
     """A diagonal on two bits without controls, one amplitude after the other: where a
@@ -756,6 +805,7 @@ _KERNELS = {
         _apply_1q_rotation,
         _apply_2q,
         _apply_kq,
+        _block_step,
         _apply_diagonal,
         _apply_pauli_rotation,
         _apply_pauli,
@@ -777,3 +827,9 @@ def kernel(name: str, state: np.ndarray):
     """The compiled kernel ``name``, threaded when the batch is large enough to pay for it."""
     threaded, serial = _KERNELS[name]
     return threaded if state.size >= _PARALLEL_THRESHOLD else serial
+
+
+def chunks_per_vector(batch: int, items: int) -> int:
+    """How many parallel jobs a kernel cuts each of ``batch`` vectors of ``items`` work
+    items into: the first axis of a kernel's per-job partial sums is batch times this."""
+    return int(_chunks_per_vector(batch, items))

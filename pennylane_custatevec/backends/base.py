@@ -130,6 +130,26 @@ class Backend(Protocol):
         exp(+i angle/2 P) to ``phi`` (one vector) and to every bra. ``angles`` has shape
         (1,). A backend may fuse the three into one pass over the vectors."""
 
+    def adjoint_block_step(
+        self, phi: StateBatch, bras: StateBatch, matrices: np.ndarray, targets: Sequence[int]
+    ) -> Any:
+        """One step of the deferred adjoint sweep back through a fused block M on ``targets``
+        (no controls), ``matrices`` M of shape (1 or B, d, d). ``phi`` has B vectors and
+        ``bras`` R per vector (bra r of vector b at row b*R + r). Applies M_b^dagger to
+        phi_b and to its bras and returns the reduction
+
+            T[b, r, a, c] = sum_rest conj(bra_{b,r}[a, rest]) phi_b'[c, rest]
+
+        of each bra before the step with phi after it (a, c: the block's matrix index),
+        shape (B, R, d, d), complex128, as a backend array: it stays in the backend's
+        memory until ``gather``. A backend may fuse the three into one pass."""
+
+    def gather(self, arrays: Sequence[Any]) -> list[np.ndarray]:
+        """Backend arrays (the reductions of a sweep) as numpy arrays, in one transfer."""
+
+    def concatenate(self, states: Sequence[StateBatch]) -> StateBatch:
+        """A new batch holding the vectors of ``states`` one batch after the other."""
+
     def add_pauli_sum(
         self,
         dst: StateBatch,

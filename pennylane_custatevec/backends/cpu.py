@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._cpu_kernels import kernel
+from ._cpu_kernels import chunks_per_vector, kernel
 from .base import StateBatch
 
 _I_POWERS = (1.0 + 0.0j, 1.0j, -1.0 + 0.0j, -1.0j)
@@ -215,6 +215,22 @@ class CPUBackend:
         self.apply_pauli_rotation(phi, -angles, paulis, targets)
         self.apply_pauli_rotation(bras, -angles, paulis, targets)
         return out
+
+    def adjoint_block_step(self, phi, bras, matrices, targets) -> np.ndarray:
+        adjoints = np.ascontiguousarray(np.conj(np.swapaxes(matrices, -1, -2)), dtype=self.dtype)
+        batch, dim = phi.shape
+        rows, d = bras.shape[0] // batch, 1 << len(targets)
+        per = chunks_per_vector(batch, dim >> len(targets))
+        partial = np.empty((batch * per, rows, d, d), dtype=np.complex128)
+        where = _placement(targets)
+        kernel("block_step", bras)(phi, bras, adjoints, where.targets, where.fixed_bits, partial)
+        return partial.reshape(batch, per, rows, d, d).sum(axis=1)
+
+    def gather(self, arrays) -> list[np.ndarray]:
+        return list(arrays)
+
+    def concatenate(self, states) -> StateBatch:
+        return np.concatenate(states)
 
     def add_pauli_sum(self, dst, src, words, coefficients) -> None:
         coefficients = np.asarray(coefficients, dtype=np.complex128).reshape(-1)

@@ -1,0 +1,387 @@
+"""Adjoint differentiation, deferred mode: fused blocks, one reduction per block, batches.
+
+The eager sweep (adjoint.py) takes one inner product per trainable gate and brings it to
+the host at once. Here the circuit is fused (fusion.py) into blocks of at most k qubits,
+and the sweep walks back block by block. For a block on the bits S, with phi the state
+before it and lambda a bra after it,
+
+    T[a, c] = sum_r conj(lambda[a, r]) phi[c, r]        (a 2**k x 2**k matrix)
+
+(a, c index the bits S, r every other bit) is one reduction, which the backend computes in
+the pass that undoes the block on phi and on the bras. Every parameter theta of the block,
+in its gate U_j of the block's gates U_1 .. U_L, then contributes
+
+    d/dtheta Re <lambda|psi> = Re sum_ac D[a, c] T[a, c],
+    D = dB/dtheta = (U_L ... U_{j+1}) (i G_j U_j) (U_{j-1} ... U_1),
+
+from small matrices on the host (prefix and suffix products of the block). The reductions
+stay in the backend's memory until the sweep ends and reach the host in one transfer.
+An operation on more bits than k runs as in the eager sweep (its inner products do reach
+the host at once).
+
+Batches: tapes that share a structure (and the entries of a broadcast tape) sweep as one
+batch of B state vectors, each with its R bras (R = 1 for a VJP; one per output for a
+Jacobian), so a minibatch or a full Jacobian is one sweep. The bras of vector b are rows
+b*R .. b*R + R - 1 of the bra batch. Tapes are cut into chunks whose vectors fit in the
+backend's free memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+import pennylane as qml
+from pennylane.measurements import ExpectationMP, StateMP
+from pennylane.operation import Operator
+from pennylane.tape import QuantumScript
+from pennylane.wires import Wires
+
+from . import fusion, measure, simulate
+from .adjoint import (
+    Circuit,
+    add_cotangent_terms,
+    checked_cotangents,
+    format_jacobian,
+    is_zero,
+    one_hot_rows,
+    output_size,
+    plain_rotation,
+    state_derivatives,
+)
+from .backends.base import Backend, StateBatch
+from .pauli import pauli_word_matrix
+from .program import Instruction, Program, Steps, flatten, inverse, merge
+
+
+@dataclasses.dataclass
+class _Task:
+    """One tape's part of a batched sweep: its rows of cotangents per vector."""
+
+    index: int
+    circuit: Circuit
+    state: StateBatch | None
+    rows: list[list[tuple]]  # rows[b]: the R cotangent rows of vector b
+
+
+def vjps(
+    backend: Backend,
+    tapes: Sequence[QuantumScript],
+    cotangents: Sequence,
+    device_wires: Wires | None,
+    kept: Sequence[tuple],
+    fusion_qubits: int,
+) -> tuple:
+    """The VJP of each tape (as ``adjoint.vjp``), tapes that share a structure in one
+    sweep. ``kept[i]``: (final state or None, compilation or None) of tape i."""
+    results: list = [None] * len(tapes)
+    tasks = []
+    for index, (tape, dy) in enumerate(zip(tapes, cotangents, strict=True)):
+        state, compiled = kept[index]
+        circuit = Circuit(tape, device_wires, compiled, batched=True)
+        per_measurement = checked_cotangents(circuit, dy)
+        if circuit.n_params == 0:
+            results[index] = ()
+        elif all(is_zero(d) for d in per_measurement):
+            results[index] = tuple(np.float64(0.0) for _ in range(circuit.n_params))
+        else:
+            tasks.append(_Task(index, circuit, state, _vector_rows(circuit, per_measurement)))
+    for task, gradients in _run(backend, tasks, fusion_qubits):
+        results[task.index] = tuple(np.float64(g) for g in gradients.sum(axis=(0, 1)))
+    return tuple(results)
+
+
+def _vector_rows(circuit: Circuit, per_measurement: tuple) -> list[list[tuple]]:
+    """One cotangent row per vector: a broadcast tape's cotangents split by entry."""
+    program = circuit.program
+    if not program.broadcast:
+        return [[per_measurement]]
+    batch = program.batch_size
+    split = [
+        [None] * batch if is_zero(dy) else list(np.broadcast_to(dy, (batch, *_shape(mp, program))))
+        for mp, dy in zip(circuit.tape.measurements, per_measurement, strict=True)
+    ]
+    return [[tuple(entries[b] for entries in split)] for b in range(batch)]
+
+
+def _shape(mp, program: Program) -> tuple:
+    return () if isinstance(mp, ExpectationMP) else (output_size(mp, program),)
+
+
+def jacobians(
+    backend: Backend,
+    tapes: Sequence[QuantumScript],
+    device_wires: Wires | None,
+    kept: Sequence[tuple],
+    fusion_qubits: int,
+) -> tuple:
+    """The Jacobian of each tape (as ``adjoint.jacobian``; a broadcast tape's entries carry
+    its batch axis first), tapes that share a structure in one sweep."""
+    circuits, per_measurement, tasks = [], [], []
+    for index, tape in enumerate(tapes):
+        state, compiled = kept[index]
+        circuit = Circuit(tape, device_wires, compiled, batched=True)
+        circuits.append(circuit)
+        per_measurement.append([None] * len(tape.measurements))
+        swept = [i for i, mp in enumerate(tape.measurements) if not isinstance(mp, StateMP)]
+        if swept and circuit.n_params:
+            rows = one_hot_rows(circuit, swept)
+            tasks.append(_Task(index, circuit, state, [rows] * circuit.program.batch_size))
+    for task, gradients in _run(backend, tasks, fusion_qubits):
+        _split_outputs(task.circuit, gradients, per_measurement[task.index])
+    for circuit, entries in zip(circuits, per_measurement, strict=True):
+        if circuit.n_params and any(isinstance(mp, StateMP) for mp in circuit.tape.measurements):
+            _state_outputs(backend, circuit, entries)
+        if not circuit.n_params:
+            entries[:] = [() for _ in entries]
+    return tuple(
+        format_jacobian(entries, circuit.n_params) if circuit.n_params else _no_parameters(entries)
+        for circuit, entries in zip(circuits, per_measurement, strict=True)
+    )
+
+
+def _no_parameters(entries: list) -> tuple:
+    return entries[0] if len(entries) == 1 else tuple(entries)
+
+
+def _split_outputs(circuit: Circuit, gradients: np.ndarray, entries: list) -> None:
+    """Each swept measurement's rows of ``gradients`` (B, R, P) as per-parameter arrays."""
+    program, start = circuit.program, 0
+    for i, mp in enumerate(circuit.tape.measurements):
+        if isinstance(mp, StateMP):
+            continue
+        size = output_size(mp, program)
+        block = gradients[:, start : start + size]
+        start += size
+        shape = _shape(mp, program)
+        entries[i] = [
+            block[:, :, p].reshape((-1, *shape))
+            if program.broadcast
+            else block[0, :, p].reshape(shape)
+            for p in range(circuit.n_params)
+        ]
+
+
+def _state_outputs(backend: Backend, circuit: Circuit, entries: list) -> None:
+    """The Jacobian of a state output, in forward mode (as the eager mode)."""
+    derivatives = state_derivatives(backend, circuit)
+    wires = circuit.program.wires
+    for i, mp in enumerate(circuit.tape.measurements):
+        if isinstance(mp, StateMP):
+            entries[i] = [
+                mp.process_state(d if circuit.program.broadcast else d[0], wire_order=wires)
+                for d in derivatives
+            ]
+
+
+def _run(backend: Backend, tasks: list[_Task], fusion_qubits: int):
+    """(task, gradients (B_task, R, P)) for every task: tasks that share a structure, the
+    same trainable gates and the same number of rows sweep together, in memory chunks."""
+    groups: dict = {}
+    for task in tasks:
+        circuit = task.circuit
+        key = (
+            flatten(*circuit.compiled).structure_key,
+            tuple(sorted(circuit.columns.items())),
+            len(task.rows[0]),
+        )
+        groups.setdefault(key, []).append(task)
+    for group in groups.values():
+        for chunk in _chunks(backend, group):
+            gradients = _sweep_chunk(backend, chunk, fusion_qubits)
+            offset = 0
+            for task in chunk:
+                size = task.circuit.program.batch_size
+                yield task, gradients[offset : offset + size]
+                offset += size
+
+
+def _chunks(backend: Backend, tasks: list[_Task]):
+    """Consecutive tasks whose final states and bras fit in the backend's free memory
+    (a task larger than that runs alone, and the memory check refuses it if it must)."""
+    if len(tasks) == 1:
+        yield tasks
+        return
+    program = tasks[0].circuit.program
+    per_vector = simulate.state_bytes(backend, program.num_qubits, 1) * (1 + len(tasks[0].rows[0]))
+    budget = backend.available_bytes()
+    chunk, used = [], 0
+    for task in tasks:
+        size = per_vector * task.circuit.program.batch_size
+        if chunk and used + size > budget:
+            yield chunk
+            chunk, used = [], 0
+        chunk.append(task)
+        used += size
+    if chunk:
+        yield chunk
+
+
+def _sweep_chunk(backend: Backend, tasks: list[_Task], fusion_qubits: int) -> np.ndarray:
+    """The gradients (B, R, P) of the tasks' rows, the tasks' vectors in one batch."""
+    layout, steps = merge([task.circuit.compiled for task in tasks])
+    states = [
+        task.circuit.final_state(backend) if task.state is None else task.state for task in tasks
+    ]
+    phi = states[0] if len(states) == 1 else backend.concatenate(states)
+    rows = len(tasks[0].rows[0])
+    simulate.require_memory(backend, layout.num_qubits, layout.batch_size * rows)
+    bras = backend.zero_state(layout.num_qubits, layout.batch_size * rows)
+    backend.scale(bras, np.zeros(1))
+    vector = 0
+    for task in tasks:
+        for vector_rows in task.rows:
+            add_cotangent_terms(
+                backend,
+                backend.vectors(bras, vector * rows, (vector + 1) * rows),
+                backend.vectors(phi, vector, vector + 1),
+                layout,
+                task.circuit.tape.measurements,
+                vector_rows,
+            )
+            vector += 1
+    circuit = tasks[0].circuit
+    return sweep(
+        backend, layout, steps, circuit.columns, circuit.n_params, fusion_qubits, phi, bras
+    )
+
+
+def sweep(
+    backend: Backend,
+    layout: Program,
+    steps: Steps,
+    columns: dict[int, int],
+    n_params: int,
+    fusion_qubits: int,
+    phi: StateBatch,
+    bras: StateBatch,
+) -> np.ndarray:
+    """d/dtheta Re <bra|psi> for every bra and parameter, float64 (B, R, n_params).
+
+    ``phi``: the B final states (consumed); ``bras``: R per vector (consumed); ``columns``:
+    {step index: parameter column} of the trainable operations."""
+    batch = layout.batch_size
+    rows = bras.shape[0] // batch
+    gradients = np.zeros((batch, rows, n_params))
+    units = fusion.fuse(layout, steps, fusion_qubits)
+    trainable = [p for p, (unit, _) in enumerate(units) if _members(unit) & columns.keys()]
+    if not trainable:
+        return gradients
+    reductions = []
+    for position in range(len(units) - 1, trainable[0] - 1, -1):
+        unit, instructions = units[position]
+        if not _members(unit) & columns.keys():
+            for instruction in reversed(instructions):
+                undo = inverse(instruction)
+                simulate.apply_instruction(backend, phi, undo)
+                simulate.apply_instruction(backend, bras, _for_bras(undo, rows))
+        elif isinstance(unit, fusion.Block):
+            matrices = instructions[0].data
+            reduction = backend.adjoint_block_step(phi, bras, matrices, unit.targets)
+            reductions.append((unit, reduction))
+        else:
+            column = columns[unit.member]
+            gradients[:, :, column] = _single_step(backend, layout, steps[unit.member], phi, bras)
+    reduced = backend.gather([reduction for _, reduction in reductions])
+    for (unit, _), t in zip(reductions, reduced, strict=True):
+        for member, derivative in _derivatives(layout, steps, unit, columns):
+            contribution = (derivative[:, None] * t).sum(axis=(-2, -1))
+            gradients[:, :, columns[member]] += np.real(contribution)
+    return gradients
+
+
+def _members(unit: fusion.Unit) -> set[int]:
+    return set(unit.members) if isinstance(unit, fusion.Block) else {unit.member}
+
+
+def _for_bras(instruction: Instruction, rows: int) -> Instruction:
+    """An instruction of the vectors' batch for their bras: per-vector data repeated for
+    each vector's R bras."""
+    data = instruction.data
+    if data is None or data.shape[0] == 1 or rows == 1:
+        return instruction
+    return dataclasses.replace(instruction, data=np.repeat(data, rows, axis=0))
+
+
+def _single_step(
+    backend: Backend, layout: Program, step: tuple, phi: StateBatch, bras: StateBatch
+) -> np.ndarray:
+    """The eager step through an operation wider than the blocks, vector by vector:
+    Re(i <bra|G|phi>) per bra (B, R), then the operation undone."""
+    op, instructions = step
+    batch = layout.batch_size
+    rows = bras.shape[0] // batch
+    rotation = plain_rotation(op, instructions)
+    products = np.empty((batch, rows), dtype=np.complex128)
+    for b in range(batch):
+        phi_b = backend.vectors(phi, b, b + 1)
+        bras_b = backend.vectors(bras, b * rows, (b + 1) * rows)
+        if rotation is not None:
+            angles = _entry(rotation.data, b)
+            step_products = backend.adjoint_rotation_step(
+                phi_b, bras_b, angles, rotation.paulis, rotation.targets
+            )
+            products[b] = -0.5 * step_products
+            continue
+        products[b] = measure.transition(backend, bras_b, phi_b, layout, op.generator())
+        for instruction in reversed(instructions):
+            undo = inverse(instruction)
+            if undo.data is not None:
+                undo = dataclasses.replace(undo, data=_entry(undo.data, b))
+            simulate.apply_instruction(backend, phi_b, undo)
+            simulate.apply_instruction(backend, bras_b, undo)
+    return np.real(1j * products)
+
+
+def _entry(data: np.ndarray, b: int) -> np.ndarray:
+    """Vector b's data (a leading axis of 1 serves every vector)."""
+    return data if data.shape[0] == 1 else data[b : b + 1]
+
+
+def _derivatives(layout: Program, steps: Steps, block: fusion.Block, columns: dict):
+    """(step index, dB/dtheta (1 or B, d, d)) for each trainable operation of the block."""
+    matrices = [fusion.step_matrix(steps[m][1], block.targets) for m in block.members]
+    identity = np.eye(1 << len(block.targets))[None]
+    prefixes = [identity]
+    for matrix in matrices[:-1]:
+        prefixes.append(np.matmul(matrix, prefixes[-1]))
+    suffix = identity
+    derivatives = []
+    for member, matrix, prefix in reversed(
+        list(zip(block.members, matrices, prefixes, strict=True))
+    ):
+        if member in columns:
+            generator = _generator(layout, steps[member], block.targets)
+            derivative = np.matmul(suffix, np.matmul(1j * generator, np.matmul(matrix, prefix)))
+            derivatives.append((member, derivative))
+        suffix = np.matmul(suffix, matrix)
+    return derivatives
+
+
+def _generator(layout: Program, step: tuple, targets: tuple[int, ...]) -> np.ndarray:
+    """G of the operation, exp(i theta G) (PennyLane's convention), on the block's bits."""
+    op, instructions = step
+    rotation = plain_rotation(op, instructions)
+    if rotation is not None:
+        return fusion.embed(
+            -0.5 * pauli_word_matrix(rotation.paulis)[None], rotation.targets, targets
+        )
+    return fusion.embed(_generator_matrix(op)[None], layout.targets(op.wires), targets)
+
+
+def _generator_matrix(op: Operator) -> np.ndarray:
+    """The generator's matrix on the operation's wires (first wire most significant)."""
+    key = (op.name, len(op.wires), str(op.hyperparameters))
+    matrix = _GENERATORS.get(key)
+    if matrix is None:
+        matrix = qml.matrix(op.generator(), wire_order=op.wires)
+        if len(_GENERATORS) < _MAX_GENERATORS:
+            _GENERATORS[key] = matrix
+    return matrix
+
+
+_GENERATORS: dict = {}
+_MAX_GENERATORS = 1024
+"""Generator matrices depend on the gate type and hyperparameters, not on the parameter:
+built once (qml.matrix of a generator costs far more than a small block)."""

@@ -1,0 +1,210 @@
+"""Gate fusion: a pure transformation of a compiled circuit, kept apart from the kernels.
+
+Consecutive operations whose state bits together number at most ``k`` become one *block*,
+applied as a single dense ``2**k x 2**k`` matrix: one pass over the state instead of one
+per gate. An operation on more than ``k`` bits stays a *single*: its own kernel
+instructions. The plan depends only on which bits each operation touches, so circuits that
+share a structure share a plan (it is cached by the bits).
+
+Greedy, in circuit order (as qsim's basic fuser): an operation may join a block that comes
+no earlier than the last unit touching any of its bits (every unit after that one acts on
+other bits, so the operation commutes past them); of those, the last unit touching its bits
+is preferred, else the block whose bits grow least. Otherwise it opens a new block. With
+``k <= 1`` nothing is merged: each operation on at most one bit is a block of its own.
+
+Matrices follow the backends' conventions: a block's ``targets`` are its bits in ascending
+order and ``targets[j]`` is bit ``j`` of the block's matrix index; batched data has a
+leading axis of length 1 or B.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+
+from .pauli import pauli_word_matrix
+from .program import Instruction, Kind, Program, Steps
+
+FUSIBLE_KINDS = frozenset({Kind.MATRIX, Kind.DIAGONAL, Kind.PAULI, Kind.PAULI_ROTATION, Kind.PHASE})
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """Operations (indices into the steps, in circuit order) applied as one matrix."""
+
+    targets: tuple[int, ...]
+    members: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Single:
+    """One operation run as its own instructions."""
+
+    member: int
+
+
+Unit = Block | Single
+
+
+def step_bits(layout: Program, op, instructions: Sequence[Instruction]) -> tuple[int, ...] | None:
+    """The state bits an operation touches: its instructions' targets and controls, and its
+    wires (so that its generator fits in its block), ascending; or None if one of its
+    instructions cannot be fused (mid-circuit measurements, postselection, conditions)."""
+    bits = set(layout.bits(op.wires))
+    for instruction in instructions:
+        if instruction.kind not in FUSIBLE_KINDS or instruction.condition is not None:
+            return None
+        bits.update(instruction.targets)
+        bits.update(instruction.controls)
+    return tuple(sorted(bits))
+
+
+def plan(bits_per_step: Sequence[tuple[int, ...] | None], max_qubits: int) -> tuple[Unit, ...]:
+    """The units of a circuit whose operations touch ``bits_per_step`` (module docstring)."""
+    return _cached_plan(tuple(bits_per_step), max_qubits)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_plan(bits_per_step: tuple, max_qubits: int) -> tuple[Unit, ...]:
+    width = max(max_qubits, 1)
+    units: list = []  # a Single, or an open block as [bits (a set), members (a list)]
+    last_touch: dict[int, int] = {}
+    barrier = -1  # the last unfusable operation: nothing moves across it
+    for index, bits in enumerate(bits_per_step):
+        if bits is None:
+            units.append(Single(index))
+            barrier = len(units) - 1
+            continue
+        if len(bits) > width:
+            units.append(Single(index))
+            position = len(units) - 1
+        else:
+            earliest = max([barrier, *(last_touch.get(bit, -1) for bit in bits)])
+            position = _choose_block(units, bits, earliest, width) if max_qubits > 1 else None
+            if position is None:
+                units.append([set(), []])
+                position = len(units) - 1
+            units[position][0].update(bits)
+            units[position][1].append(index)
+        for bit in bits:
+            last_touch[bit] = position
+    return tuple(
+        unit if isinstance(unit, Single) else Block(tuple(sorted(unit[0])), tuple(unit[1]))
+        for unit in units
+    )
+
+
+def _choose_block(units: list, bits: tuple, earliest: int, width: int) -> int | None:
+    """The open block at or after ``earliest`` that ``bits`` may join (module docstring)."""
+    best, best_size = None, width + 1
+    for position in range(len(units) - 1, max(earliest, 0) - 1, -1):
+        unit = units[position]
+        if isinstance(unit, Single):
+            continue
+        size = len(unit[0].union(bits))
+        if position == earliest and size <= width:
+            return position
+        if size < best_size:
+            best, best_size = position, size
+    return best
+
+
+def fuse(layout: Program, steps: Steps, max_qubits: int) -> list[tuple[Unit, list[Instruction]]]:
+    """The units of ``steps``, each with the instructions that run it: a block's one MATRIX
+    instruction, or a single operation's own instructions."""
+    units = plan([step_bits(layout, op, instructions) for op, instructions in steps], max_qubits)
+    fused = []
+    for unit in units:
+        if isinstance(unit, Single):
+            fused.append((unit, list(steps[unit.member][1])))
+        else:
+            matrix = block_matrix(unit, steps)
+            fused.append((unit, [Instruction(Kind.MATRIX, targets=unit.targets, data=matrix)]))
+    return fused
+
+
+def fused_program(layout: Program, steps: Steps, max_qubits: int) -> Program:
+    """``layout`` with the fused instructions of ``steps``."""
+    instructions = tuple(ins for _, unit in fuse(layout, steps, max_qubits) for ins in unit)
+    return dataclasses.replace(layout, instructions=instructions)
+
+
+def block_matrix(block: Block, steps: Steps) -> np.ndarray:
+    """The product of the block's operations, (1 or B, 2**k, 2**k)."""
+    matrix = None
+    for member in block.members:
+        step = step_matrix(steps[member][1], block.targets)
+        matrix = step if matrix is None else np.matmul(step, matrix)
+    return matrix
+
+
+def step_matrix(instructions: Sequence[Instruction], targets: tuple[int, ...]) -> np.ndarray:
+    """The matrix of one operation's instructions on the block bits ``targets`` (the
+    identity for an operation without instructions)."""
+    matrix = np.eye(1 << len(targets), dtype=np.complex128)[None]
+    for instruction in instructions:
+        matrix = np.matmul(embed(*instruction_matrix(instruction), targets), matrix)
+    return matrix
+
+
+def instruction_matrix(instruction: Instruction) -> tuple[np.ndarray, tuple[int, ...]]:
+    """(matrix (1 or B, 2**m, 2**m), its bits): a gate instruction as a dense matrix on its
+    targets followed by its controls (the controls are the high bits of the index)."""
+    kind, data = instruction.kind, instruction.data
+    if kind is Kind.MATRIX:
+        matrix = np.asarray(data, dtype=np.complex128)
+    elif kind is Kind.DIAGONAL:
+        diagonals = np.asarray(data, dtype=np.complex128)
+        matrix = diagonals[:, :, None] * np.eye(diagonals.shape[1])
+    elif kind is Kind.PAULI:
+        matrix = pauli_word_matrix(instruction.paulis)[None]
+    elif kind is Kind.PAULI_ROTATION:
+        half = 0.5 * np.asarray(data, dtype=np.float64)[:, None, None]
+        word = pauli_word_matrix(instruction.paulis)
+        matrix = np.cos(half) * np.eye(word.shape[0]) - 1j * np.sin(half) * word
+    elif kind is Kind.PHASE:
+        matrix = np.asarray(data, dtype=np.complex128).reshape(-1, 1, 1)
+    else:
+        raise ValueError(f"{kind} cannot be fused")
+    return _controlled(matrix, instruction.control_values), (
+        *instruction.targets,
+        *instruction.controls,
+    )
+
+
+def _controlled(matrix: np.ndarray, control_values: tuple[int, ...]) -> np.ndarray:
+    """``matrix`` acting where the controls (high index bits) equal their values."""
+    if not control_values:
+        return matrix
+    d = matrix.shape[-1]
+    selected = sum(int(v) << j for j, v in enumerate(control_values))
+    size = d << len(control_values)
+    full = np.tile(np.eye(size, dtype=np.complex128), (matrix.shape[0], 1, 1))
+    rows = slice(selected * d, (selected + 1) * d)
+    full[:, rows, rows] = matrix
+    return full
+
+
+def embed(matrix: np.ndarray, bits: tuple[int, ...], targets: tuple[int, ...]) -> np.ndarray:
+    """``matrix`` (on ``bits``, bits[j] = bit j of its index) as a matrix on ``targets``."""
+    if bits == targets:
+        return matrix
+    gate_index, same_rest = _embedding(tuple(targets.index(b) for b in bits), len(targets))
+    return matrix[:, gate_index[:, None], gate_index[None, :]] * same_rest
+
+
+@functools.lru_cache(maxsize=1024)
+def _embedding(positions: tuple[int, ...], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each block index a: the gate index of its bits at ``positions``; and whether
+    two block indices agree on every other bit."""
+    block = np.arange(1 << width)
+    gate_index = np.zeros_like(block)
+    mask = 0
+    for j, position in enumerate(positions):
+        gate_index |= ((block >> position) & 1) << j
+        mask |= 1 << position
+    rest = block & ~mask
+    return gate_index, rest[:, None] == rest[None, :]
