@@ -350,6 +350,19 @@ class FakeCupy:
         self.synchronizations += 1
         return np.array(_host_view(array))
 
+    def concatenate(self, arrays, axis=0) -> DeviceArray:
+        """A new device array joining device arrays along ``axis`` (cupy refuses anything
+        but cupy arrays, host numpy arrays included)."""
+        arrays = list(arrays)
+        if not arrays:
+            raise ValueError("Cannot concatenate from empty tuple")
+        if not all(isinstance(array, DeviceArray) for array in arrays):
+            raise TypeError("Only cupy arrays can be concatenated")
+        joined = np.concatenate([_host_view(array) for array in arrays], axis=axis)
+        out = self._allocate(joined.shape, joined.dtype)
+        out.view(np.ndarray)[...] = joined
+        return out
+
     conj = staticmethod(np.conj)
     matmul = staticmethod(np.matmul)
 

@@ -837,6 +837,13 @@ def _kernel_args(name, state, rng):
         return (signs, low, np.empty((batch, state.shape[1] >> low, 3)))
     if name == "marginal_probs":
         return (np.array([4, 0, n - 1]), np.empty((batch, 8)))
+    if name == "block_step":  # the state is phi; then bras, M^dagger, placement, partials
+        rows, targets = 2, [n - 1, 0, 3]
+        bras = np.repeat(state[::-1], rows, axis=0) * (1 - 0.5j)
+        adjoints = np.stack([random_unitary(8, rng) for _ in range(batch)])
+        per = _cpu_kernels.chunks_per_vector(batch, state.shape[1] >> len(targets))
+        partial = np.empty((batch * per, rows, 8, 8), dtype=complex)
+        return (bras, adjoints, np.array(targets), sort(targets), partial)
     raise AssertionError(f"no arguments for new kernel {name}; add them to this test")
 
 
@@ -847,14 +854,18 @@ def test_threaded_kernel_equals_serial_kernel(name, shape, big_states):
     threaded, serial = _cpu_kernels._KERNELS[name]
     psi = big_states[shape]
     args = _kernel_args(name, psi, np.random.default_rng(stable_seed(name)))
-    outputs = []
+    outputs, extras = [], []
     for fn in (threaded, serial):
         state = np.array(psi, order="C")
         fn_args = tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args)
         fn(state, *fn_args)
         out = fn_args[-1] if name.startswith(("inner", "marginal", "low_sign")) else state
         outputs.append(out)
+        if name == "block_step":  # the bras and the partial sums as well as phi
+            extras.append((fn_args[0], fn_args[-1]))
     np.testing.assert_allclose(outputs[0], outputs[1], atol=1e-12)
+    for threaded_out, serial_out in zip(*extras, strict=True):
+        np.testing.assert_allclose(threaded_out, serial_out, atol=1e-12)
     if not name.startswith(("inner", "marginal", "low_sign")):
         assert not np.allclose(outputs[0], psi)  # the kernel did something
 
@@ -912,3 +923,158 @@ def test_all_target_layouts_two_qubit_small():
                 np.testing.assert_allclose(
                     state, ref_apply(psi, m, (t0, t1), (c,), (v,)), atol=1e-12
                 )
+
+
+# --- deferred adjoint: block step, gather, concatenate -----------------------------------
+
+BLOCK_STEP_TARGETS = [(), (0,), (5,), (3, 1), (0, 5), (0, 1, 2), (4, 0, 2), (1, 5, 3)]
+
+
+def _axis_letters(n):
+    """Letter i names axis i of a (2,) * n state tensor, which is state bit n - 1 - i."""
+    return list("abcdefghijklmnop"[:n])
+
+
+def ref_block_apply(psi, matrices, targets):
+    """psi_v <- M_v psi_v by einsum over the (2,) * n tensor of each vector: ``matrices``
+    (V, d, d) reshaped to (2,) * 2k, row bits then column bits, most significant first."""
+    n, k = psi.shape[1].bit_length() - 1, len(targets)
+    state = _axis_letters(n)
+    new = list("qrstuvwx"[:k])
+    rows = [new[j] for j in reversed(range(k))]
+    cols = [state[n - 1 - targets[j]] for j in reversed(range(k))]
+    out = list(state)
+    for j, bit in enumerate(targets):
+        out[n - 1 - bit] = new[j]
+    spec = "Z{},Z{}->Z{}".format("".join(rows + cols), "".join(state), "".join(out))
+    tensors = np.einsum(
+        spec, matrices.reshape((len(matrices),) + (2,) * 2 * k), psi.reshape((-1,) + (2,) * n)
+    )
+    return tensors.reshape(psi.shape)
+
+
+def ref_block_reduction(bras, phi, targets):
+    """T[v, a, c] = sum_rest conj(bra_v[a, rest]) phi_v[c, rest] by einsum, one phi per bra."""
+    n, k = phi.shape[1].bit_length() - 1, len(targets)
+    state = _axis_letters(n)
+    a_bits, c_bits = list("qrstuvwx"[:k]), list("QRSTUVWX"[:k])
+    bra_axes, phi_axes = list(state), list(state)
+    for j, bit in enumerate(targets):
+        bra_axes[n - 1 - bit], phi_axes[n - 1 - bit] = a_bits[j], c_bits[j]
+    out = "".join(a_bits[::-1] + c_bits[::-1])  # bit j of a (and c) is targets[j]
+    spec = "Z{},Z{}->Z{}".format("".join(bra_axes), "".join(phi_axes), out)
+    tensors = np.einsum(spec, bras.conj().reshape((-1,) + (2,) * n), phi.reshape((-1,) + (2,) * n))
+    return tensors.reshape(len(bras), 1 << k, 1 << k)
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
+def test_adjoint_block_step(dtype):
+    check_adjoint_block_step(CPUBackend(dtype))
+
+
+def test_block_step_references_follow_the_conventions():
+    """The einsum references agree with the dense operator (targets[j] = bit j of a)."""
+    rng = np.random.default_rng(stable_seed("block_references"))
+    psi, bras = random_states(N, 2, rng), random_states(N, 2, rng)
+    for targets in BLOCK_STEP_TARGETS:
+        d = 1 << len(targets)
+        m = np.stack([random_unitary(d, rng) for _ in range(2)])
+        np.testing.assert_allclose(
+            ref_block_apply(psi, m, targets), ref_apply(psi, m, targets), atol=1e-12
+        )
+        t = ref_block_reduction(bras, psi, targets)
+        for a, c in itertools.product(range(d), repeat=2):
+            unit = np.zeros((d, d))
+            unit[a, c] = 1  # |a><c| on the targets: <bra|unit|phi> = T[a, c]
+            op = dense_operator(N, unit, targets)
+            expected = np.einsum("vi,ij,vj->v", bras.conj(), op, psi)
+            np.testing.assert_allclose(t[:, a, c], expected, atol=1e-12)
+
+
+def check_adjoint_block_step(backend):
+    """M_b^dagger on phi_b and its R bras, and T of each bra before with phi after, for
+    blocks of 0 to 3 (unsorted, non-contiguous) bits, B of 1 and 3, R of 1 and 4, shared
+    and per-vector matrices, against the einsum references."""
+    dtype = backend.dtype.type
+    tol = TOL[dtype]
+    for targets, batch, rows, shared in itertools.product(
+        BLOCK_STEP_TARGETS, (1, 3), (1, 4), (True, False)
+    ):
+        case = (targets, batch, rows, shared)
+        rng = np.random.default_rng(stable_seed("block_step", *case))
+        d = 1 << len(targets)
+        phi = random_states(N, batch, rng).astype(dtype)
+        bras = random_states(N, batch * rows, rng).astype(dtype)
+        matrices = np.stack([random_unitary(d, rng) for _ in range(1 if shared else batch)])
+        adjoints = np.broadcast_to(matrices.conj().transpose(0, 2, 1), (batch, d, d))
+        phi_after = ref_block_apply(phi.astype(complex), adjoints, targets)
+        bras_after = ref_block_apply(
+            bras.astype(complex), np.repeat(adjoints, rows, axis=0), targets
+        )
+        expected = ref_block_reduction(
+            bras.astype(complex), np.repeat(phi_after, rows, axis=0), targets
+        ).reshape(batch, rows, d, d)
+        phi_state, bras_state = backend_state(backend, phi), backend_state(backend, bras)
+        out = backend.adjoint_block_step(phi_state, bras_state, matrices, targets)
+        (t,) = backend.gather([out])
+        assert isinstance(t, np.ndarray), case
+        assert t.shape == (batch, rows, d, d) and t.dtype == np.complex128, case
+        np.testing.assert_allclose(t, expected, atol=tol, err_msg=str(case))
+        np.testing.assert_allclose(backend.to_host(phi_state), phi_after, atol=tol)
+        np.testing.assert_allclose(backend.to_host(bras_state), bras_after, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
+def test_gather(dtype):
+    check_gather(CPUBackend(dtype))
+
+
+def check_gather(backend):
+    """Backend arrays of several shapes and dtypes come back as numpy arrays, unchanged."""
+    assert backend.gather([]) == []
+    rng = np.random.default_rng(stable_seed("gather", backend.dtype.name))
+    hosts = [random_states(4, 3, rng), random_states(2, 1, rng), random_states(N, 2, rng)]
+    arrays = [backend.from_host(host) for host in hosts]
+    block = backend.adjoint_block_step(
+        arrays[2], backend.from_host(hosts[2][::-1]), random_unitary(4, rng)[None], (3, 0)
+    )  # a complex128 reduction of shape (2, 1, 4, 4) among states of the backend's dtype
+    (alone,) = backend.gather([block])
+    gathered = backend.gather([arrays[0], block, arrays[1]])
+    assert len(gathered) == 3 and all(isinstance(g, np.ndarray) for g in gathered)
+    assert gathered[1].shape == (2, 1, 4, 4) and gathered[1].dtype == np.complex128
+    np.testing.assert_array_equal(gathered[1], alone)
+    for host, out in zip(hosts[:2], (gathered[0], gathered[2]), strict=True):
+        assert out.shape == host.shape and out.dtype == backend.dtype
+        np.testing.assert_array_equal(out, host.astype(backend.dtype))
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
+def test_concatenate(dtype):
+    check_concatenate(CPUBackend(dtype))
+
+
+def check_concatenate(backend):
+    """The vectors of each batch one after the other, in a new batch."""
+    rng = np.random.default_rng(stable_seed("concatenate", backend.dtype.name))
+    hosts = [random_states(4, batch, rng).astype(backend.dtype) for batch in (1, 3, 2)]
+    states = [backend.from_host(host) for host in hosts]
+    joined = backend.concatenate(states)
+    assert joined.shape == (6, 16) and joined.dtype == backend.dtype
+    assert joined.flags.c_contiguous
+    np.testing.assert_array_equal(backend.to_host(joined), np.concatenate(hosts))
+    backend.apply_pauli(states[1], "X", (2,))  # the new batch shares no memory
+    backend.apply_pauli(joined, "Y", (0,))
+    np.testing.assert_array_equal(backend.to_host(states[0]), hosts[0])
+    np.testing.assert_array_equal(
+        backend.to_host(joined)[1:4], ref_apply(hosts[1], PAULI["Y"][None], (0,))
+    )
+    views = backend.concatenate(
+        [backend.vectors(states[2], 1, 2), backend.vectors(states[1], 0, 1)]
+    )
+    np.testing.assert_array_equal(
+        backend.to_host(views),
+        np.concatenate([hosts[2][1:2], ref_apply(hosts[1][:1], PAULI["X"][None], (2,))]),
+    )
+    single = backend.concatenate(states[:1])
+    backend.scale(single, np.array([0.0]))
+    np.testing.assert_array_equal(backend.to_host(states[0]), hosts[0])

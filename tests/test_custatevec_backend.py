@@ -23,7 +23,10 @@ from test_cpu_backend import (
     _ids,
     _pids,
     check_add_pauli_sum,
+    check_adjoint_block_step,
+    check_concatenate,
     check_expval_pauli_words,
+    check_gather,
     check_state_management,
     dense_operator,
     random_states,
@@ -375,6 +378,49 @@ def test_sample_bit_order_unnormalised_and_edge_cases(make):
     np.testing.assert_array_equal(samples[1], 0b010)
     assert backend.sample(state, (), 4, np.random.default_rng(0)).tolist() == [[0] * 4] * 2
     assert backend.sample(state, (0,), 0, np.random.default_rng(0)).shape == (2, 0)
+
+
+# --- deferred adjoint: block step, gather, concatenate ---------------------------------------
+
+
+@DTYPES
+def test_adjoint_block_step(make, dtype):
+    check_adjoint_block_step(make(dtype))
+
+
+@DTYPES
+def test_gather(make, dtype):
+    check_gather(make(dtype))
+
+
+@DTYPES
+def test_concatenate(make, dtype):
+    check_concatenate(make(dtype))
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "per-vector"])
+def test_block_steps_stay_on_the_device_until_one_gather(double, shared):
+    """adjoint_block_step leaves T in device memory without synchronising; gather brings
+    several back with one transfer. The adjoints run as the library's adjoint flag on M."""
+    cp, cusv = double.cupy, double.custatevec
+    backend = CuStateVecBackend(np.complex128, libraries=double)
+    rng = np.random.default_rng(stable_seed("block_sync", shared))
+    phi = backend.from_host(random_states(N, 3, rng))
+    bras = backend.from_host(random_states(N, 6, rng))
+    before = cp.synchronizations
+    outputs = []
+    for targets in [(2, 0), (5,), (), (1, 4, 3)]:
+        d = 1 << len(targets)
+        matrices = np.stack([random_unitary(d, rng) for _ in range(1 if shared else 3)])
+        outputs.append(backend.adjoint_block_step(phi, bras, matrices, targets))
+    assert cp.synchronizations == before
+    assert all(type(out) is type(phi) for out in outputs)  # device arrays
+    assert "apply_matrix_batched" in cusv.calls
+    gathered = backend.gather(outputs)
+    assert cp.synchronizations == before + 1
+    assert [g.shape for g in gathered] == [(3, 2, 4, 4), (3, 2, 2, 2), (3, 2, 1, 1), (3, 2, 8, 8)]
+    assert all(type(g) is np.ndarray and g.dtype == np.complex128 for g in gathered)
+    assert backend.gather([]) == [] and cp.synchronizations == before + 1
 
 
 # --- state management ----------------------------------------------------------------------

@@ -130,6 +130,28 @@ def test_apply_matrix_batched_maps_matrices_to_vectors(lib):
         np.testing.assert_allclose(cp.asnumpy(sv)[vector], expected, atol=1e-12)
 
 
+def test_apply_matrix_batched_adjoint_conjugates_each_indexed_matrix(lib):
+    """adjoint = 1 applies M^dagger of the matrix each vector's index picks (the backend's
+    adjoint block step relies on it), and BROADCAST gives every vector matrix 0."""
+    cp, cusv, handle = lib
+    rng = np.random.default_rng(5)
+    psi = np.stack([random_state(3, rng) for _ in range(4)])
+    mats = np.stack([random_unitary(4, rng) for _ in range(2)])
+    for map_type, indices in [
+        (MatrixMapType.MATRIX_INDEXED, np.array([0, 0, 1, 1], dtype=np.int32)),
+        (MatrixMapType.BROADCAST, 0),
+    ]:
+        sv = cp.asarray(psi)
+        cusv.apply_matrix_batched(
+            handle, sv.data.ptr, C64F, 3, 4, 8, map_type, indices, mats.ctypes.data, C64F,
+            ROW, 1, 2, [2, 0], 2, 0, 0, 0, COMPUTE_64F, 0, 0,
+        )  # fmt: skip
+        chosen = [0, 0, 1, 1] if map_type is MatrixMapType.MATRIX_INDEXED else [0] * 4
+        for vector, index in enumerate(chosen):
+            expected = dense_operator(3, mats[index].conj().T, (2, 0)) @ psi[vector]
+            np.testing.assert_allclose(cp.asnumpy(sv)[vector], expected, atol=1e-12)
+
+
 def test_generalized_permutation_is_d_times_p(lib):
     """(D P psi)[r] = d[r] psi[perm[r]]: with the table of a Pauli word (an involution) and
     d from the dense word matrix, it applies the word."""
@@ -260,3 +282,19 @@ def test_device_arrays_refuse_host_arrays_like_cupy():
     with pytest.raises(TypeError):
         np.vdot(on_device, np.ones(3))
     assert isinstance(on_device * cp.asarray(np.ones(3)), DeviceArray)
+
+
+def test_concatenate_joins_device_arrays_into_a_new_one():
+    cp = make_libraries().cupy
+    first, second = cp.zeros((1, 4), dtype=np.complex128), cp.asarray(np.ones((2, 4)) * 1j)
+    allocations = len(cp.allocations)
+    joined = cp.concatenate([first, second])
+    assert isinstance(joined, DeviceArray) and joined.shape == (3, 4)
+    assert len(cp.allocations) == allocations + 1  # new device memory
+    np.testing.assert_array_equal(cp.asnumpy(joined), np.concatenate([first, second]))
+    joined[0] = 5
+    assert cp.asnumpy(first)[0, 0] == 0
+    with pytest.raises(TypeError):
+        cp.concatenate([first, np.ones((1, 4))])
+    with pytest.raises(ValueError):
+        cp.concatenate([])

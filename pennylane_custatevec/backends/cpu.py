@@ -220,6 +220,11 @@ class CPUBackend:
         adjoints = np.ascontiguousarray(np.conj(np.swapaxes(matrices, -1, -2)), dtype=self.dtype)
         batch, dim = phi.shape
         rows, d = bras.shape[0] // batch, 1 << len(targets)
+        if bras.shape[1] != dim or bras.shape[0] != rows * batch or rows == 0:
+            raise ValueError(
+                f"adjoint_block_step needs R bras of {dim} amplitudes per vector of phi "
+                f"({batch} vectors); got bras of shape {bras.shape}"
+            )
         per = chunks_per_vector(batch, dim >> len(targets))
         partial = np.empty((batch * per, rows, d, d), dtype=np.complex128)
         where = _placement(targets)

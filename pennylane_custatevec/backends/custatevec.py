@@ -234,6 +234,23 @@ class CuStateVecBackend:
     @_on_device
     def apply_matrix(self, state, matrices, targets, controls=(), control_values=()) -> None:
         matrices = np.ascontiguousarray(matrices, dtype=np.complex128)
+        self._matrix_call(state, matrices, targets, controls, control_values)
+
+    def _matrix_call(
+        self,
+        state,
+        matrices: np.ndarray,
+        targets,
+        controls=(),
+        control_values=(),
+        *,
+        adjoint: bool = False,
+        vectors_per_matrix: int = 1,
+    ) -> None:
+        """psi <- M psi (``adjoint``: M^dagger psi, the library conjugates and transposes
+        the M it reads) with ``matrices`` C-contiguous complex128 of shape (1 or m, d, d):
+        one shared matrix, or matrix i for vectors i*vectors_per_matrix onwards (m *
+        vectors_per_matrix vectors)."""
         n_svs, n_index_bits = _layout(state)
         controls_arg, values_arg = _controls(controls, control_values)
         if n_svs == 1:
@@ -245,7 +262,7 @@ class CuStateVecBackend:
                 matrices.ctypes.data,
                 self._complex128,
                 self._cusv.MatrixLayout.ROW,
-                0,  # adjoint: no
+                int(adjoint),  # adjoint: 1 applies the conjugate transpose of the matrix
                 _bit_list(targets),
                 len(targets),
                 controls_arg,
@@ -258,6 +275,9 @@ class CuStateVecBackend:
             return
         shared = matrices.shape[0] == 1
         map_type = self._cusv.MatrixMapType
+        indices = NULL  # BROADCAST: every vector gets the one matrix
+        if not shared:  # MATRIX_INDEXED: vector i gets matrix i // vectors_per_matrix
+            indices = np.repeat(np.arange(matrices.shape[0], dtype=np.int32), vectors_per_matrix)
         self._cusv.apply_matrix_batched(
             self._handle,
             state.data.ptr,
@@ -266,12 +286,12 @@ class CuStateVecBackend:
             n_svs,
             1 << n_index_bits,  # sv_stride, in elements
             map_type.BROADCAST if shared else map_type.MATRIX_INDEXED,
-            NULL if shared else np.arange(n_svs, dtype=np.int32),  # matrix of vector i
+            indices,  # matrix_indices: int32 on the host, one per vector
             matrices.ctypes.data,
             self._complex128,
             self._cusv.MatrixLayout.ROW,
-            0,  # adjoint: no
-            matrices.shape[0],
+            int(adjoint),  # adjoint: 1 applies the conjugate transpose of each matrix
+            matrices.shape[0],  # n_matrices
             _bit_list(targets),
             len(targets),
             controls_arg,
@@ -478,6 +498,66 @@ class CuStateVecBackend:
         return products
 
     @_on_device
+    def adjoint_block_step(self, phi, bras, matrices, targets):
+        matrices = np.ascontiguousarray(matrices, dtype=np.complex128)
+        batch = phi.shape[0]
+        rows, remainder = divmod(bras.shape[0], batch)
+        if remainder or matrices.shape[0] not in (1, batch):
+            raise ValueError(
+                f"{bras.shape[0]} bras, {batch} vectors and {matrices.shape[0]} matrices: "
+                "the bras must be R per vector and the matrices 1 or one per vector"
+            )
+        # The bras before the step, target bits first: a temporary copy of all B*R bras (the
+        # step's largest allocation), conjugated in place for the reduction below.
+        before = self._target_major(bras, targets, copy=True)
+        self._cp.conj(before, out=before)
+        if len(targets):
+            self._matrix_call(phi, matrices, targets, adjoint=True)
+            self._matrix_call(bras, matrices, targets, adjoint=True, vectors_per_matrix=rows)
+        else:  # a 1 x 1 block is a factor (no zero-target matrix call)
+            factors = np.conj(matrices[:, 0, 0])
+            self.scale(phi, factors)
+            self.scale(bras, np.repeat(factors, rows if len(factors) > 1 else 1))
+        after = self._target_major(phi, targets, copy=False)
+        d = 1 << len(targets)
+        # T[b, r, a, c] = sum_rest conj(bra_{b,r}[a, rest]) phi_b[c, rest]: one batched
+        # product (B, R*d, rest) @ (B, rest, d), left on the device (no synchronisation).
+        products = self._cp.matmul(before.reshape(batch, rows * d, -1), after.swapaxes(1, 2))
+        return products.reshape(batch, rows, d, d).astype(np.complex128, copy=False)
+
+    def _target_major(self, state, targets, copy: bool):
+        """The batch as (vectors, d, rest): the block's matrix index a (bit j of a is state
+        bit targets[j]) then the other bits; a new C-contiguous array if ``copy``, else
+        a view where the layout allows one."""
+        n_svs, n_index_bits = _layout(state)
+        shape, axis_of, rest = _split_at_bits(n_index_bits, targets)
+        front = [axis_of[int(bit)] for bit in reversed(targets)]  # a's top bit first
+        tensor = state.reshape((n_svs,) + shape).transpose([0] + front + rest)
+        if copy:
+            tensor = tensor.copy(order="C")
+        return tensor.reshape(n_svs, 1 << len(targets), -1)
+
+    @_on_device
+    def gather(self, arrays) -> list[np.ndarray]:
+        arrays = list(arrays)
+        if not arrays:
+            return []
+        # Each array's bytes, one after the other, in one device buffer: one transfer for
+        # any mix of shapes and dtypes, split on the host.
+        raw = [array.ravel().view(np.uint8) for array in arrays]
+        flat = raw[0] if len(raw) == 1 else self._cp.concatenate(raw)
+        host = self._cp.asnumpy(flat)
+        ends = np.cumsum([part.size for part in raw])
+        return [
+            piece.view(array.dtype).reshape(array.shape)
+            for piece, array in zip(np.split(host, ends[:-1]), arrays, strict=True)
+        ]
+
+    @_on_device
+    def concatenate(self, states) -> StateBatch:
+        return self._cp.concatenate(list(states))
+
+    @_on_device
     def add_pauli_sum(self, dst, src, words, coefficients) -> None:
         coefficients = np.asarray(coefficients, dtype=np.complex128).reshape(-1)
         for (paulis, targets), coefficient in zip(words, coefficients, strict=True):
@@ -600,6 +680,30 @@ def _control_as_target(diagonals, controls, control_values):
     else:
         diagonal = np.stack([phase, ones], axis=1)
     return diagonal, (controls[0],), tuple(controls[1:]), tuple(control_values[1:])
+
+
+def _split_at_bits(n_index_bits: int, targets: Sequence[int]) -> tuple[tuple, dict, list]:
+    """A vector's shape with an axis of 2 for each of the ``targets`` and one axis for each
+    run of the other bits (at most 2k + 1 axes: within cupy's and numpy's limit of 32
+    however large the state), the most significant bits first. Returns (shape, {bit: its
+    axis}, the other axes), axes counted from 1 (axis 0 is the batch)."""
+    chosen = {int(bit) for bit in targets}
+    shape, axis_of, rest = [], {}, []
+    run = 0
+    for bit in range(n_index_bits - 1, -1, -1):
+        if bit in chosen:
+            if run:
+                rest.append(len(shape) + 1)
+                shape.append(1 << run)
+                run = 0
+            axis_of[bit] = len(shape) + 1
+            shape.append(2)
+        else:
+            run += 1
+    if run:
+        rest.append(len(shape) + 1)
+        shape.append(1 << run)
+    return tuple(shape), axis_of, rest
 
 
 def _without_identities(paulis: str, targets: Sequence[int]) -> tuple[str, list[int]]:
