@@ -265,27 +265,31 @@ def sweep(
     rows = bras.shape[0] // batch
     gradients = np.zeros((batch, rows, n_params))
     units = fusion.fuse(layout, steps, fusion_qubits)
-    trainable = [p for p, (unit, _) in enumerate(units) if _members(unit) & columns.keys()]
+    trainable = [p for p, fused in enumerate(units) if _members(fused.unit) & columns.keys()]
     if not trainable:
         return gradients
     reductions = []
     for position in range(len(units) - 1, trainable[0] - 1, -1):
-        unit, instructions = units[position]
+        fused = units[position]
+        unit = fused.unit
         if not _members(unit) & columns.keys():
-            for instruction in reversed(instructions):
+            for instruction in reversed(fused.instructions):
                 undo = inverse(instruction)
                 simulate.apply_instruction(backend, phi, undo)
                 simulate.apply_instruction(backend, bras, _for_bras(undo, rows))
         elif isinstance(unit, fusion.Block):
-            matrices = instructions[0].data
-            reduction = backend.adjoint_block_step(phi, bras, matrices, unit.targets)
-            reductions.append((unit, reduction))
+            matrices = fused.member_matrices or [
+                fusion.step_matrix(steps[unit.members[0]][1], unit.targets)
+            ]
+            block = fused.instructions[0].data if fused.member_matrices else matrices[0]
+            reduction = backend.adjoint_block_step(phi, bras, block, unit.targets)
+            reductions.append((unit, matrices, reduction))
         else:
             column = columns[unit.member]
             gradients[:, :, column] = _single_step(backend, layout, steps[unit.member], phi, bras)
-    reduced = backend.gather([reduction for _, reduction in reductions])
-    for (unit, _), t in zip(reductions, reduced, strict=True):
-        for member, derivative in _derivatives(layout, steps, unit, columns):
+    reduced = backend.gather([reduction for *_, reduction in reductions])
+    for (unit, matrices, _), t in zip(reductions, reduced, strict=True):
+        for member, derivative in _derivatives(layout, steps, unit, matrices, columns):
             contribution = (derivative[:, None] * t).sum(axis=(-2, -1))
             gradients[:, :, columns[member]] += np.real(contribution)
     return gradients
@@ -339,9 +343,9 @@ def _entry(data: np.ndarray, b: int) -> np.ndarray:
     return data if data.shape[0] == 1 else data[b : b + 1]
 
 
-def _derivatives(layout: Program, steps: Steps, block: fusion.Block, columns: dict):
-    """(step index, dB/dtheta (1 or B, d, d)) for each trainable operation of the block."""
-    matrices = [fusion.step_matrix(steps[m][1], block.targets) for m in block.members]
+def _derivatives(layout: Program, steps: Steps, block: fusion.Block, matrices: list, columns: dict):
+    """(step index, dB/dtheta (1 or B, d, d)) for each trainable operation of the block,
+    from its operations' ``matrices`` on the block's bits."""
     identity = np.eye(1 << len(block.targets))[None]
     prefixes = [identity]
     for matrix in matrices[:-1]:

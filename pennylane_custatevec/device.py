@@ -27,7 +27,7 @@ from pennylane.measurements import (
     StateMeasurement,
 )
 from pennylane.tape import QuantumScript
-from pennylane.transforms import broadcast_expand, defer_measurements, dynamic_one_shot
+from pennylane.transforms import defer_measurements, dynamic_one_shot
 from pennylane.transforms.core import CompilePipeline
 
 from . import adjoint, deferred, settings
@@ -36,7 +36,7 @@ from .execution import run_tapes
 from .transforms import (
     complex_parameters_for_state,
     decompose_late_state_preps,
-    expand_trainable_broadcasts,
+    expand_broadcasts,
     rotate_sampled_measurements,
     validate_adjoint_differentiation,
 )
@@ -272,7 +272,7 @@ class CuStateVecDevice(Device):
         )
         if differentiating:
             batched = self.options_in_force(config).grad_accumulation == "deferred"
-            pipeline.add_transform(expand_trainable_broadcasts if batched else broadcast_expand)
+            pipeline.add_transform(expand_broadcasts, trainable_only=batched)
             pipeline.add_transform(validate_adjoint_differentiation, batched=batched)
             if not config.use_device_jacobian_product:
                 pipeline.add_transform(complex_parameters_for_state)

@@ -112,33 +112,41 @@ def _choose_block(units: list, bits: tuple, earliest: int, width: int) -> int | 
     return best
 
 
-def fuse(layout: Program, steps: Steps, max_qubits: int) -> list[tuple[Unit, list[Instruction]]]:
-    """The units of ``steps``, each with the instructions that run it: a block's one MATRIX
-    instruction, or a single operation's own instructions."""
+@dataclasses.dataclass(frozen=True)
+class Fused:
+    """A unit with the instructions that run it forward: a block of several operations
+    as one MATRIX instruction, anything else as its operations' own instructions.
+    ``member_matrices``: each operation's matrix on the block's bits (blocks only)."""
+
+    unit: Unit
+    instructions: list[Instruction]
+    member_matrices: list[np.ndarray] | None = None
+
+
+def fuse(layout: Program, steps: Steps, max_qubits: int) -> list[Fused]:
+    """The units of ``steps``. A block of one operation runs as that operation's own
+    instructions (a CNOT stays a permutation); its matrix is built only if asked for."""
     units = plan([step_bits(layout, op, instructions) for op, instructions in steps], max_qubits)
     fused = []
     for unit in units:
-        if isinstance(unit, Single):
-            fused.append((unit, list(steps[unit.member][1])))
-        else:
-            matrix = block_matrix(unit, steps)
-            fused.append((unit, [Instruction(Kind.MATRIX, targets=unit.targets, data=matrix)]))
+        if isinstance(unit, Single) or len(unit.members) == 1:
+            member = unit.member if isinstance(unit, Single) else unit.members[0]
+            fused.append(Fused(unit, list(steps[member][1])))
+            continue
+        matrices = [step_matrix(steps[m][1], unit.targets) for m in unit.members]
+        matrix = matrices[0]
+        for step in matrices[1:]:
+            matrix = np.matmul(step, matrix)
+        instruction = Instruction(Kind.MATRIX, targets=unit.targets, data=matrix)
+        fused.append(Fused(unit, [instruction], matrices))
     return fused
 
 
 def fused_program(layout: Program, steps: Steps, max_qubits: int) -> Program:
     """``layout`` with the fused instructions of ``steps``."""
-    instructions = tuple(ins for _, unit in fuse(layout, steps, max_qubits) for ins in unit)
+    fused = fuse(layout, steps, max_qubits)
+    instructions = tuple(ins for unit in fused for ins in unit.instructions)
     return dataclasses.replace(layout, instructions=instructions)
-
-
-def block_matrix(block: Block, steps: Steps) -> np.ndarray:
-    """The product of the block's operations, (1 or B, 2**k, 2**k)."""
-    matrix = None
-    for member in block.members:
-        step = step_matrix(steps[member][1], block.targets)
-        matrix = step if matrix is None else np.matmul(step, matrix)
-    return matrix
 
 
 def step_matrix(instructions: Sequence[Instruction], targets: tuple[int, ...]) -> np.ndarray:

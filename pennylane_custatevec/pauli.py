@@ -1,5 +1,7 @@
 """Pauli-word matrices in the backends' bit order (a pure helper, no state memory)."""
 
+import functools
+
 import numpy as np
 
 PAULI_2X2 = {
@@ -10,9 +12,12 @@ PAULI_2X2 = {
 }
 
 
+@functools.lru_cache(maxsize=256)
 def pauli_word_matrix(paulis: str) -> np.ndarray:
-    """Dense matrix of a Pauli word, letter j acting on bit j of the matrix index."""
+    """Dense matrix of a Pauli word, letter j acting on bit j of the matrix index (cached:
+    read-only)."""
     matrix = np.ones((1, 1), dtype=np.complex128)
     for letter in paulis:
         matrix = np.kron(PAULI_2X2[letter], matrix)
+    matrix.flags.writeable = False
     return matrix

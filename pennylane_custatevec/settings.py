@@ -25,6 +25,8 @@ import dataclasses
 import types
 from collections.abc import Mapping
 
+import numpy as np
+
 GRAD_ACCUMULATION_CHOICES = ("deferred", "eager")
 MAX_FUSION_QUBITS = 6
 """The largest fused block: its dense matrix has 4**k entries per state vector."""
@@ -63,13 +65,14 @@ def validate(**values) -> dict:
         value = values["fusion_qubits"]
         if (
             isinstance(value, bool)
-            or not isinstance(value, int)
+            or not isinstance(value, (int, np.integer))
             or not 0 <= value <= MAX_FUSION_QUBITS
         ):
             raise ValueError(
                 f"fusion_qubits={value!r} is not valid; use an int from 0 to "
                 f"{MAX_FUSION_QUBITS} (0 or 1: no fusion)."
             )
+        values["fusion_qubits"] = int(value)
     return dict(values)
 
 

@@ -7,6 +7,7 @@ from pennylane.exceptions import DeviceError
 from pennylane.measurements import ExpectationMP, StateMP, VarianceMP
 from pennylane.operation import StatePrepBase
 from pennylane.ops import LinearCombination, Sum
+from pennylane.pytrees import flatten, unflatten
 from pennylane.tape import QuantumScript
 from pennylane.transforms import broadcast_expand, diagonalize_measurements, split_non_commuting
 from pennylane.transforms.core import transform
@@ -57,18 +58,33 @@ def validate_adjoint_differentiation(tape: QuantumScript, batched: bool = False)
 
 
 @transform
-def expand_trainable_broadcasts(tape: QuantumScript):
-    """``broadcast_expand`` for a tape in which a broadcast parameter is trainable (its
-    gradient has one entry per broadcast entry); other broadcast tapes stay whole, for the
-    deferred mode differentiates them as one batch."""
+def expand_broadcasts(tape: QuantumScript, trainable_only: bool = False):
+    """``broadcast_expand``, with ``trainable_only`` only for a tape in which a broadcast
+    parameter is trainable (its gradient has one entry per broadcast entry): the deferred
+    mode differentiates other broadcast tapes whole, as one batch.
+
+    The expanded tapes' operations are rebuilt where PennyLane's parameter binding kept a
+    stale batch size (MultiRZ, PCPhase, their controlled and adjoint forms in 0.45), so
+    that no expanded tape claims to be broadcast."""
     if tape.batch_size is None:
         return (tape,), _first_result
-    if any(
+    if trainable_only and not any(
         op.batch_size is not None and any(math.requires_grad(d) for d in op.data)
         for op in tape.operations
     ):
-        return broadcast_expand(tape)
-    return (tape,), _first_result
+        return (tape,), _first_result
+    tapes, recombine = broadcast_expand(tape)
+    rebuilt = [
+        t.copy(
+            operations=[_rebuilt(op) for op in t.operations], trainable_params=t.trainable_params
+        )
+        for t in tapes
+    ]
+    return rebuilt, recombine
+
+
+def _rebuilt(op):
+    return op if op.batch_size is None else unflatten(*flatten(op))
 
 
 @transform

@@ -123,14 +123,21 @@ def compare_torch(
     ref_out, ref_grads = torch_run(
         ref_circuit or circuit, ref, values, seed, trainable, diff_method="backprop"
     )
-    assert_allclose_nested(out, ref_out, atol=ATOL)
+    assert_same_run((out, grads), (ref_out, ref_grads), ATOL)
+    return out, grads, ref_grads
+
+
+def assert_same_run(run, reference, atol):
+    """Two torch_run results (outputs, gradients) agree."""
+    (out, grads), (ref_out, ref_grads) = run, reference
+    assert_allclose_nested(out, ref_out, atol=atol)
+    assert len(grads) == len(ref_grads)
     for i, (g, r) in enumerate(zip(grads, ref_grads, strict=True)):
         if r is None:
             assert g is None, f"parameter {i} is not trainable but got a gradient"
         else:
             assert g is not None, f"parameter {i} got no gradient"
-            np.testing.assert_allclose(g, r, atol=ATOL, rtol=0, err_msg=f"parameter {i}")
-    return out, grads, ref_grads
+            np.testing.assert_allclose(g, r, atol=atol, rtol=0, err_msg=f"parameter {i}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -958,7 +965,7 @@ def test_backward_twice():
 # 10. The device API
 
 
-def _api_tape(case):
+def api_tape(case):
     ops = [
         qml.RX(0.3, "a"),
         qml.CNOT(["a", 3]),
@@ -1003,7 +1010,7 @@ def _cotangent(tape, rng):
 
 @pytest.mark.parametrize("case", API_CASES)
 def test_compute_derivatives(case):
-    tape = _api_tape(case)
+    tape = api_tape(case)
     dev, ref = make_devices(W4)
     expected = ref.compute_derivatives([tape], ADJOINT)
     assert_allclose_nested(dev.compute_derivatives([tape], ADJOINT), expected, atol=ATOL)
@@ -1016,7 +1023,7 @@ def test_compute_derivatives(case):
 
 @pytest.mark.parametrize("case", API_CASES)
 def test_compute_vjp(case):
-    tape = _api_tape(case)
+    tape = api_tape(case)
     rng = np.random.default_rng(stable_seed("vjp", case))
     dy = _cotangent(tape, rng)
     dev, ref = make_devices(W4)
@@ -1030,7 +1037,7 @@ def test_compute_vjp(case):
 
 
 def test_device_api_several_tapes():
-    tapes = [_api_tape(case) for case in API_CASES]
+    tapes = [api_tape(case) for case in API_CASES]
     rng = np.random.default_rng(stable_seed("vjp-several"))
     dys = [_cotangent(t, rng) for t in tapes]
     dev, ref = make_devices(W4)

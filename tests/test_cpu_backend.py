@@ -844,6 +844,20 @@ def _kernel_args(name, state, rng):
         per = _cpu_kernels.chunks_per_vector(batch, state.shape[1] >> len(targets))
         partial = np.empty((batch * per, rows, 8, 8), dtype=complex)
         return (bras, adjoints, np.array(targets), sort(targets), partial)
+    if name == "block_step_2q":  # as block_step, on two bits
+        rows, targets = 2, [n - 1, 1]
+        bras = np.repeat(state[::-1], rows, axis=0) * (1 - 0.5j)
+        adjoints = np.stack([random_unitary(4, rng) for _ in range(batch)])
+        per = _cpu_kernels.chunks_per_vector(batch, state.shape[1] >> 2)
+        partial = np.empty((batch * per, rows, 4, 4), dtype=complex)
+        return (bras, adjoints, np.array(targets), sort(targets), partial)
+    if name == "block_step_1q":  # as block_step, on one bit
+        rows, target = 3, n - 2
+        bras = np.repeat(state[::-1], rows, axis=0) * (1 - 0.5j)
+        adjoints = np.stack([random_unitary(2, rng) for _ in range(batch)])
+        per = _cpu_kernels.chunks_per_vector(batch, state.shape[1] >> 1)
+        partial = np.empty((batch * per, rows, 2, 2), dtype=complex)
+        return (bras, adjoints, target, sort([target]), partial)
     raise AssertionError(f"no arguments for new kernel {name}; add them to this test")
 
 
@@ -861,7 +875,7 @@ def test_threaded_kernel_equals_serial_kernel(name, shape, big_states):
         fn(state, *fn_args)
         out = fn_args[-1] if name.startswith(("inner", "marginal", "low_sign")) else state
         outputs.append(out)
-        if name == "block_step":  # the bras and the partial sums as well as phi
+        if name.startswith("block_step"):  # the bras and the partial sums as well as phi
             extras.append((fn_args[0], fn_args[-1]))
     np.testing.assert_allclose(outputs[0], outputs[1], atol=1e-12)
     for threaded_out, serial_out in zip(*extras, strict=True):

@@ -90,6 +90,15 @@ def _work_layout(batch, dim, fixed_bits):
 
 
 @numba.njit(cache=True)
+def _job_range(job, per, items):
+    """(vector, first item, end item) of parallel job ``job``: each vector's work items
+    are cut into ``per`` consecutive ranges."""
+    b = job // per
+    c = job - b * per
+    return b, c * items // per, (c + 1) * items // per
+
+
+@numba.njit(cache=True)
 def _pauli_phase(index, z_mask, i_power):
     """<P|index> phase factor: i**n_Y * (-1)**popcount(index & z_mask)."""
     sign = 1.0 - 2.0 * _parity(index & z_mask)
@@ -115,12 +124,10 @@ def _apply_1q(state, mats, target, fixed_bits, control_mask):
     shared = mats.shape[0] == 1
     step = np.uint64(1 << target)
     for job in numba.prange(batch * per):
-        b = job // per
-        c = job - b * per
+        b, i, hi = _job_range(job, per, items)
         m = mats[0] if shared else mats[b]
         m00, m01, m10, m11 = m[0, 0], m[0, 1], m[1, 0], m[1, 1]
         vec = state[b]
-        i, hi = c * items // per, (c + 1) * items // per
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, control_mask)
             for item in range(first, first + length):
@@ -172,13 +179,11 @@ def _apply_1q_rotation(state, angles, letter, target, fixed_bits, control_mask):
     shared = angles.shape[0] == 1
     step = np.uint64(1 << target)
     for job in numba.prange(batch * per):
-        b = job // per
-        c = job - b * per
+        b, i, hi = _job_range(job, per, items)
         half = 0.5 * (angles[0] if shared else angles[b])
         cos = np.cos(half)
         sin = np.sin(half)
         vec = state[b]
-        i, hi = c * items // per, (c + 1) * items // per
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, control_mask)
             item, end = first, first + length
@@ -340,31 +345,40 @@ def _diagonal_step(phi, bras, diag, signs, targets, fixed_bits, out):
         out[r] = partial[:, r].sum()
 
 
+@numba.njit(cache=True)
+def _pair_steps(targets):
+    """Index offsets of the two target bits."""
+    return np.uint64(1 << targets[0]), np.uint64(1 << targets[1])
+
+
+@numba.njit(cache=True, inline="always")
+def _apply_4(vec, i0, s0, s1, m):
+    """The four amplitudes i0, i0+s0, i0+s1, i0+s0+s1 of ``vec`` <- m times them; returns
+    the new values."""
+    s01 = s0 | s1
+    a0, a1, a2, a3 = vec[i0], vec[i0 + s0], vec[i0 + s1], vec[i0 + s01]
+    p0 = m[0, 0] * a0 + m[0, 1] * a1 + m[0, 2] * a2 + m[0, 3] * a3
+    p1 = m[1, 0] * a0 + m[1, 1] * a1 + m[1, 2] * a2 + m[1, 3] * a3
+    p2 = m[2, 0] * a0 + m[2, 1] * a1 + m[2, 2] * a2 + m[2, 3] * a3
+    p3 = m[3, 0] * a0 + m[3, 1] * a1 + m[3, 2] * a2 + m[3, 3] * a3
+    vec[i0], vec[i0 + s0], vec[i0 + s1], vec[i0 + s01] = p0, p1, p2, p3
+    return p0, p1, p2, p3
+
+
 def _apply_2q(state, mats, targets, fixed_bits, control_mask):
     batch, dim = state.shape
     items, per, run_length, low0, low1, span = _work_layout(batch, dim, fixed_bits)
     shared = mats.shape[0] == 1
-    s0 = np.uint64(1 << targets[0])
-    s1 = np.uint64(1 << targets[1])
-    s01 = s0 | s1
+    s0, s1 = _pair_steps(targets)
     for job in numba.prange(batch * per):
-        b = job // per
-        c = job - b * per
+        b, i, hi = _job_range(job, per, items)
         m = mats[0] if shared else mats[b]
         vec = state[b]
-        i, hi = c * items // per, (c + 1) * items // per
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, control_mask)
             for item in range(first, first + length):
                 i0 = np.uint64(base | _spread(item, low0, low1))
-                a0 = vec[i0]
-                a1 = vec[i0 + s0]
-                a2 = vec[i0 + s1]
-                a3 = vec[i0 + s01]
-                vec[i0] = m[0, 0] * a0 + m[0, 1] * a1 + m[0, 2] * a2 + m[0, 3] * a3
-                vec[i0 + s0] = m[1, 0] * a0 + m[1, 1] * a1 + m[1, 2] * a2 + m[1, 3] * a3
-                vec[i0 + s1] = m[2, 0] * a0 + m[2, 1] * a1 + m[2, 2] * a2 + m[2, 3] * a3
-                vec[i0 + s01] = m[3, 0] * a0 + m[3, 1] * a1 + m[3, 2] * a2 + m[3, 3] * a3
+                _apply_4(vec, i0, s0, s1, m)
             i += length
 
 
@@ -375,12 +389,10 @@ def _apply_kq(state, mats, targets, fixed_bits, control_mask):
     offsets = _target_offsets(targets)
     d = offsets.shape[0]
     for job in numba.prange(batch * per):
-        b = job // per
-        c = job - b * per
+        b, i, hi = _job_range(job, per, items)
         m = mats[0] if shared else mats[b]
         vec = state[b]
         buf = np.empty(d, dtype=state.dtype)
-        i, hi = c * items // per, (c + 1) * items // per
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, control_mask)
             for item in range(first, first + length):
@@ -395,6 +407,91 @@ def _apply_kq(state, mats, targets, fixed_bits, control_mask):
             i += length
 
 
+def _block_step_1q(phi, bras, adjoints, target, fixed_bits, out):
+    """``_block_step`` for a block on one bit, walking runs of consecutive amplitudes."""
+    batch, dim = phi.shape
+    rows = bras.shape[0] // batch
+    items, per, run_length, low0, low1, span = _work_layout(batch, dim, fixed_bits)
+    shared = adjoints.shape[0] == 1
+    step = np.uint64(1 << target)
+    for job in numba.prange(batch * per):
+        b, i, hi = _job_range(job, per, items)
+        m = adjoints[0] if shared else adjoints[b]
+        m00, m01, m10, m11 = m[0, 0], m[0, 1], m[1, 0], m[1, 1]
+        ket = phi[b]
+        sums = np.zeros((rows, 4), dtype=np.complex128)
+        while i < hi:
+            base, first, length = _run(i, hi, run_length, fixed_bits, 0)
+            item, end = first, first + length
+            while item < end:
+                count = _span_length(item, end, span)
+                start = np.uint64(base | _spread(item, low0, low1))
+                for k in range(count):
+                    i0 = start + np.uint64(k)
+                    a0, a1 = ket[i0], ket[i0 + step]
+                    ket[i0] = m00 * a0 + m01 * a1
+                    ket[i0 + step] = m10 * a0 + m11 * a1
+                for r in range(rows):
+                    bra = bras[b * rows + r]
+                    t00 = t01 = t10 = t11 = 0.0 + 0.0j
+                    for k in range(count):
+                        i0 = start + np.uint64(k)
+                        i1 = i0 + step
+                        l0, l1 = bra[i0], bra[i1]
+                        p0, p1 = ket[i0], ket[i1]
+                        c0, c1 = np.conj(l0), np.conj(l1)
+                        t00 += c0 * p0
+                        t01 += c0 * p1
+                        t10 += c1 * p0
+                        t11 += c1 * p1
+                        bra[i0] = m00 * l0 + m01 * l1
+                        bra[i1] = m10 * l0 + m11 * l1
+                    sums[r, 0] += t00
+                    sums[r, 1] += t01
+                    sums[r, 2] += t10
+                    sums[r, 3] += t11
+                item += count
+            i += length
+        for r in range(rows):
+            out[job, r, 0, 0] = sums[r, 0]
+            out[job, r, 0, 1] = sums[r, 1]
+            out[job, r, 1, 0] = sums[r, 2]
+            out[job, r, 1, 1] = sums[r, 3]
+
+
+def _block_step_2q(phi, bras, adjoints, targets, fixed_bits, out):
+    """``_block_step`` for a block on two bits, its four amplitudes in registers."""
+    batch, dim = phi.shape
+    rows = bras.shape[0] // batch
+    items, per, run_length, low0, low1, span = _work_layout(batch, dim, fixed_bits)
+    shared = adjoints.shape[0] == 1
+    s0, s1 = _pair_steps(targets)
+    s01 = s0 | s1
+    for job in numba.prange(batch * per):
+        b, i, hi = _job_range(job, per, items)
+        m = adjoints[0] if shared else adjoints[b]
+        ket = phi[b]
+        sums = np.zeros((rows, 4, 4), dtype=np.complex128)
+        while i < hi:
+            base, first, length = _run(i, hi, run_length, fixed_bits, 0)
+            for item in range(first, first + length):
+                i0 = np.uint64(base | _spread(item, low0, low1))
+                p0, p1, p2, p3 = _apply_4(ket, i0, s0, s1, m)
+                for r in range(rows):
+                    bra = bras[b * rows + r]
+                    l0, l1, l2, l3 = bra[i0], bra[i0 + s0], bra[i0 + s1], bra[i0 + s01]
+                    t = sums[r]
+                    for a, la in enumerate((l0, l1, l2, l3)):
+                        left = np.conj(la)
+                        t[a, 0] += left * p0
+                        t[a, 1] += left * p1
+                        t[a, 2] += left * p2
+                        t[a, 3] += left * p3
+                    _apply_4(bra, i0, s0, s1, m)
+            i += length
+        out[job] = sums
+
+
 def _block_step(phi, bras, adjoints, targets, fixed_bits, out):
     """One step of the deferred adjoint sweep back through a block M on ``targets``, in a
     single pass: phi_b <- M_b^dagger phi_b, and for each bra r of vector b (row b*R + r),
@@ -407,14 +504,12 @@ def _block_step(phi, bras, adjoints, targets, fixed_bits, out):
     offsets = _target_offsets(targets)
     d = offsets.shape[0]
     for job in numba.prange(batch * per):
-        b = job // per
-        c = job - b * per
+        b, i, hi = _job_range(job, per, items)
         m = adjoints[0] if shared else adjoints[b]
         ket = phi[b]
         old = np.empty(d, dtype=phi.dtype)
         new = np.empty(d, dtype=phi.dtype)
         sums = np.zeros((rows, d, d), dtype=np.complex128)
-        i, hi = c * items // per, (c + 1) * items // per
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, 0)
             for item in range(first, first + length):
@@ -473,11 +568,9 @@ def _apply_diagonal(state, diags, targets, fixed_bits, control_mask):
         _apply_two_bit_diagonal(state, diags, targets[0], targets[1])
         return
     for job in numba.prange(batch * per):
-        b = job // per
-        c = job - b * per
+        b, i, hi = _job_range(job, per, items)
         diag = diags[0] if shared else diags[b]
         vec = state[b]
-        i, hi = c * items // per, (c + 1) * items // per
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, control_mask)
             for a in range(offsets.shape[0]):
@@ -501,12 +594,10 @@ def _inner_diagonal(bra, ket, diag, targets, fixed_bits, out):
     offsets = _target_offsets(targets)
     partial = np.zeros(batch * per, dtype=np.complex128)
     for job in numba.prange(batch * per):
-        b = job // per
-        c = job - b * per
+        b, i, hi = _job_range(job, per, items)
         left = bra[b]
         right = ket[0] if shared_ket else ket[b]
         acc = 0.0 + 0.0j
-        i, hi = c * items // per, (c + 1) * items // per
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, 0)
             for a in range(offsets.shape[0]):
@@ -535,13 +626,11 @@ def _apply_pauli_rotation(state, angles, x_mask, z_mask, i_power, fixed_bits, co
     items, per, run_length, low0, low1, span = _work_layout(batch, dim, fixed_bits)
     shared = angles.shape[0] == 1
     for job in numba.prange(batch * per):
-        b = job // per
-        c = job - b * per
+        b, i, hi = _job_range(job, per, items)
         half = 0.5 * (angles[0] if shared else angles[b])
         cos = np.cos(half)
         minus_i_sin = -1j * np.sin(half)
         vec = state[b]
-        i, hi = c * items // per, (c + 1) * items // per
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, control_mask)
             if x_mask == 0:
@@ -567,10 +656,8 @@ def _apply_pauli(state, x_mask, z_mask, i_power, fixed_bits, control_mask):
     items, per, run_length, low0, low1, span = _work_layout(batch, dim, fixed_bits)
     plain_flip = z_mask == 0
     for job in numba.prange(batch * per):
-        b = job // per
-        c = job - b * per
+        b, i, hi = _job_range(job, per, items)
         vec = state[b]
-        i, hi = c * items // per, (c + 1) * items // per
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, control_mask)
             if x_mask == 0:
@@ -605,12 +692,10 @@ def _inner_pauli(bra, ket, x_mask, z_mask, i_power, fixed_bits, out):
     items, per, run_length, low0, low1, span = _work_layout(batch, dim, fixed_bits)
     partial = np.zeros(batch * per, dtype=np.complex128)
     for job in numba.prange(batch * per):
-        b = job // per
-        c = job - b * per
+        b, i, hi = _job_range(job, per, items)
         left = bra[b]
         right = ket[0] if shared_ket else ket[b]
         acc = 0.0 + 0.0j
-        i, hi = c * items // per, (c + 1) * items // per
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, 0)
             item, end = first, first + length
@@ -648,13 +733,11 @@ def _inner_matrix(bra, ket, mat, targets, fixed_bits, out):
     d = offsets.shape[0]
     partial = np.zeros(batch * per, dtype=np.complex128)
     for job in numba.prange(batch * per):
-        b = job // per
-        c = job - b * per
+        b, i, hi = _job_range(job, per, items)
         left = bra[b]
         right = ket[0] if shared_ket else ket[b]
         buf = np.empty(d, dtype=np.complex128)
         acc = 0.0 + 0.0j
-        i, hi = c * items // per, (c + 1) * items // per
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, 0)
             for item in range(first, first + length):
@@ -806,6 +889,8 @@ _KERNELS = {
         _apply_2q,
         _apply_kq,
         _block_step,
+        _block_step_1q,
+        _block_step_2q,
         _apply_diagonal,
         _apply_pauli_rotation,
         _apply_pauli,

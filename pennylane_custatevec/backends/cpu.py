@@ -228,7 +228,12 @@ class CPUBackend:
         per = chunks_per_vector(batch, dim >> len(targets))
         partial = np.empty((batch * per, rows, d, d), dtype=np.complex128)
         where = _placement(targets)
-        kernel("block_step", bras)(phi, bras, adjoints, where.targets, where.fixed_bits, partial)
+        if len(targets) == 1:
+            step = kernel("block_step_1q", bras)
+            step(phi, bras, adjoints, int(targets[0]), where.fixed_bits, partial)
+        else:
+            step = kernel("block_step_2q" if len(targets) == 2 else "block_step", bras)
+            step(phi, bras, adjoints, where.targets, where.fixed_bits, partial)
         return partial.reshape(batch, per, rows, d, d).sum(axis=1)
 
     def gather(self, arrays) -> list[np.ndarray]:

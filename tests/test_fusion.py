@@ -1,0 +1,440 @@
+"""Gate fusion (pennylane_custatevec/fusion.py), a pure transformation of compiled circuits.
+
+The plan is checked on hand-written bit lists (exact plans and the invariants every plan
+keeps), the fused matrices against PennyLane's own matrices, and the order of the fused
+circuit by simulation: for every block size the state equals default.qubit's and the
+unfused program's.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pennylane as qml
+import pytest
+from conftest import make_devices, random_state, random_unitary, stable_seed
+from pennylane.wires import Wires
+
+from pennylane_custatevec import fusion, simulate
+from pennylane_custatevec.backends import CPUBackend
+from pennylane_custatevec.program import (
+    Instruction,
+    Kind,
+    Program,
+    compile_operation,
+    compile_steps,
+    flatten,
+)
+
+ATOL = 1e-10
+WIRES6 = ["a", 3, "q1", 0, "z", 11]  # mixed labels, not sorted
+Block, Single = fusion.Block, fusion.Single
+
+# ---------------------------------------------------------------------------------------
+# 1. The plan, on hand-written bit lists
+
+EXACT_PLANS = {
+    "ladder_k2": (
+        [(0,), (1,), (2,), (3,), (0, 1), (1, 2), (2, 3), (0, 3)],
+        2,
+        (
+            Block((0, 1), (0, 1, 4)),
+            Block((2, 3), (2, 3)),
+            Block((1, 2), (5,)),
+            Block((2, 3), (6,)),
+            Block((0, 3), (7,)),
+        ),
+    ),
+    "ladder_k4": (
+        [(0,), (1,), (2,), (3,), (0, 1), (1, 2), (2, 3), (0, 3)],
+        4,
+        (Block((0, 1, 2, 3), tuple(range(8))),),
+    ),
+    # an operation commutes past a block on other bits and joins the block of its bits
+    "commute_past_other_bits": (
+        [(0, 1), (2, 3), (0,)],
+        2,
+        (Block((0, 1), (0, 2)), Block((2, 3), (1,))),
+    ),
+    # an unfusable operation is a barrier: nothing moves across it
+    "barrier": (
+        [(0,), (1,), None, (0,), (1,)],
+        2,
+        (Block((0, 1), (0, 1)), Single(2), Block((0, 1), (3, 4))),
+    ),
+    # a wide operation is a Single, and what shares its bits stays on its side
+    "wide_shares_bits": (
+        [(0,), (0, 1, 2), (0,)],
+        2,
+        (Block((0,), (0,)), Single(1), Block((0,), (2,))),
+    ),
+    # ... what does not share its bits may join a block before it
+    "wide_other_bits": (
+        [(0,), (1, 2, 3), (0,)],
+        2,
+        (Block((0,), (0, 2)), Single(1)),
+    ),
+    "no_fusion_k1": (
+        [(0,), (0,), (1,), (0, 1)],
+        1,
+        (Block((0,), (0,)), Block((0,), (1,)), Block((1,), (2,)), Single(3)),
+    ),
+    "no_fusion_k0": (
+        [(0,), (0,), (1,), (0, 1)],
+        0,
+        (Block((0,), (0,)), Block((0,), (1,)), Block((1,), (2,)), Single(3)),
+    ),
+    "no_bits": ([()], 2, (Block((), (0,)),)),
+    "exactly_k": ([(0, 1, 2), (1, 2), (3,)], 3, (Block((0, 1, 2), (0, 1)), Block((3,), (2,)))),
+}
+
+
+@pytest.mark.parametrize("name", list(EXACT_PLANS))
+def test_exact_plans(name):
+    bits, k, expected = EXACT_PLANS[name]
+    assert fusion.plan(bits, k) == expected
+    assert fusion.plan(tuple(bits), k) == expected  # a list and a tuple plan alike
+
+
+def _random_bits(rng, n_steps, n_bits=6):
+    steps = []
+    for _ in range(n_steps):
+        roll = rng.random()
+        if roll < 0.06:
+            steps.append(None)
+        elif roll < 0.1:
+            steps.append(())
+        else:
+            width = int(rng.choice([1, 1, 2, 2, 3, 4, 5]))
+            steps.append(tuple(sorted(int(b) for b in rng.permutation(n_bits)[:width])))
+    return steps
+
+
+def check_plan_invariants(bits, k, units):
+    width = max(k, 1)
+    position = {}
+    for p, unit in enumerate(units):
+        members = unit.members if isinstance(unit, Block) else (unit.member,)
+        for m in members:
+            assert m not in position, f"step {m} is in two units"
+            position[m] = p
+        if isinstance(unit, Block):
+            assert list(unit.members) == sorted(unit.members), "members out of circuit order"
+            assert len(unit.targets) <= width
+            union = sorted(set(itertools.chain.from_iterable(bits[m] for m in unit.members)))
+            assert list(unit.targets) == union, "a block's targets are its members' bits"
+            assert all(bits[m] is not None and len(bits[m]) <= width for m in unit.members)
+            if k <= 1:
+                assert len(unit.members) == 1
+        else:
+            step = bits[unit.member]
+            assert step is None or len(step) > width, f"step {unit.member} fits but is single"
+    assert sorted(position) == list(range(len(bits))), "every step in exactly one unit"
+    # the fused order is a valid reordering: steps that share a bit (or one unfusable
+    # step and any other) keep their order
+    for i, j in itertools.combinations(range(len(bits)), 2):
+        if bits[i] is None or bits[j] is None:
+            assert position[i] < position[j], (i, j)
+        elif set(bits[i]) & set(bits[j]):
+            assert position[i] <= position[j], (i, j)
+            if len(bits[i]) > width or len(bits[j]) > width:
+                assert position[i] < position[j], (i, j)
+
+
+@pytest.mark.parametrize("k", range(7))
+@pytest.mark.parametrize("seed", range(4))
+def test_plan_invariants_random(k, seed):
+    rng = np.random.default_rng(stable_seed("plan", seed))
+    bits = _random_bits(rng, int(rng.integers(20, 60)))
+    units = fusion.plan(bits, k)
+    check_plan_invariants(bits, k, units)
+    if k >= 2:
+        assert len(units) < len(bits)  # something was merged
+
+
+def test_every_step_wider_than_k_is_single():
+    bits = [(0, 1, 2), (0,), (1, 2), (0, 1, 2, 3)]
+    units = fusion.plan(bits, 2)
+    assert units == (Single(0), Block((0,), (1,)), Block((1, 2), (2,)), Single(3))
+    check_plan_invariants(bits, 2, units)
+    assert fusion.plan(bits, 3) == (Block((0, 1, 2), (0, 1, 2)), Single(3))
+    assert fusion.plan(bits, 4) == (Block((0, 1, 2, 3), (0, 1, 2, 3)),)
+
+
+# ---------------------------------------------------------------------------------------
+# 2. Matrices: embed, step_matrix
+
+
+def _wire_order(targets):
+    """PennyLane's wire order (most significant first) of a block whose targets[j] is bit j
+    of its index, with the bit numbers as wire labels."""
+    return list(reversed(targets))
+
+
+@pytest.mark.parametrize("targets", [(0, 1, 2), (1, 3, 4)])
+def test_embed_two_qubit_gate(targets, rng):
+    m = random_unitary(4, rng)
+    for pair in itertools.permutations(targets, 2):
+        # pair[0] is bit 0 of the gate's index: the least significant, PennyLane's last wire
+        expected = qml.matrix(
+            qml.QubitUnitary(m, wires=list(reversed(pair))), wire_order=_wire_order(targets)
+        )
+        embedded = fusion.embed(m[None], pair, targets)
+        assert embedded.shape == (1, 8, 8)
+        np.testing.assert_allclose(embedded[0], expected, atol=ATOL, rtol=0)
+
+
+def test_embed_is_kron_with_identity(rng):
+    m = rng.normal(size=(4, 4)) + 1j * rng.normal(size=(4, 4))  # any matrix, not only unitaries
+    eye = np.eye(2)
+    swap = np.eye(4)[[0, 2, 1, 3]]
+    cases = {
+        (0, 1): np.kron(eye, m),  # the gate on the two low bits
+        (1, 2): np.kron(m, eye),  # ... on the two high bits
+        (1, 0): np.kron(eye, swap @ m @ swap),  # bits given in the other order
+    }
+    for bits, expected in cases.items():
+        np.testing.assert_allclose(fusion.embed(m[None], bits, (0, 1, 2))[0], expected, atol=ATOL)
+    assert fusion.embed(m[None], (0, 1), (0, 1)) is not None
+    np.testing.assert_array_equal(fusion.embed(m[None], (0, 1), (0, 1))[0], m)
+
+
+def test_embed_batched(rng):
+    ms = np.stack([random_unitary(2, rng) for _ in range(3)])
+    embedded = fusion.embed(ms, (2,), (0, 2, 5))
+    assert embedded.shape == (3, 8, 8)
+    for b in range(3):
+        expected = np.kron(np.kron(np.eye(2), ms[b]), np.eye(2))
+        np.testing.assert_allclose(embedded[b], expected, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("values", [(0,), (1,), (0, 1), (1, 0)])
+def test_controlled_instruction(values, rng):
+    """A MATRIX instruction with controls: the controls are the high bits of its index."""
+    u = random_unitary(2, rng)
+    controls = (4, 0)[: len(values)]
+    instruction = Instruction(
+        Kind.MATRIX, targets=(2,), controls=controls, control_values=values, data=u[None]
+    )
+    targets = tuple(sorted({2, *controls, 3}))  # with a spectator bit
+    expected = qml.matrix(
+        qml.ctrl(qml.QubitUnitary(u, wires=2), control=list(controls), control_values=values),
+        wire_order=_wire_order(targets),
+    )
+    np.testing.assert_allclose(
+        fusion.step_matrix([instruction], targets)[0], expected, atol=ATOL, rtol=0
+    )
+
+
+def _operators(rng):
+    a = lambda: float(rng.uniform(-np.pi, np.pi))  # noqa: E731
+    w = WIRES6
+    return {
+        "CNOT": qml.CNOT([w[0], w[3]]),
+        "Toffoli": qml.Toffoli([w[4], w[1], w[2]]),
+        "ctrl_X_values01": qml.ctrl(qml.X(w[2]), control=[w[0], w[5]], control_values=[0, 1]),
+        "CZ": qml.CZ([w[5], w[1]]),
+        "ctrl_RY_value0": qml.ctrl(qml.RY(a(), w[3]), control=w[1], control_values=[0]),
+        "ctrl_RY_value1": qml.ctrl(qml.RY(a(), w[3]), control=w[1], control_values=[1]),
+        "CRX": qml.CRX(a(), wires=[w[2], w[0]]),
+        "ctrl_Rot_values10": qml.ctrl(
+            qml.Rot(a(), a(), a(), wires=w[4]), control=[w[0], w[2]], control_values=[1, 0]
+        ),
+        "ctrl_GlobalPhase_value0": qml.ctrl(
+            qml.GlobalPhase(a(), wires=w[1]), control=w[4], control_values=[0]
+        ),
+        "ctrl_GlobalPhase_value1": qml.ctrl(
+            qml.GlobalPhase(a(), wires=w[1]), control=w[4], control_values=[1]
+        ),
+        "ctrl_PhaseShift_value0": qml.ctrl(
+            qml.PhaseShift(a(), wires=w[1]), control=w[0], control_values=[0]
+        ),
+        "ControlledQubitUnitary": qml.ControlledQubitUnitary(
+            random_unitary(2, rng), wires=[w[3], w[5], w[0]], control_values=[0, 1]
+        ),
+        "adjoint_S": qml.adjoint(qml.S(w[2])),
+        "PhaseShift": qml.PhaseShift(a(), wires=w[5]),
+        "IsingZZ": qml.IsingZZ(a(), wires=[w[4], w[0]]),
+        "IsingXY": qml.IsingXY(a(), wires=[w[1], w[3]]),
+        "MultiRZ": qml.MultiRZ(a(), wires=[w[0], w[5], w[2]]),
+        "PauliRot_XIY": qml.PauliRot(a(), "XIY", wires=[w[3], w[0], w[1]]),
+        "SWAP": qml.SWAP([w[2], w[4]]),
+        "Hadamard": qml.Hadamard(w[1]),
+        "Rot": qml.Rot(a(), a(), a(), wires=w[0]),
+        "GlobalPhase_on_wire": qml.GlobalPhase(a(), wires=w[3]),
+        "Identity": qml.Identity(w[2]),
+        "DiagonalQubitUnitary": qml.DiagonalQubitUnitary(
+            np.exp(1j * rng.uniform(-3, 3, size=4)), wires=[w[5], w[2]]
+        ),
+        "QubitUnitary": qml.QubitUnitary(random_unitary(4, rng), wires=[w[4], w[3]]),
+    }
+
+
+OPERATORS = list(_operators(np.random.default_rng(0)))
+
+
+@pytest.mark.parametrize("spectator", [False, True], ids=["own_bits", "with_spectator"])
+@pytest.mark.parametrize("name", OPERATORS)
+def test_step_matrix_of_compiled_operations(name, spectator):
+    """One operation's instructions as a matrix on its block bits equal PennyLane's matrix
+    (the wire at position p of the layout is state bit n - 1 - p)."""
+    rng = np.random.default_rng(stable_seed("step_matrix", name))
+    op = _operators(rng)[name]
+    layout = Program(wires=Wires(WIRES6), instructions=(), batch_size=1)
+    instructions = compile_operation(op, layout)
+    bits = fusion.step_bits(layout, op, instructions)
+    assert bits == tuple(sorted(layout.bits(op.wires)))
+    targets = bits
+    if spectator:
+        free = [b for b in range(len(WIRES6)) if b not in bits]
+        targets = tuple(sorted({*bits, free[len(free) // 2]}))
+    wire_of_bit = {layout.bits([w])[0]: w for w in WIRES6}
+    expected = qml.matrix(op, wire_order=[wire_of_bit[t] for t in reversed(targets)])
+    matrix = fusion.step_matrix(instructions, targets)
+    assert matrix.shape == (1, 1 << len(targets), 1 << len(targets))
+    np.testing.assert_allclose(matrix[0], expected, atol=ATOL, rtol=0)
+
+
+def test_step_matrix_without_instructions_is_identity():
+    np.testing.assert_array_equal(fusion.step_matrix([], (1, 4))[0], np.eye(4))
+
+
+def test_step_matrix_broadcast():
+    """Batched instruction data give one matrix per entry."""
+    angles = np.array([0.3, -1.2, 2.5])
+    layout = Program(wires=Wires([0, 1]), instructions=(), batch_size=3, broadcast=True)
+    op = qml.CRY(angles, wires=[1, 0])
+    matrix = fusion.step_matrix(compile_operation(op, layout), (0, 1))
+    assert matrix.shape == (3, 4, 4)
+    for b, angle in enumerate(angles):
+        expected = qml.matrix(qml.CRY(angle, wires=[1, 0]), wire_order=[0, 1])
+        np.testing.assert_allclose(matrix[b], expected, atol=ATOL, rtol=0)
+
+
+def test_block_runs_as_the_product_in_circuit_order():
+    """Operations fused into one block run as one MATRIX instruction: their product."""
+    ops = [qml.RX(0.3, 0), qml.CNOT([0, 1]), qml.RY(-0.7, 1), qml.S(0), qml.IsingZZ(0.4, [1, 0])]
+    tape = qml.tape.QuantumScript(ops)
+    layout, steps = compile_steps(tape, None)
+    program = fusion.fused_program(layout, steps, 2)
+    (instruction,) = program.instructions
+    assert instruction.kind is Kind.MATRIX and instruction.targets == (0, 1)
+    # targets (0, 1): wire 1 is bit 0, wire 0 bit 1 (the most significant, as in PennyLane)
+    expected = qml.matrix(tape, wire_order=[0, 1])
+    np.testing.assert_allclose(instruction.data[0], expected, atol=ATOL, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------
+# 3. The fused order, by simulation
+
+
+def random_operations(rng, wires, n_ops, broadcast=None):
+    """Random gates on ``wires``; ``broadcast``: the number of entries of one broadcast RX."""
+    n = len(wires)
+
+    def pick(k):
+        return [wires[i] for i in rng.permutation(n)[:k]]
+
+    def angle():
+        return float(rng.uniform(-np.pi, np.pi))
+
+    def ctrl_ry():
+        control, target = pick(2)
+        return qml.ctrl(qml.RY(angle(), target), control=control, control_values=[0])
+
+    factories = [
+        lambda: qml.RX(angle(), pick(1)),
+        lambda: qml.RY(angle(), pick(1)),
+        lambda: qml.RZ(angle(), pick(1)),
+        lambda: qml.Rot(angle(), angle(), angle(), wires=pick(1)),
+        lambda: qml.CNOT(pick(2)),
+        lambda: qml.CZ(pick(2)),
+        lambda: qml.Toffoli(pick(3)),
+        lambda: qml.IsingZZ(angle(), pick(2)),
+        lambda: qml.CRX(angle(), pick(2)),
+        lambda: qml.SWAP(pick(2)),
+        lambda: qml.Hadamard(pick(1)),
+        lambda: qml.PhaseShift(angle(), pick(1)),
+        lambda: qml.MultiRZ(angle(), pick(4)),
+        lambda: qml.GlobalPhase(angle()),
+        lambda: qml.GlobalPhase(angle(), wires=pick(1)),
+        ctrl_ry,
+        lambda: qml.Identity(pick(1)),
+    ]
+
+    ops = [factories[int(rng.integers(len(factories)))]() for _ in range(n_ops)]
+    if broadcast:
+        ops.insert(
+            int(rng.integers(len(ops))),
+            qml.RX(rng.uniform(-np.pi, np.pi, size=broadcast), wires=pick(1)),
+        )
+    return ops
+
+
+CIRCUIT_SEEDS = range(3)
+
+
+@pytest.mark.parametrize("k", range(7))
+@pytest.mark.parametrize("seed", CIRCUIT_SEEDS)
+def test_device_state_equals_default_qubit(k, seed):
+    rng = np.random.default_rng(stable_seed("fused-device", seed))
+    n_wires = 5 + seed % 2
+    wires = WIRES6[:n_wires]
+    ops = random_operations(rng, wires, int(rng.integers(30, 61)))
+    dev, ref = make_devices(wires, backend="cpu", fusion_qubits=k)
+
+    def circuit():
+        for op in ops:
+            qml.apply(op)
+        return qml.state()
+
+    state = qml.QNode(circuit, dev)()
+    expected = qml.QNode(circuit, ref)()
+    np.testing.assert_allclose(state, expected, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("k", range(7))
+@pytest.mark.parametrize(
+    "case", ["plain", "broadcast", "state_prep"], ids=["plain", "broadcast", "state_prep"]
+)
+def test_fused_program_equals_unfused(k, case):
+    """fused_program(layout, steps, k) runs to the same states as flatten(layout, steps)."""
+    rng = np.random.default_rng(stable_seed("fused-program", case))
+    wires = WIRES6
+    ops = random_operations(rng, wires, 50, broadcast=4 if case == "broadcast" else None)
+    if case == "state_prep":
+        ops.insert(0, qml.StatePrep(random_state(len(wires), rng), wires=wires))
+    tape = qml.tape.QuantumScript(ops, [qml.state()])
+    layout, steps = compile_steps(tape, None)
+    backend = CPUBackend()
+    unfused = flatten(layout, steps)
+    fused = fusion.fused_program(layout, steps, k)
+    assert fused.wires == unfused.wires and fused.batch_size == unfused.batch_size
+    if k >= 2:
+        assert len(fused.instructions) < len(unfused.instructions)
+    expected, _ = simulate.final_state(backend, unfused)
+    state, _ = simulate.final_state(backend, fused)
+    assert state.shape == ((4 if case == "broadcast" else 1), 2 ** len(wires))
+    np.testing.assert_allclose(state, expected, atol=ATOL, rtol=0)
+    # compile_steps(tape, None) registers the tape's wires, in the tape's order
+    reference = qml.execute([tape], qml.device("default.qubit", wires=layout.wires))[0]
+    np.testing.assert_allclose(
+        backend.to_host(state).reshape(np.shape(reference)), reference, atol=ATOL, rtol=0
+    )
+
+
+def test_wide_operation_keeps_its_own_instructions():
+    ops = [qml.RX(0.1, 0), qml.CNOT([0, 1]), qml.MultiRZ(0.4, wires=[0, 1, 2]), qml.RY(0.2, 2)]
+    tape = qml.tape.QuantumScript(ops)
+    layout, steps = compile_steps(tape, None)
+    bits = [fusion.step_bits(layout, op, instructions) for op, instructions in steps]
+    assert bits == [(2,), (1, 2), (0, 1, 2), (0,)]  # wire 0 is the most significant bit
+    assert fusion.plan(bits, 2) == (Block((1, 2), (0, 1)), Single(2), Block((0,), (3,)))
+    program = fusion.fused_program(layout, steps, 2)
+    assert len(program.instructions) == 3
+    first, middle, last = program.instructions
+    assert first.kind is Kind.MATRIX and first.targets == (1, 2)
+    (multirz,) = steps[2][1]
+    assert middle is multirz
+    assert last.targets == (0,)
