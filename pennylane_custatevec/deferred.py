@@ -264,7 +264,7 @@ def sweep(
     batch = layout.batch_size
     rows = bras.shape[0] // batch
     gradients = np.zeros((batch, rows, n_params))
-    units = fusion.fuse(layout, steps, fusion_qubits)
+    units = fusion.fuse(layout, steps, fusion_qubits, backend.block_costs)
     trainable = [p for p, fused in enumerate(units) if _members(fused.unit) & columns.keys()]
     if not trainable:
         return gradients
@@ -277,7 +277,9 @@ def sweep(
                 undo = inverse(instruction)
                 simulate.apply_instruction(backend, phi, undo)
                 simulate.apply_instruction(backend, bras, _for_bras(undo, rows))
-        elif isinstance(unit, fusion.Block):
+        elif isinstance(unit, fusion.Block) and not _rotation_step_pays(
+            backend, layout, steps, fused
+        ):
             matrices = fused.member_matrices or [
                 fusion.step_matrix(steps[unit.members[0]][1], unit.targets)
             ]
@@ -285,14 +287,26 @@ def sweep(
             reduction = backend.adjoint_block_step(phi, bras, block, unit.targets)
             reductions.append((unit, matrices, reduction))
         else:
-            column = columns[unit.member]
-            gradients[:, :, column] = _single_step(backend, layout, steps[unit.member], phi, bras)
+            (member,) = _members(unit)
+            gradients[:, :, columns[member]] = _single_step(
+                backend, layout, steps[member], phi, bras
+            )
     reduced = backend.gather([reduction for *_, reduction in reductions])
     for (unit, matrices, _), t in zip(reductions, reduced, strict=True):
         for member, derivative in _derivatives(layout, steps, unit, matrices, columns):
             contribution = (derivative[:, None] * t).sum(axis=(-2, -1))
             gradients[:, :, columns[member]] += np.real(contribution)
     return gradients
+
+
+def _rotation_step_pays(backend: Backend, layout: Program, steps: Steps, fused) -> bool:
+    """Whether a block of one Pauli rotation, on one state vector, takes the backend's fused
+    rotation step (one pass, real arithmetic) rather than a dense reduction: on backends
+    that price wide blocks (the CPU), whose dense 2**k products are compute-bound."""
+    if fused.member_matrices or backend.block_costs is None or layout.batch_size > 1:
+        return False
+    op, instructions = steps[fused.unit.members[0]]
+    return plain_rotation(op, instructions) is not None
 
 
 def _members(unit: fusion.Unit) -> set[int]:

@@ -12,6 +12,13 @@ other bits, so the operation commutes past them); of those, the last unit touchi
 is preferred, else the block whose bits grow least. Otherwise it opens a new block. With
 ``k <= 1`` nothing is merged: each operation on at most one bit is a block of its own.
 
+A backend may give ``block_costs``: the time of a dense block of w bits relative to one
+native gate, per w. Then an operation joins a block only where that saves time
+(cost(block) + 1 > cost(block with it)), and the candidate that saves most wins. On a GPU
+a block costs one pass over memory whatever its width up to 5 or so (no costs: greedy); on
+a CPU a dense 2**k x 2**k product is compute-bound beyond one bit, so wide blocks pay only
+when they absorb many gates.
+
 Matrices follow the backends' conventions: a block's ``targets`` are its bits in ascending
 order and ``targets[j]`` is bit ``j`` of the block's matrix index; batched data has a
 leading axis of length 1 or B.
@@ -62,13 +69,17 @@ def step_bits(layout: Program, op, instructions: Sequence[Instruction]) -> tuple
     return tuple(sorted(bits))
 
 
-def plan(bits_per_step: Sequence[tuple[int, ...] | None], max_qubits: int) -> tuple[Unit, ...]:
+def plan(
+    bits_per_step: Sequence[tuple[int, ...] | None],
+    max_qubits: int,
+    block_costs: tuple[float, ...] | None = None,
+) -> tuple[Unit, ...]:
     """The units of a circuit whose operations touch ``bits_per_step`` (module docstring)."""
-    return _cached_plan(tuple(bits_per_step), max_qubits)
+    return _cached_plan(tuple(bits_per_step), max_qubits, block_costs)
 
 
 @functools.lru_cache(maxsize=256)
-def _cached_plan(bits_per_step: tuple, max_qubits: int) -> tuple[Unit, ...]:
+def _cached_plan(bits_per_step: tuple, max_qubits: int, costs) -> tuple[Unit, ...]:
     width = max(max_qubits, 1)
     units: list = []  # a Single, or an open block as [bits (a set), members (a list)]
     last_touch: dict[int, int] = {}
@@ -83,7 +94,9 @@ def _cached_plan(bits_per_step: tuple, max_qubits: int) -> tuple[Unit, ...]:
             position = len(units) - 1
         else:
             earliest = max([barrier, *(last_touch.get(bit, -1) for bit in bits)])
-            position = _choose_block(units, bits, earliest, width) if max_qubits > 1 else None
+            position = None
+            if max_qubits > 1:
+                position = _choose_block(units, bits, earliest, width, costs)
             if position is None:
                 units.append([set(), []])
                 position = len(units) - 1
@@ -97,18 +110,28 @@ def _cached_plan(bits_per_step: tuple, max_qubits: int) -> tuple[Unit, ...]:
     )
 
 
-def _choose_block(units: list, bits: tuple, earliest: int, width: int) -> int | None:
-    """The open block at or after ``earliest`` that ``bits`` may join (module docstring)."""
-    best, best_size = None, width + 1
+def _choose_block(units: list, bits: tuple, earliest: int, width: int, costs) -> int | None:
+    """The open block at or after ``earliest`` that ``bits`` joins (module docstring)."""
+    best, best_score = None, None
     for position in range(len(units) - 1, max(earliest, 0) - 1, -1):
         unit = units[position]
         if isinstance(unit, Single):
             continue
         size = len(unit[0].union(bits))
-        if position == earliest and size <= width:
-            return position
-        if size < best_size:
-            best, best_size = position, size
+        if size > width:
+            continue
+        if costs is None:
+            if position == earliest:
+                return position
+            score = -size
+        else:
+            current = costs[len(unit[0])] if len(unit[1]) > 1 else 1.0
+            score = current + 1.0 - costs[size]
+            if score <= 0:
+                continue
+            score += 1e-9 if position == earliest else 0.0  # ties: the block it follows
+        if best_score is None or score > best_score:
+            best, best_score = position, score
     return best
 
 
@@ -123,10 +146,13 @@ class Fused:
     member_matrices: list[np.ndarray] | None = None
 
 
-def fuse(layout: Program, steps: Steps, max_qubits: int) -> list[Fused]:
+def fuse(
+    layout: Program, steps: Steps, max_qubits: int, block_costs: tuple[float, ...] | None = None
+) -> list[Fused]:
     """The units of ``steps``. A block of one operation runs as that operation's own
     instructions (a CNOT stays a permutation); its matrix is built only if asked for."""
-    units = plan([step_bits(layout, op, instructions) for op, instructions in steps], max_qubits)
+    bits = [step_bits(layout, op, instructions) for op, instructions in steps]
+    units = plan(bits, max_qubits, block_costs)
     fused = []
     for unit in units:
         if isinstance(unit, Single) or len(unit.members) == 1:
@@ -142,9 +168,11 @@ def fuse(layout: Program, steps: Steps, max_qubits: int) -> list[Fused]:
     return fused
 
 
-def fused_program(layout: Program, steps: Steps, max_qubits: int) -> Program:
+def fused_program(
+    layout: Program, steps: Steps, max_qubits: int, block_costs: tuple[float, ...] | None = None
+) -> Program:
     """``layout`` with the fused instructions of ``steps``."""
-    fused = fuse(layout, steps, max_qubits)
+    fused = fuse(layout, steps, max_qubits, block_costs)
     instructions = tuple(ins for unit in fused for ins in unit.instructions)
     return dataclasses.replace(layout, instructions=instructions)
 

@@ -29,6 +29,10 @@ class Backend(Protocol):
 
     name: str
     dtype: np.dtype
+    block_costs: tuple[float, ...] | None
+    """The time of applying a dense block on w bits relative to one native gate, indexed
+    by w (0 .. 6), for the fusion planner; None: a block costs one pass whatever its width
+    (fuse greedily)."""
 
     def available_bytes(self) -> int:
         """Memory that new state vectors may use now."""

@@ -169,6 +169,7 @@ class CuStateVecBackend:
     """State vectors as a C-contiguous cupy array of shape (B, 2**n) on one GPU."""
 
     name = "custatevec"
+    block_costs = None  # bandwidth-bound: a block on up to ~5 bits costs one pass (fuse greedily)
 
     def __init__(
         self,
