@@ -10,6 +10,7 @@ configuration in a fresh (spawned) process and reports its peak resident memory.
 """
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import inspect
@@ -48,6 +49,9 @@ class Config:
     device: str
     diff_method: str
     device_vjp: bool = False
+    options: tuple = ()
+    """Overrides of custatevec.qubit's differentiation options, as (name, value) pairs,
+    applied with ``pennylane_custatevec.options`` around the build and every step."""
 
 
 PEERS = (
@@ -97,6 +101,17 @@ def our_config(device_name: str, backend: str | None = None) -> Config | str:
     return Config(f"{name} (param-shift)", device_name, "parameter-shift")
 
 
+def eager_variant(ours: Config | str) -> tuple[Config, ...]:
+    """Our configuration with ``grad_accumulation="eager"``, whose column gives the
+    deferred/eager ratio; none when ours is not an adjoint custatevec.qubit."""
+    if not isinstance(ours, Config) or ours.diff_method != "adjoint":
+        return ()
+    if not ours.device.startswith("custatevec"):
+        return ()
+    label = ours.label.replace(" adjoint", " adjoint, eager", 1)
+    return (dataclasses.replace(ours, label=label, options=(("grad_accumulation", "eager"),)),)
+
+
 def usable_peers(backend: str | None) -> tuple[Config, ...]:
     """PEERS, and with ``backend="custatevec"`` the GPU peers that can be built here."""
     if backend != "custatevec":
@@ -116,13 +131,32 @@ def prepare(workload_id: str, config: Config, sizes: dict) -> tuple[Workload | N
     """Build the workload and run its warm-up step, which gives the cross-check arrays."""
     try:
         build = BUILDERS[workload_id]
-        workload = build(config.device, config.diff_method, config.device_vjp, **sizes)
+        with _overrides(config):
+            workload = build(config.device, config.diff_method, config.device_vjp, **sizes)
         if config.diff_method == "parameter-shift" and workload.shift_work > SHIFT_WORK_LIMIT:
             return None, Cell(note=SKIPPED_SHIFT)
+        if config.options:
+            workload = dataclasses.replace(workload, step=_with_overrides(config, workload.step))
         return workload, Cell(arrays=workload.step())
     except Exception as exc:  # reported in the table, the traceback on stderr
         traceback.print_exc()
         return None, Cell(note=f"ERROR: {type(exc).__name__}: {str(exc)[:80]}")
+
+
+def _overrides(config: Config):
+    if not config.options:
+        return contextlib.nullcontext()
+    import pennylane_custatevec
+
+    return pennylane_custatevec.options(**dict(config.options))
+
+
+def _with_overrides(config: Config, step: Callable[[], Arrays]) -> Callable[[], Arrays]:
+    def step_with_overrides() -> Arrays:
+        with _overrides(config):
+            return step()
+
+    return step_with_overrides
 
 
 def best_time(step: Callable[[], object], repeat: int) -> float:
@@ -208,6 +242,10 @@ def run_workload(
     )
     if jacobian_mode:
         first = dataclasses.replace(ours, label=f"{ours.device} adjoint", device_vjp=False)
+        peers = [
+            dataclasses.replace(peer, device_vjp=False) if peer.options else peer for peer in peers
+        ]
+    wanted = [*wanted, *(peer for peer in peers if peer.options)]
     configs = [first, *(peer if peer in wanted else "n/a" for peer in peers)]
     if workload_id in MEMORY_WORKLOADS:
         cells = [_in_child(workload_id, config, sizes, repeat) for config in configs]
@@ -285,7 +323,9 @@ def _preamble(args: argparse.Namespace) -> list[str]:
 
 def _legend(ours: Config | str, args: argparse.Namespace) -> list[str]:
     lines = [
-        "ratio = peer time / our time (higher is better). Before timing, every configuration's",
+        "ratio = peer time / our time (higher is better); for the eager column it is the",
+        "deferred/eager speed-up of grad_accumulation (our column is the default, deferred).",
+        "Before timing, every configuration's",
         "values and gradients are compared with the first peer that ran (np.allclose, atol 1e-6);",
         "a difference is marked **MISMATCH**. W4's and W4F's times cover all their calls.",
         "W6 runs each configuration in a fresh process; peak = its peak resident memory (VmHWM)",
@@ -360,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(TORCH_THREADS)
     ours = our_config(args.device, args.backend)
-    peers = usable_peers(args.backend)
+    peers = eager_variant(ours) + usable_peers(args.backend)
     rows = {
         workload_id: run_workload(
             workload_id, ours, QUICK_SIZES[workload_id] if args.quick else {}, args.repeat, peers

@@ -231,6 +231,17 @@ def _sweep_chunk(backend: Backend, tasks: list[_Task], fusion_qubits: int) -> np
     backend.scale(bras, np.zeros(1))
     vector = 0
     for task in tasks:
+        size = len(task.rows)
+        if rows == 1 and size > 1 and _pauli_expvals_only(task):
+            _add_batched_expval_terms(
+                backend,
+                backend.vectors(bras, vector, vector + size),
+                backend.vectors(phi, vector, vector + size),
+                layout,
+                task,
+            )
+            vector += size
+            continue
         for vector_rows in task.rows:
             add_cotangent_terms(
                 backend,
@@ -245,6 +256,29 @@ def _sweep_chunk(backend: Backend, tasks: list[_Task], fusion_qubits: int) -> np
     return sweep(
         backend, layout, steps, circuit.columns, circuit.n_params, fusion_qubits, phi, bras
     )
+
+
+def _pauli_expvals_only(task: _Task) -> bool:
+    return all(
+        isinstance(mp, ExpectationMP) and mp.obs.pauli_rep is not None
+        for mp in task.circuit.tape.measurements
+    )
+
+
+def _add_batched_expval_terms(backend: Backend, bras, psi, layout: Program, task: _Task) -> None:
+    """The VJP bras of a broadcast tape of Pauli expvals, bra_b = sum_m 2 dy_m[b] O_m psi_b,
+    with a few calls over the whole batch instead of a few per vector: O_m psi into a
+    scratch batch, then added with per-vector weights."""
+    scratch = None
+    for m, mp in enumerate(task.circuit.tape.measurements):
+        weights = np.array([0.0 if is_zero(row[0][m]) else float(row[0][m]) for row in task.rows])
+        if not weights.any():
+            continue
+        if scratch is None:
+            scratch = backend.zero_state(layout.num_qubits, len(task.rows))
+        backend.scale(scratch, np.zeros(1))
+        measure.add_pauli_sentence(backend, scratch, psi, layout, mp.obs.pauli_rep)
+        backend.add_scaled(bras, scratch, 2.0 * weights)
 
 
 def sweep(

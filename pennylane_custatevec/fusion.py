@@ -26,6 +26,7 @@ leading axis of length 1 or B.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 from collections.abc import Sequence
@@ -150,7 +151,27 @@ def fuse(
     layout: Program, steps: Steps, max_qubits: int, block_costs: tuple[float, ...] | None = None
 ) -> list[Fused]:
     """The units of ``steps``. A block of one operation runs as that operation's own
-    instructions (a CNOT stays a permutation); its matrix is built only if asked for."""
+    instructions (a CNOT stays a permutation); its matrix is built only if asked for.
+
+    The last few results are kept, for the same ``steps`` object (the forward pass and the
+    adjoint sweep that follows fuse one compilation; the cache holds the steps, so their
+    identity cannot be reused while cached)."""
+    key = (id(steps), max_qubits, block_costs)
+    kept = _RECENT.get(key)
+    if kept is not None and kept[0] is steps and kept[1] is layout:
+        return kept[2]
+    fused = _fuse(layout, steps, max_qubits, block_costs)
+    _RECENT[key] = (steps, layout, fused)
+    while len(_RECENT) > _RECENT_SIZE:
+        _RECENT.popitem(last=False)
+    return fused
+
+
+_RECENT: collections.OrderedDict = collections.OrderedDict()
+_RECENT_SIZE = 8
+
+
+def _fuse(layout: Program, steps: Steps, max_qubits: int, block_costs) -> list[Fused]:
     bits = [step_bits(layout, op, instructions) for op, instructions in steps]
     units = plan(bits, max_qubits, block_costs)
     fused = []

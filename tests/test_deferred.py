@@ -9,6 +9,8 @@ must not synchronise with the host but once.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pennylane as qml
 import pytest
@@ -231,6 +233,8 @@ def broadcast_circuit(x, weights, outputs="expval_probs"):
     qml.CRX(weights[0, 0, 0], wires=["a", "q1"])
     if outputs == "state":
         return qml.state()
+    if outputs == "expvals":  # the VJP's bras are built for the whole batch at once
+        return qml.expval(qml.Z("a") @ qml.Z(3)), qml.expval(0.3 * qml.X("q1") - qml.Y("z"))
     return qml.expval(qml.Z("a") @ qml.Z(3)), qml.probs(wires=["q1", "z"])
 
 
@@ -241,20 +245,20 @@ def broadcast_values(seed, batch):
 
 
 @VJP
+@pytest.mark.parametrize("outputs", ["expval_probs", "expvals"])
 @pytest.mark.parametrize("k", [1, 2, 5])
 @pytest.mark.parametrize("x_trainable", [False, True], ids=["x_const", "x_trainable"])
-def test_broadcast(x_trainable, k, device_vjp, paths):
+def test_broadcast(x_trainable, k, outputs, device_vjp, paths):
     values = broadcast_values(stable_seed("deferred-broadcast", x_trainable), 6)
     trainable = [x_trainable, True]
-    runs = run_both_modes(
-        broadcast_circuit, values, 17, k, device_vjp, paths=paths, trainable=trainable
-    )
+    circuit = functools.partial(broadcast_circuit, outputs=outputs)
+    runs = run_both_modes(circuit, values, 17, k, device_vjp, paths=paths, trainable=trainable)
     # the six entries (a broadcast, or the tapes it expands into) sweep as one batch
     assert [call.args[1].batch_size for call in paths.deferred.call_args_list] == [6]
     ref = qml.device("default.qubit", wires=WIRES)
-    reference = torch_run(broadcast_circuit, ref, values, 17, trainable, diff_method="backprop")
+    reference = torch_run(circuit, ref, values, 17, trainable, diff_method="backprop")
     assert_same_run(runs["deferred"], reference, atol=REF_ATOL)
-    assert np.shape(runs["deferred"][0][1]) == (6, 4)
+    assert np.shape(runs["deferred"][0][1]) == ((6, 4) if outputs == "expval_probs" else (6,))
     assert (runs["deferred"][1][0] is None) is not x_trainable
 
 
