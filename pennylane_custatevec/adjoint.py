@@ -45,7 +45,7 @@ from pennylane.wires import Wires
 
 from . import measure, simulate
 from .backends.base import Backend, StateBatch
-from .program import Instruction, Kind, Program, compile_steps, flatten, inverse
+from .program import Program, compile_steps, flatten, inverse, plain_rotation
 
 
 def unsupported_reason(
@@ -310,22 +310,6 @@ def _sweep(backend: Backend, circuit: Circuit, state: StateBatch, rows: Sequence
             simulate.apply_instruction(backend, phi, undo)
             simulate.apply_instruction(backend, bras, undo)
     return gradients
-
-
-def plain_rotation(op: Operator, instructions: list[Instruction]) -> Instruction | None:
-    """The instruction of ``op`` when it is one Pauli rotation exp(-i theta/2 P) without
-    controls compiled from ``op`` itself (RX, IsingZZ, PauliRot, MultiRZ, ...): its
-    generator is -P/2, known without building it."""
-    if len(instructions) != 1:
-        return None
-    (instruction,) = instructions
-    if (
-        instruction.kind is Kind.PAULI_ROTATION
-        and instruction.source is op
-        and not instruction.controls
-    ):
-        return instruction
-    return None
 
 
 def _bras(backend: Backend, circuit: Circuit, psi: StateBatch, rows: Sequence[tuple]):

@@ -47,12 +47,11 @@ from .adjoint import (
     is_zero,
     one_hot_rows,
     output_size,
-    plain_rotation,
     state_derivatives,
 )
 from .backends.base import Backend, StateBatch
 from .pauli import pauli_word_matrix
-from .program import Instruction, Program, Steps, flatten, inverse, merge
+from .program import Instruction, Program, Steps, flatten, inverse, merge, plain_rotation
 
 
 @dataclasses.dataclass
@@ -298,7 +297,9 @@ def sweep(
     batch = layout.batch_size
     rows = bras.shape[0] // batch
     gradients = np.zeros((batch, rows, n_params))
-    units = fusion.fuse(layout, steps, fusion_qubits, backend.block_costs)
+    units = fusion.fuse(
+        layout, steps, fusion_qubits, backend.block_costs, backend.fuses_z_rotations
+    )
     trainable = [p for p, fused in enumerate(units) if _members(fused.unit) & columns.keys()]
     if not trainable:
         return gradients
@@ -311,6 +312,12 @@ def sweep(
                 undo = inverse(instruction)
                 simulate.apply_instruction(backend, phi, undo)
                 simulate.apply_instruction(backend, bras, _for_bras(undo, rows))
+        elif isinstance(unit, fusion.ZRun):
+            (instruction,) = fused.instructions
+            reduction = backend.adjoint_z_rotations_step(
+                phi, bras, instruction.data, instruction.z_masks
+            )
+            reductions.append((unit, None, reduction))
         elif isinstance(unit, fusion.Block) and not _rotation_step_pays(
             backend, layout, steps, fused
         ):
@@ -327,6 +334,12 @@ def sweep(
             )
     reduced = backend.gather([reduction for *_, reduction in reductions])
     for (unit, matrices, _), t in zip(reductions, reduced, strict=True):
+        if isinstance(unit, fusion.ZRun):
+            # every rotation commutes with the run: G_j = -Z_j/2 at the run's end
+            for j, member in enumerate(unit.members):
+                if member in columns:
+                    gradients[:, :, columns[member]] += np.real(-0.5j * t[:, :, j])
+            continue
         for member, derivative in _derivatives(layout, steps, unit, matrices, columns):
             contribution = (derivative[:, None] * t).sum(axis=(-2, -1))
             gradients[:, :, columns[member]] += np.real(contribution)
@@ -344,7 +357,7 @@ def _rotation_step_pays(backend: Backend, layout: Program, steps: Steps, fused) 
 
 
 def _members(unit: fusion.Unit) -> set[int]:
-    return set(unit.members) if isinstance(unit, fusion.Block) else {unit.member}
+    return {unit.member} if isinstance(unit, fusion.Single) else set(unit.members)
 
 
 def _for_bras(instruction: Instruction, rows: int) -> Instruction:

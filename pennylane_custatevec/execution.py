@@ -88,7 +88,9 @@ def _run_analytic_batch(
     """Results of tapes that share a structure, and each tape's final states (a view)."""
     layout, steps = merge(compiled)
     if fusion_qubits > 1:
-        program = fusion.fused_program(layout, steps, fusion_qubits, backend.block_costs)
+        program = fusion.fused_program(
+            layout, steps, fusion_qubits, backend.block_costs, backend.fuses_z_rotations
+        )
     else:
         program = flatten(layout, steps)
     state, _ = simulate.final_state(backend, program)

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .pauli import pauli_word_matrix
-from .program import Instruction, Kind, Program, Steps
+from .program import Instruction, Kind, Program, Steps, plain_rotation
 
 FUSIBLE_KINDS = frozenset({Kind.MATRIX, Kind.DIAGONAL, Kind.PAULI, Kind.PAULI_ROTATION, Kind.PHASE})
 
@@ -54,7 +54,15 @@ class Single:
     member: int
 
 
-Unit = Block | Single
+@dataclasses.dataclass(frozen=True)
+class ZRun:
+    """Commuting rotations exp(-i theta/2 Z_word) (a QAOA cost layer), any width, applied
+    as one Z_ROTATIONS instruction: one pass however many words."""
+
+    members: tuple[int, ...]
+
+
+Unit = Block | Single | ZRun
 
 
 def step_bits(layout: Program, op, instructions: Sequence[Instruction]) -> tuple[int, ...] | None:
@@ -74,15 +82,26 @@ def plan(
     bits_per_step: Sequence[tuple[int, ...] | None],
     max_qubits: int,
     block_costs: tuple[float, ...] | None = None,
+    z_rotations: Sequence[bool] | None = None,
 ) -> tuple[Unit, ...]:
-    """The units of a circuit whose operations touch ``bits_per_step`` (module docstring)."""
-    return _cached_plan(tuple(bits_per_step), max_qubits, block_costs)
+    """The units of a circuit whose operations touch ``bits_per_step`` (module docstring).
+    ``z_rotations`` flags the operations that are rotations exp(-i theta/2 Z_word): with
+    fusion on, those on two bits or more gather into ZRuns (a rotation joins the last run
+    that comes no earlier than the last unit touching its bits)."""
+    flags = tuple(z_rotations) if z_rotations is not None else (False,) * len(bits_per_step)
+    return _cached_plan(tuple(bits_per_step), max_qubits, block_costs, flags)
+
+
+class _OpenRun:
+    def __init__(self):
+        self.bits: set[int] = set()
+        self.members: list[int] = []
 
 
 @functools.lru_cache(maxsize=256)
-def _cached_plan(bits_per_step: tuple, max_qubits: int, costs) -> tuple[Unit, ...]:
+def _cached_plan(bits_per_step: tuple, max_qubits: int, costs, z_flags) -> tuple[Unit, ...]:
     width = max(max_qubits, 1)
-    units: list = []  # a Single, or an open block as [bits (a set), members (a list)]
+    units: list = []  # a Single, an open run, or an open block as [bits (a set), members]
     last_touch: dict[int, int] = {}
     barrier = -1  # the last unfusable operation: nothing moves across it
     for index, bits in enumerate(bits_per_step):
@@ -90,11 +109,18 @@ def _cached_plan(bits_per_step: tuple, max_qubits: int, costs) -> tuple[Unit, ..
             units.append(Single(index))
             barrier = len(units) - 1
             continue
-        if len(bits) > width:
+        earliest = max([barrier, *(last_touch.get(bit, -1) for bit in bits)])
+        if max_qubits > 1 and z_flags[index] and (len(bits) > 1 or _open_run(units, earliest)):
+            position = _open_run(units, earliest)
+            if position is None:
+                units.append(_OpenRun())
+                position = len(units) - 1
+            units[position].bits.update(bits)
+            units[position].members.append(index)
+        elif len(bits) > width:
             units.append(Single(index))
             position = len(units) - 1
         else:
-            earliest = max([barrier, *(last_touch.get(bit, -1) for bit in bits)])
             position = None
             if max_qubits > 1:
                 position = _choose_block(units, bits, earliest, width, costs)
@@ -105,10 +131,24 @@ def _cached_plan(bits_per_step: tuple, max_qubits: int, costs) -> tuple[Unit, ..
             units[position][1].append(index)
         for bit in bits:
             last_touch[bit] = position
-    return tuple(
-        unit if isinstance(unit, Single) else Block(tuple(sorted(unit[0])), tuple(unit[1]))
-        for unit in units
-    )
+    return tuple(_closed(unit) for unit in units)
+
+
+def _open_run(units: list, earliest: int) -> int | None:
+    for position in range(len(units) - 1, max(earliest, 0) - 1, -1):
+        if isinstance(units[position], _OpenRun):
+            return position
+    return None
+
+
+def _closed(unit) -> Unit:
+    if isinstance(unit, Single):
+        return unit
+    if isinstance(unit, _OpenRun):
+        if len(unit.members) > 1:
+            return ZRun(tuple(unit.members))
+        return Block(tuple(sorted(unit.bits)), tuple(unit.members))
+    return Block(tuple(sorted(unit[0])), tuple(unit[1]))
 
 
 def _choose_block(units: list, bits: tuple, earliest: int, width: int, costs) -> int | None:
@@ -116,7 +156,7 @@ def _choose_block(units: list, bits: tuple, earliest: int, width: int, costs) ->
     best, best_score = None, None
     for position in range(len(units) - 1, max(earliest, 0) - 1, -1):
         unit = units[position]
-        if isinstance(unit, Single):
+        if isinstance(unit, (Single, _OpenRun)):
             continue
         size = len(unit[0].union(bits))
         if size > width:
@@ -148,7 +188,11 @@ class Fused:
 
 
 def fuse(
-    layout: Program, steps: Steps, max_qubits: int, block_costs: tuple[float, ...] | None = None
+    layout: Program,
+    steps: Steps,
+    max_qubits: int,
+    block_costs: tuple[float, ...] | None = None,
+    z_runs: bool = False,
 ) -> list[Fused]:
     """The units of ``steps``. A block of one operation runs as that operation's own
     instructions (a CNOT stays a permutation); its matrix is built only if asked for.
@@ -156,11 +200,11 @@ def fuse(
     The last few results are kept, for the same ``steps`` object (the forward pass and the
     adjoint sweep that follows fuse one compilation; the cache holds the steps, so their
     identity cannot be reused while cached)."""
-    key = (id(steps), max_qubits, block_costs)
+    key = (id(steps), max_qubits, block_costs, z_runs)
     kept = _RECENT.get(key)
     if kept is not None and kept[0] is steps and kept[1] is layout:
         return kept[2]
-    fused = _fuse(layout, steps, max_qubits, block_costs)
+    fused = _fuse(layout, steps, max_qubits, block_costs, z_runs)
     _RECENT[key] = (steps, layout, fused)
     while len(_RECENT) > _RECENT_SIZE:
         _RECENT.popitem(last=False)
@@ -171,11 +215,15 @@ _RECENT: collections.OrderedDict = collections.OrderedDict()
 _RECENT_SIZE = 8
 
 
-def _fuse(layout: Program, steps: Steps, max_qubits: int, block_costs) -> list[Fused]:
+def _fuse(layout: Program, steps: Steps, max_qubits: int, block_costs, z_runs) -> list[Fused]:
     bits = [step_bits(layout, op, instructions) for op, instructions in steps]
-    units = plan(bits, max_qubits, block_costs)
+    flags = [z_runs and is_z_rotation(op, instructions) for op, instructions in steps]
+    units = plan(bits, max_qubits, block_costs, flags)
     fused = []
     for unit in units:
+        if isinstance(unit, ZRun):
+            fused.append(Fused(unit, [_z_rotations(steps, unit)]))
+            continue
         if isinstance(unit, Single) or len(unit.members) == 1:
             member = unit.member if isinstance(unit, Single) else unit.members[0]
             fused.append(Fused(unit, list(steps[member][1])))
@@ -189,11 +237,30 @@ def _fuse(layout: Program, steps: Steps, max_qubits: int, block_costs) -> list[F
     return fused
 
 
+def is_z_rotation(op, instructions: Sequence[Instruction]) -> bool:
+    """Whether the operation is one rotation exp(-i theta/2 Z_word) compiled from itself
+    (its parameter is the angle: RZ, IsingZZ, MultiRZ, PauliRot of Z letters)."""
+    rotation = plain_rotation(op, instructions)
+    return rotation is not None and set(rotation.paulis) == {"Z"} and rotation.condition is None
+
+
+def _z_rotations(steps: Steps, run: ZRun) -> Instruction:
+    instructions = [steps[m][1][0] for m in run.members]
+    batch = max(ins.data.shape[0] for ins in instructions)
+    angles = np.stack([np.broadcast_to(ins.data, (batch,)) for ins in instructions], axis=1)
+    masks = tuple(sum(1 << t for t in ins.targets) for ins in instructions)
+    return Instruction(Kind.Z_ROTATIONS, data=angles, z_masks=masks)
+
+
 def fused_program(
-    layout: Program, steps: Steps, max_qubits: int, block_costs: tuple[float, ...] | None = None
+    layout: Program,
+    steps: Steps,
+    max_qubits: int,
+    block_costs: tuple[float, ...] | None = None,
+    z_runs: bool = False,
 ) -> Program:
     """``layout`` with the fused instructions of ``steps``."""
-    fused = fuse(layout, steps, max_qubits, block_costs)
+    fused = fuse(layout, steps, max_qubits, block_costs, z_runs)
     instructions = tuple(ins for unit in fused for ins in unit.instructions)
     return dataclasses.replace(layout, instructions=instructions)
 

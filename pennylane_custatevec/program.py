@@ -39,6 +39,7 @@ class Kind(enum.Enum):
     DIAGONAL = "diagonal"
     PAULI = "pauli"
     PAULI_ROTATION = "pauli_rotation"
+    Z_ROTATIONS = "z_rotations"
     PHASE = "phase"
     MID_MEASURE = "mid_measure"
     POSTSELECT = "postselect"
@@ -49,7 +50,9 @@ class Instruction:
     """One kernel call.
 
     ``data`` holds, by kind: MATRIX (1 or B, 2**k, 2**k) matrices; DIAGONAL (1 or B, 2**k);
-    PAULI_ROTATION (1 or B,) angles of exp(-i angle/2 P); PHASE (1 or B,) factors;
+    PAULI_ROTATION (1 or B,) angles of exp(-i angle/2 P); Z_ROTATIONS (1 or B, J) the
+    angles of J commuting rotations exp(-i angle_j/2 Z_j), Z_j the word of Z letters on
+    the bits of ``z_masks[j]``; PHASE (1 or B,) factors;
     POSTSELECT (1, 2**k, 2**k) the projector; PAULI and MID_MEASURE nothing.
     ``condition`` makes the instruction act only on the state vectors (shots) whose
     mid-circuit measurements satisfy it.
@@ -61,6 +64,7 @@ class Instruction:
     control_values: tuple[int, ...] = ()
     data: np.ndarray | None = None
     paulis: str = ""
+    z_masks: tuple[int, ...] = ()
     source: Operator | None = None
     condition: qml.ops.MeasurementValue | None = None
 
@@ -111,6 +115,7 @@ class Program:
                     ins.controls,
                     ins.control_values,
                     ins.paulis,
+                    ins.z_masks,
                     None if ins.data is None else ins.data.shape[1:],
                 )
                 for ins in self.instructions
@@ -363,11 +368,27 @@ def inverse(instruction: Instruction) -> Instruction:
         data = np.conj(np.swapaxes(data, -1, -2))
     elif kind in (Kind.DIAGONAL, Kind.PHASE):
         data = np.conj(data)
-    elif kind is Kind.PAULI_ROTATION:
+    elif kind in (Kind.PAULI_ROTATION, Kind.Z_ROTATIONS):
         data = -data
     elif kind is not Kind.PAULI:
         raise ValueError(f"{kind} has no inverse")
     return dataclasses.replace(instruction, data=data)
+
+
+def plain_rotation(op: Operator, instructions: list[Instruction]) -> Instruction | None:
+    """The instruction of ``op`` when it is one Pauli rotation exp(-i theta/2 P) without
+    controls compiled from ``op`` itself (RX, IsingZZ, PauliRot, MultiRZ, ...): its
+    generator is -P/2, known without building it."""
+    if len(instructions) != 1:
+        return None
+    (instruction,) = instructions
+    if (
+        instruction.kind is Kind.PAULI_ROTATION
+        and instruction.source is op
+        and not instruction.controls
+    ):
+        return instruction
+    return None
 
 
 @compile_operation.register

@@ -67,6 +67,8 @@ def apply_instruction(backend: Backend, state: StateBatch, instruction: Instruct
         backend.apply_pauli_rotation(state, instruction.data, instruction.paulis, *args)
     elif kind is Kind.PAULI:
         backend.apply_pauli(state, instruction.paulis, *args)
+    elif kind is Kind.Z_ROTATIONS:
+        backend.apply_z_rotations(state, instruction.data, instruction.z_masks)
     elif kind is Kind.PHASE:
         backend.scale(state, instruction.data)
     else:

@@ -11,10 +11,10 @@ import itertools
 
 import numpy as np
 import pytest
-from conftest import random_unitary, stable_seed
+from conftest import random_state, random_unitary, stable_seed
 
 from pennylane_custatevec.backends import _cpu_kernels
-from pennylane_custatevec.backends.cpu import CPUBackend
+from pennylane_custatevec.backends.cpu import CPUBackend, _z_rotation_plan
 
 PAULI = {
     "I": np.eye(2, dtype=complex),
@@ -837,6 +837,16 @@ def _kernel_args(name, state, rng):
         return (signs, low, np.empty((batch, state.shape[1] >> low, 3)))
     if name == "marginal_probs":
         return (np.array([4, 0, n - 1]), np.empty((batch, 8)))
+    if name in ("apply_z_phases", "z_rotations_step"):  # as CPUBackend builds them
+        masks = [(1 << 0) | (1 << (n - 1)), 0b110, 1 << 3, (1 << 2) | (1 << (n - 2))]
+        angles = rng.normal(size=(batch, len(masks)))
+        plan = _z_rotation_plan(angles, masks, state.shape[1])
+        if name == "apply_z_phases":
+            return (plan.counts, plan.low_signs, plan.tables, plan.low)
+        rows, groups = 2, plan.low_signs.shape[0]
+        bras = np.repeat(state[::-1], rows, axis=0) * (1 - 0.5j)
+        out = np.empty((batch * (state.shape[1] >> plan.low), rows, groups), dtype=complex)
+        return (bras, plan.counts, plan.low_signs, plan.tables, plan.low, out)
     if name == "block_step":  # the state is phi; then bras, M^dagger, placement, partials
         rows, targets = 2, [n - 1, 0, 3]
         bras = np.repeat(state[::-1], rows, axis=0) * (1 - 0.5j)
@@ -875,7 +885,7 @@ def test_threaded_kernel_equals_serial_kernel(name, shape, big_states):
         fn(state, *fn_args)
         out = fn_args[-1] if name.startswith(("inner", "marginal", "low_sign")) else state
         outputs.append(out)
-        if name.startswith("block_step"):  # the bras and the partial sums as well as phi
+        if name.startswith("block_step") or name == "z_rotations_step":  # bras, sums, phi
             extras.append((fn_args[0], fn_args[-1]))
     np.testing.assert_allclose(outputs[0], outputs[1], atol=1e-12)
     for threaded_out, serial_out in zip(*extras, strict=True):
@@ -1003,6 +1013,61 @@ def test_block_step_references_follow_the_conventions():
             op = dense_operator(N, unit, targets)
             expected = np.einsum("vi,ij,vj->v", bras.conj(), op, psi)
             np.testing.assert_allclose(t[:, a, c], expected, atol=1e-12)
+
+
+Z_RUN_CASES = [
+    # (qubits, masks, angles per vector (rows: vectors), rows of bras per vector)
+    (3, [0b011, 0b110, 0b101], [[0.3, 0.3, 0.3]], 1),
+    (9, [0b11, 0b101000000, 0b10010, 0b110000000, 0b1], [[0.3, 0.3, -0.7, 0.3, 1.1]], 3),
+    (8, [0b10000001, 0b01100000, 0b00000110], [[0.5, -0.5, 0.5], [0.5, -0.5, 0.5]], 2),
+    (
+        7,
+        [0b1111111, 0b0000011, 0b1000000, 0b0101010],
+        [[0.1, 0.2, 0.3, 0.4], [1.0, -2.0, 0.5, 0.0]],
+        1,
+    ),
+]
+
+
+def check_z_rotations(backend):
+    """apply_z_rotations equals the rotations one by one (apply_pauli_rotation), and
+    adjoint_z_rotations_step returns <bra|Z_j|phi> and undoes them on phi and the bras."""
+    for n, masks, angles, rows in Z_RUN_CASES:
+        rng = np.random.default_rng(stable_seed("z-run", n, len(masks)))
+        angles = np.array(angles)
+        batch = angles.shape[0]
+        psi = random_state(n, rng, batch).reshape(batch, -1)
+        bras = rng.normal(size=(batch * rows, 2**n)) + 1j * rng.normal(size=(batch * rows, 2**n))
+        expected = backend.from_host(psi)
+        words = [[bit for bit in range(n) if mask >> bit & 1] for mask in masks]
+        for j, bits in enumerate(words):
+            backend.apply_pauli_rotation(expected, angles[:, j], "Z" * len(bits), bits)
+        state = backend.from_host(psi)
+        backend.apply_z_rotations(state, angles, masks)
+        tol = TOL[backend.dtype.type]
+        np.testing.assert_allclose(backend.to_host(state), backend.to_host(expected), atol=tol)
+        products = np.zeros((batch, rows, len(masks)), dtype=complex)
+        expected_host = backend.to_host(expected)
+        for j in range(len(masks)):
+            parity = (np.bitwise_count(np.arange(2**n) & masks[j]) & 1).astype(float)
+            flipped = expected_host * (1.0 - 2.0 * parity)
+            for b in range(batch):
+                products[b, :, j] = np.conj(bras[b * rows : (b + 1) * rows]) @ flipped[b]
+        phi, bra_state = backend.copy(expected), backend.from_host(bras)
+        got = backend.gather([backend.adjoint_z_rotations_step(phi, bra_state, angles, masks)])[0]
+        np.testing.assert_allclose(got, products, atol=tol * 10)
+        np.testing.assert_allclose(backend.to_host(phi), psi, atol=tol)
+        undone = backend.from_host(bras)
+        for j, bits in enumerate(words):
+            backend.apply_pauli_rotation(
+                undone, -np.repeat(angles[:, j], rows), "Z" * len(bits), bits
+            )
+        np.testing.assert_allclose(backend.to_host(bra_state), backend.to_host(undone), atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64])
+def test_z_rotations(dtype):
+    check_z_rotations(CPUBackend(dtype))
 
 
 def check_adjoint_block_step(backend):

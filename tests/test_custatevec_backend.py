@@ -28,6 +28,7 @@ from test_cpu_backend import (
     check_expval_pauli_words,
     check_gather,
     check_state_management,
+    check_z_rotations,
     dense_operator,
     random_states,
     ref_apply,
@@ -386,6 +387,11 @@ def test_sample_bit_order_unnormalised_and_edge_cases(make):
 @DTYPES
 def test_adjoint_block_step(make, dtype):
     check_adjoint_block_step(make(dtype))
+
+
+@DTYPES
+def test_z_rotations(make, dtype):
+    check_z_rotations(make(dtype))
 
 
 @DTYPES

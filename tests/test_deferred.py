@@ -834,3 +834,58 @@ def test_wide_gate_synchronises_in_its_own_step(gpu_double, monkeypatch):
         weights
     ).backward()
     assert counts == [2]
+
+
+# ---------------------------------------------------------------------------------------
+# Runs of commuting Z-word rotations (QAOA cost layers), one pass each on the CPU
+
+
+EDGES = [("a", 3), (3, "q1"), ("q1", 0), (0, "z"), ("z", "a"), ("a", "q1")]
+
+
+def qaoa_circuit(gammas, betas, shared=True, broadcast_x=None):
+    """Cost layers of IsingZZ (and a MultiRZ and an RZ) between RX mixers; with ``shared``
+    the cost layer's rotations share one angle (the same table of phases), else each has
+    its own multiple of it."""
+    for w in WIRES:
+        qml.Hadamard(w)
+    if broadcast_x is not None:
+        qml.RY(broadcast_x, wires="a")
+    for layer in range(2):
+        for i, edge in enumerate(EDGES):
+            qml.IsingZZ(gammas[layer] * (1.0 if shared else 0.5 + i), wires=edge)
+        qml.MultiRZ(gammas[layer], wires=["a", 0, "z"])
+        qml.RZ(gammas[layer], wires="q1")
+        for w in WIRES:
+            qml.RX(betas[layer], wires=w)
+    cost = qml.Hamiltonian([1.0] * len(EDGES), [qml.Z(a) @ qml.Z(b) for a, b in EDGES])
+    return qml.expval(cost), qml.probs(wires=[3, "z"])
+
+
+@VJP
+@pytest.mark.parametrize("shared", [True, False], ids=["shared_angle", "own_angles"])
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_z_rotation_runs(k, shared, device_vjp, paths, mocker):
+    spy = mocker.spy(pennylane_custatevec.backends.cpu.CPUBackend, "adjoint_z_rotations_step")
+    values = [[0.4, -0.9], [0.3, 1.2]]
+    circuit = functools.partial(qaoa_circuit, shared=shared)
+    runs = run_both_modes(circuit, values, 23, k, device_vjp, paths=paths)
+    ref = qml.device("default.qubit", wires=WIRES)
+    reference = torch_run(circuit, ref, values, 23, diff_method="backprop")
+    assert_same_run(runs["deferred"], reference, atol=REF_ATOL)
+    # with fusion on, each cost layer is one run in the sweep
+    assert spy.call_count == (0 if k <= 1 else 2)
+
+
+@VJP
+def test_z_rotation_runs_broadcast(device_vjp, paths):
+    """A broadcast tape: the runs' phases per vector (a broadcast angle in the layer)."""
+    x = np.array([0.2, -1.0, 2.5])
+
+    def circuit(gammas, betas):
+        return qaoa_circuit(gammas, betas, broadcast_x=x)
+
+    runs = run_both_modes(circuit, [[0.4, -0.9], [0.3, 1.2]], 29, 2, device_vjp, paths=paths)
+    ref = qml.device("default.qubit", wires=WIRES)
+    reference = torch_run(circuit, ref, [[0.4, -0.9], [0.3, 1.2]], 29, diff_method="backprop")
+    assert_same_run(runs["deferred"], reference, atol=REF_ATOL)

@@ -438,3 +438,37 @@ def test_wide_operation_keeps_its_own_instructions():
     (multirz,) = steps[2][1]
     assert middle is multirz
     assert last.targets == (0,)
+
+
+def test_z_rotations_gather_into_runs():
+    """Flagged Z rotations on two bits or more open a run; later ones (also on one bit) join
+    the last run they may reach; with fusion off nothing gathers."""
+    bits = [(0,), (1,), (2,), (0, 1), (1, 2), (0, 2), (0,), (1,), (0, 1)]
+    flags = [False, False, False, True, True, True, False, False, True]
+    costs = CPUBackend.block_costs
+    units = fusion.plan(bits, 2, costs, flags)
+    assert fusion.ZRun((3, 4, 5)) in units
+    members = [m for u in units for m in (u.members if hasattr(u, "members") else (u.member,))]
+    assert sorted(members) == list(range(9))
+    assert not any(isinstance(u, fusion.ZRun) for u in fusion.plan(bits, 1, costs, flags))
+
+
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_z_rotation_run_program_equals_unfused(broadcast):
+    rng = np.random.default_rng(stable_seed("z-run-program", broadcast))
+    wires = WIRES6
+    ops = [qml.Hadamard(w) for w in wires]
+    gamma = rng.uniform(-np.pi, np.pi, size=3) if broadcast else 0.7
+    for a, b in [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 0)]:
+        ops.append(qml.IsingZZ(gamma, wires=[wires[a], wires[b]]))
+    ops += [qml.MultiRZ(0.3, wires=wires[:4]), qml.RZ(-0.2, wires=wires[2])]
+    ops += [qml.RX(0.5, wires=w) for w in wires]
+    tape = qml.tape.QuantumScript(ops, [qml.state()])
+    layout, steps = compile_steps(tape, None)
+    fused = fusion.fused_program(layout, steps, 2, CPUBackend.block_costs, True)
+    kinds = [ins.kind for ins in fused.instructions]
+    assert kinds.count(Kind.Z_ROTATIONS) == 1
+    backend = CPUBackend()
+    expected, _ = simulate.final_state(backend, flatten(layout, steps))
+    state, _ = simulate.final_state(backend, fused)
+    np.testing.assert_allclose(state, expected, atol=ATOL, rtol=0)

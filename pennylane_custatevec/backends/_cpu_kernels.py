@@ -819,6 +819,23 @@ def _add_z_sum_by_blocks(dst, src, block_coefficients, low_signs, low):
             target[base + i] += complex(real[i], imag[i]) * source[base + i]
 
 
+@numba.njit(cache=True)
+def _signed_sum(signs, values):
+    """sum_i signs[i] values[i], in four partial sums (one running sum would wait on each
+    addition's latency)."""
+    size = values.shape[0]
+    whole = size - size % 4
+    t0 = t1 = t2 = t3 = 0.0
+    for i in range(0, whole, 4):
+        t0 += signs[i] * values[i]
+        t1 += signs[i + 1] * values[i + 1]
+        t2 += signs[i + 2] * values[i + 2]
+        t3 += signs[i + 3] * values[i + 3]
+    for i in range(whole, size):
+        t0 += signs[i] * values[i]
+    return (t0 + t1) + (t2 + t3)
+
+
 def _low_sign_sums(state, low_signs, low, out):
     """out[b, h, g] = sum_l low_signs[g, l] |psi_b[h * 2**low + l]|^2: each block of 2**low
     consecutive amplitudes (the high bits fixed) summed against every row of signs while
@@ -836,19 +853,76 @@ def _low_sign_sums(state, low_signs, low, out):
         for i in range(size):
             v = vec[base + i]
             probability[i] = v.real * v.real + v.imag * v.imag
-        whole = size - size % 4
         for g in range(groups):
-            row = low_signs[g]
-            # four partial sums: one running sum would wait on each addition's latency
-            t0 = t1 = t2 = t3 = 0.0
-            for i in range(0, whole, 4):
-                t0 += row[i] * probability[i]
-                t1 += row[i + 1] * probability[i + 1]
-                t2 += row[i + 2] * probability[i + 2]
-                t3 += row[i + 3] * probability[i + 3]
-            for i in range(whole, size):
-                t0 += row[i] * probability[i]
-            out[b, h, g] = (t0 + t1) + (t2 + t3)
+            out[b, h, g] = _signed_sum(low_signs[g], probability)
+
+
+@numba.njit(cache=True)
+def _block_phases(counts, low_signs, tables, job, blocks):
+    """(vector b, first index, phases) of job's block of 2**low amplitudes (high bits h):
+    phases[l] = prod_v tables[b, v, n_v + J], where n_v = sum_g counts[v, g, h]
+    low_signs[g, l] is the sum of the signs of the words of angle group v at that index
+    (an integer from -J to J). The sums run over l innermost, so that they vectorise."""
+    b = job // blocks
+    h = job - b * blocks
+    table = tables[0] if tables.shape[0] == 1 else tables[b]
+    groups, size = low_signs.shape
+    offset = (table.shape[1] - 1) // 2
+    phases = np.ones(size, dtype=np.complex128)
+    index = np.empty(size)
+    for v in range(counts.shape[0]):
+        for i in range(size):
+            index[i] = offset + 0.5
+        for g in range(groups):
+            c = counts[v, g, h]
+            if c != 0.0:
+                row = low_signs[g]
+                for i in range(size):
+                    index[i] += c * row[i]
+        for i in range(size):
+            phases[i] *= table[v, int(index[i])]
+    return b, h * size, phases
+
+
+def _apply_z_phases(state, counts, low_signs, tables, low):
+    """Commuting Z-word rotations in one pass: each amplitude times the product over
+    angle groups of exp(-i theta_v/2 n_v), looked up in ``tables`` (1 or B, V, 2J+1)."""
+    batch, dim = state.shape
+    blocks = dim >> low
+    for job in numba.prange(batch * blocks):
+        b, base, phases = _block_phases(counts, low_signs, tables, job, blocks)
+        vec = state[b]
+        for i in range(phases.shape[0]):
+            vec[base + i] *= phases[i]
+
+
+def _z_rotations_step(phi, bras, counts, low_signs, tables, low, out):
+    """The deferred sweep's step back through ``_apply_z_phases``: out[job, r, g] =
+    sum_l low_signs[g, l] conj(bra_r[x]) phi[x] over the job's block (x = h * 2**low + l),
+    before both are multiplied by the conjugate phases (``tables`` hold the forward ones)."""
+    batch, dim = phi.shape
+    rows = bras.shape[0] // batch
+    blocks = dim >> low
+    size = 1 << low
+    groups = low_signs.shape[0]
+    for job in numba.prange(batch * blocks):
+        b, base, phases = _block_phases(counts, low_signs, tables, job, blocks)
+        ket = phi[b]
+        real = np.empty(size)
+        imag = np.empty(size)
+        for r in range(rows):
+            bra = bras[b * rows + r]
+            for i in range(size):
+                w = np.conj(bra[base + i]) * ket[base + i]
+                real[i] = w.real
+                imag[i] = w.imag
+                bra[base + i] *= np.conj(phases[i])
+            for g in range(groups):
+                out[job, r, g] = complex(
+                    _signed_sum(low_signs[g], real), _signed_sum(low_signs[g], imag)
+                )
+        for i in range(size):
+            ket[base + i] *= np.conj(phases[i])
 
 
 def _marginal_probs(state, bits, out):
@@ -901,6 +975,8 @@ _KERNELS = {
         _add_z_sum,
         _add_z_sum_by_blocks,
         _low_sign_sums,
+        _apply_z_phases,
+        _z_rotations_step,
         _rotation_step_1q,
         _diagonal_step,
         _marginal_probs,

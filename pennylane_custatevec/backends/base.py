@@ -30,6 +30,9 @@ class Backend(Protocol):
     name: str
     dtype: np.dtype
     block_costs: tuple[float, ...] | None
+    fuses_z_rotations: bool
+    """Whether fusion gathers runs of commuting Z-word rotations (QAOA cost layers) into
+    one Z_ROTATIONS instruction for this backend."""
     """The time of applying a dense block on w bits relative to one native gate, indexed
     by w (0 .. 6), for the fusion planner; None: a block costs one pass whatever its width
     (fuse greedily)."""
@@ -82,6 +85,13 @@ class Backend(Protocol):
         control_values: Sequence[int] = (),
     ) -> None:
         """psi <- exp(-i angle/2 P) psi, PennyLane's sign; ``angles`` of shape (1 or B,)."""
+
+    def apply_z_rotations(
+        self, state: StateBatch, angles: np.ndarray, z_masks: Sequence[int]
+    ) -> None:
+        """psi <- prod_j exp(-i angles[:, j]/2 Z_j) psi, Z_j the word of Z letters on the
+        bits set in ``z_masks[j]``; ``angles`` of shape (1 or B, J). The rotations commute:
+        a backend may apply them in one pass."""
 
     def apply_pauli(
         self,
@@ -147,6 +157,14 @@ class Backend(Protocol):
         of each bra before the step with phi after it (a, c: the block's matrix index),
         shape (B, R, d, d), complex128, as a backend array: it stays in the backend's
         memory until ``gather``. A backend may fuse the three into one pass."""
+
+    def adjoint_z_rotations_step(
+        self, phi: StateBatch, bras: StateBatch, angles: np.ndarray, z_masks: Sequence[int]
+    ) -> Any:
+        """One step of the deferred sweep back through the commuting rotations of
+        ``apply_z_rotations``: returns <bra_{b,r}|Z_j|phi_b> for every bra and word,
+        complex128 of shape (B, R, J), as a backend array (see ``gather``); then applies
+        the inverse rotations to phi and to the bras (bras as in ``adjoint_block_step``)."""
 
     def gather(self, arrays: Sequence[Any]) -> list[np.ndarray]:
         """Backend arrays (the reductions of a sweep) as numpy arrays, in one transfer."""

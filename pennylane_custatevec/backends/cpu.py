@@ -91,6 +91,7 @@ class CPUBackend:
     """State vectors as a C-contiguous numpy array of shape (B, 2**n)."""
 
     name = "cpu"
+    fuses_z_rotations = True
     block_costs = (1.0, 1.0, 2.2, 5.8, 5.6, 10.6, 21.0)
     """Measured with benchmarks/kernels.py-style timings at 20 qubits (2 cores): a dense
     block on w bits against a single-qubit rotation; the 3- to 6-bit blocks share the
@@ -220,6 +221,22 @@ class CPUBackend:
         self.apply_pauli_rotation(bras, -angles, paulis, targets)
         return out
 
+    def apply_z_rotations(self, state, angles, z_masks) -> None:
+        plan = _z_rotation_plan(np.asarray(angles, dtype=np.float64), z_masks, state.shape[1])
+        apply = kernel("apply_z_phases", state)
+        apply(state, plan.counts, plan.low_signs, plan.tables, plan.low)
+
+    def adjoint_z_rotations_step(self, phi, bras, angles, z_masks) -> np.ndarray:
+        batch, dim = phi.shape
+        rows = bras.shape[0] // batch
+        plan = _z_rotation_plan(np.asarray(angles, dtype=np.float64), z_masks, dim)
+        blocks = dim >> plan.low
+        out = np.empty((batch * blocks, rows, plan.low_signs.shape[0]), dtype=np.complex128)
+        step = kernel("z_rotations_step", bras)
+        step(phi, bras, plan.counts, plan.low_signs, plan.tables, plan.low, out)
+        sums = out.reshape(batch, blocks, rows, -1)[..., plan.low_group]
+        return np.einsum("bhrj,jh->brj", sums, plan.high_signs)
+
     def adjoint_block_step(self, phi, bras, matrices, targets) -> np.ndarray:
         adjoints = np.ascontiguousarray(np.conj(np.swapaxes(matrices, -1, -2)), dtype=self.dtype)
         batch, dim = phi.shape
@@ -282,6 +299,34 @@ class CPUBackend:
         return np.stack(
             [np.searchsorted(c, d, side="right") for c, d in zip(cumulative, draws, strict=True)]
         ).clip(max=probs.shape[1] - 1)
+
+
+class _ZRotationPlan(NamedTuple):
+    """How the CPU kernels apply commuting Z-word rotations (see _z_rotation_plan)."""
+
+    low: int
+    low_signs: np.ndarray  # (G, 2**low): the signs of the G distinct low parts of the words
+    low_group: np.ndarray  # (J,): each word's low part among them
+    high_signs: np.ndarray  # (J, 2**high): each word's sign on the high bits
+    counts: np.ndarray  # (V, G, 2**high): per angle group and low part, the summed high signs
+    tables: np.ndarray  # (1 or B, V, 2J + 1): exp(-i theta_v/2 n) for n = -J .. J
+
+
+def _z_rotation_plan(angles: np.ndarray, z_masks, dim: int) -> _ZRotationPlan:
+    """Rotations that share an angle (in every vector) form an angle group v: their phase
+    is exp(-i theta_v/2 n_v) with n_v the sum of their signs, an integer looked up in a
+    table. A sign factors over the high and low index bits, so n_v at x = h * 2**low + l
+    is sum_g counts[v, g, h] low_signs[g, l] over the distinct low parts g of the words."""
+    masks = np.asarray(z_masks, dtype=np.int64)
+    low, low_masks, low_group = _split_masks(masks, dim)
+    high_signs = _sign_table(masks >> low, dim.bit_length() - 1 - low)
+    shared_angles, angle_group = np.unique(angles, axis=1, return_inverse=True)
+    counts = np.zeros((shared_angles.shape[1], len(low_masks), high_signs.shape[1]))
+    for j, (v, g) in enumerate(zip(angle_group.reshape(-1), low_group, strict=True)):
+        counts[v, g] += high_signs[j]
+    n = np.arange(-len(masks), len(masks) + 1)
+    tables = np.exp(-0.5j * shared_angles[:, :, None] * n[None, None, :])
+    return _ZRotationPlan(low, _sign_table(low_masks, low), low_group, high_signs, counts, tables)
 
 
 _DIAGONAL_WORD_LETTERS = 4
