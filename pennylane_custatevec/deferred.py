@@ -180,11 +180,13 @@ def _run(backend: Backend, tasks: list[_Task], fusion_qubits: int):
     groups: dict = {}
     for task in tasks:
         circuit = task.circuit
-        key = (
-            flatten(*circuit.compiled).structure_key,
-            tuple(sorted(circuit.columns.items())),
-            len(task.rows[0]),
-        )
+        key = None  # a single tape is a group of its own: no key to build
+        if len(tasks) > 1:
+            key = (
+                flatten(*circuit.compiled).structure_key,
+                tuple(sorted(circuit.columns.items())),
+                len(task.rows[0]),
+            )
         groups.setdefault(key, []).append(task)
     for group in groups.values():
         for chunk in _chunks(backend, group):

@@ -44,15 +44,17 @@ class DifferentiationOptions:
         return dataclasses.asdict(self)
 
 
+OPTION_NAMES = frozenset(field.name for field in dataclasses.fields(DifferentiationOptions))
+
+
 def validate(**values) -> dict:
     """``values`` (a subset of the option names) checked; raises ValueError naming the valid
     choices for an unknown name or a bad value."""
-    valid = {field.name for field in dataclasses.fields(DifferentiationOptions)}
-    unknown = sorted(set(values) - valid)
+    unknown = sorted(set(values) - OPTION_NAMES)
     if unknown:
         raise ValueError(
             f"unknown option(s) {unknown}; the options that can be overridden are "
-            f"{', '.join(sorted(valid))}."
+            f"{', '.join(sorted(OPTION_NAMES))}."
         )
     if "grad_accumulation" in values:
         value = values["grad_accumulation"]
@@ -90,6 +92,8 @@ def current_overrides() -> Mapping:
 def resolve(defaults: DifferentiationOptions, given: Mapping | None = None):
     """The options in force: ``given`` (an execution config's device_options) over the
     context's overrides over the device's ``defaults``."""
+    if given and OPTION_NAMES <= given.keys():  # the usual case: set up for this execution
+        return DifferentiationOptions(**validate(**{k: given[k] for k in OPTION_NAMES}))
     values = {**defaults.as_device_options(), **current_overrides()}
     if given:
         values.update(validate(**{k: v for k, v in given.items() if k in values}))
