@@ -98,7 +98,7 @@ def _run_analytic_batch(
     results, states, offset = [], [], 0
     for tape, (tape_layout, _) in zip(tapes, compiled, strict=True):
         rows = slice(offset, offset + tape_layout.batch_size)
-        results.append(_nest(tape, [_unbatch(tape, v[rows]) for v in values]))
+        results.append(_nest(tape, [_unbatch(tape_layout, v[rows]) for v in values]))
         states.append(backend.vectors(state, rows.start, rows.stop))
         offset += tape_layout.batch_size
     return results, states
@@ -133,8 +133,8 @@ def _run_sampled(backend, program: Program, tape: QuantumScript, rng, postselect
     return tuple(partitions) if tape.shots.has_partitioned_shots else partitions[0]
 
 
-def _unbatch(tape: QuantumScript, result: np.ndarray):
-    return result if tape.batch_size is not None else result[0]
+def _unbatch(layout: Program, result: np.ndarray):
+    return result if layout.broadcast else result[0]
 
 
 def _nest(tape: QuantumScript, per_measurement: list):

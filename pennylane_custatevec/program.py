@@ -183,15 +183,29 @@ def flatten(layout: Program, steps: Steps) -> Program:
     return dataclasses.replace(layout, instructions=instructions)
 
 
+def tape_batch_size(tape: QuantumScript) -> int | None:
+    """``tape.batch_size``, without PennyLane's check of every operation (milliseconds on
+    a tape of a few hundred gates) when every gate parameter is a scalar: then nothing
+    can be broadcast."""
+    if all(
+        isinstance(d, (int, float, complex)) or getattr(d, "ndim", None) == 0
+        for op in tape.operations
+        for d in op.data
+    ):
+        return None
+    return tape.batch_size
+
+
 def compile_steps(tape: QuantumScript, device_wires: Wires | None) -> tuple[Program, Steps]:
     """The tape's Program without instructions (wires, batch size, initial state), and each
     operation after the initial state preparation with its instructions."""
     wires = register_wires(tape, device_wires)
+    batch_size = tape_batch_size(tape)
     layout = Program(
         wires=wires,
         instructions=(),
-        batch_size=tape.batch_size or 1,
-        broadcast=tape.batch_size is not None,
+        batch_size=batch_size or 1,
+        broadcast=batch_size is not None,
     )
     operations = list(tape.operations)
     initial_state = None
@@ -284,7 +298,10 @@ def _rotation(op: Operator, word: str, layout: Program) -> Instruction:
 def _real_angles(op: Operator) -> np.ndarray:
     """The rotation angle as float64 (1 or B,). A complex angle with a zero imaginary part
     (PennyLane casts parameters to complex to differentiate a state) is taken as real."""
-    angles = _batched(op.data[0], 0)
+    value = op.data[0]
+    if isinstance(value, float):  # the common case, without numpy's dispatch
+        return np.array([value])
+    angles = _batched(value, 0)
     if np.iscomplexobj(angles):
         if np.any(angles.imag != 0):
             raise DeviceError(f"{op.name} got a complex angle {op.data[0]}; angles must be real.")

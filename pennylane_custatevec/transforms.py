@@ -13,6 +13,7 @@ from pennylane.transforms import broadcast_expand, diagonalize_measurements, spl
 from pennylane.transforms.core import transform
 
 from .adjoint import unsupported_reason
+from .program import tape_batch_size
 
 
 def _first_result(results):
@@ -41,15 +42,14 @@ def validate_adjoint_differentiation(tape: QuantumScript, batched: bool = False)
     """Refuse, naming the reason, a circuit the adjoint method cannot differentiate.
     Trainable parameters are those that require a gradient in the ML framework. Runs after
     ``broadcast_expand`` (the tape is not broadcast) or, with ``batched`` (the deferred
-    mode), after ``expand_trainable_broadcasts``."""
+    mode), after ``expand_broadcasts(trainable_only=True)``."""
     trainable = {
         index
         for index, value in enumerate(tape.get_parameters(trainable_only=False))
         if math.requires_grad(value)
     }
-    reason = unsupported_reason(
-        tape, trainable, broadcast=None if batched else False, batched=batched
-    )
+    broadcast = tape_batch_size(tape) is not None if batched else False
+    reason = unsupported_reason(tape, trainable, broadcast=broadcast, batched=batched)
     if reason:
         raise DeviceError(
             f"custatevec.qubit cannot differentiate this circuit by adjoint: {reason}."
@@ -66,7 +66,7 @@ def expand_broadcasts(tape: QuantumScript, trainable_only: bool = False):
     The expanded tapes' operations are rebuilt where PennyLane's parameter binding kept a
     stale batch size (MultiRZ, PCPhase, their controlled and adjoint forms in 0.45), so
     that no expanded tape claims to be broadcast."""
-    if tape.batch_size is None:
+    if tape_batch_size(tape) is None:
         return (tape,), _first_result
     if trainable_only and not any(
         op.batch_size is not None and any(math.requires_grad(d) for d in op.data)

@@ -317,16 +317,27 @@ def _z_rotation_plan(angles: np.ndarray, z_masks, dim: int) -> _ZRotationPlan:
     is exp(-i theta_v/2 n_v) with n_v the sum of their signs, an integer looked up in a
     table. A sign factors over the high and low index bits, so n_v at x = h * 2**low + l
     is sum_g counts[v, g, h] low_signs[g, l] over the distinct low parts g of the words."""
-    masks = np.asarray(z_masks, dtype=np.int64)
-    low, low_masks, low_group = _split_masks(masks, dim)
-    high_signs = _sign_table(masks >> low, dim.bit_length() - 1 - low)
-    shared_angles, angle_group = np.unique(angles, axis=1, return_inverse=True)
-    counts = np.zeros((shared_angles.shape[1], len(low_masks), high_signs.shape[1]))
+    low, low_signs, low_group, high_signs = _z_word_split(tuple(z_masks), dim)
+    if angles.shape[0] == 1 and np.all(angles == angles[0, 0]):  # one angle (QAOA)
+        shared_angles, angle_group = angles[:, :1], np.zeros(len(z_masks), dtype=np.int64)
+    else:
+        shared_angles, angle_group = np.unique(angles, axis=1, return_inverse=True)
+    counts = np.zeros((shared_angles.shape[1], low_signs.shape[0], high_signs.shape[1]))
     for j, (v, g) in enumerate(zip(angle_group.reshape(-1), low_group, strict=True)):
         counts[v, g] += high_signs[j]
-    n = np.arange(-len(masks), len(masks) + 1)
+    n = np.arange(-len(z_masks), len(z_masks) + 1)
     tables = np.exp(-0.5j * shared_angles[:, :, None] * n[None, None, :])
-    return _ZRotationPlan(low, _sign_table(low_masks, low), low_group, high_signs, counts, tables)
+    return _ZRotationPlan(low, low_signs, low_group, high_signs, counts, tables)
+
+
+@functools.lru_cache(maxsize=64)
+def _z_word_split(z_masks: tuple, dim: int) -> tuple:
+    """(low, low sign rows, each word's row, each word's high signs): what depends on the
+    words only, built once per run of words."""
+    masks = np.array(z_masks, dtype=np.int64)
+    low, low_masks, low_group = _split_masks(masks, dim)
+    high_signs = _sign_table(masks >> low, dim.bit_length() - 1 - low)
+    return low, _sign_table(low_masks, low), low_group, high_signs
 
 
 _DIAGONAL_WORD_LETTERS = 4
