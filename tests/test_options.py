@@ -282,6 +282,22 @@ def test_decorated_qnode_calling_function(spies):
     np.testing.assert_allclose(w.grad.numpy(), v.grad.numpy(), atol=1e-10, rtol=0)
 
 
+def test_decorated_qnode(spies):
+    """The override object applied to a QNode itself: its forward and its backward (run
+    after the call returned) use the override."""
+    dev = cpu_device()
+    qnode = qml.QNode(_circuit, dev, interface="torch", diff_method="adjoint", device_vjp=True)
+    decorated = options(grad_accumulation="eager", fusion_qubits=3)(qnode)
+    w = _weights()
+    decorated(w).backward()
+    assert _fusion_used(spies["fused_program"]) == [3]
+    assert spies["eager_vjp"].call_count == 1 and spies["deferred_vjps"].call_count == 0
+    assert in_force(dev) == DifferentiationOptions("deferred", 2)
+    v = _weights()
+    qnode(v).backward()
+    np.testing.assert_allclose(w.grad.numpy(), v.grad.numpy(), atol=1e-10, rtol=0)
+
+
 # ---------------------------------------------------------------------------------------
 # 4. Threads and asyncio tasks
 
