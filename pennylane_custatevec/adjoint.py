@@ -197,7 +197,7 @@ def jacobian(
             size = output_size(mp, circuit.program)
             block = gradients[start : start + size]
             start += size
-            shape = () if isinstance(mp, ExpectationMP) else (size,)
+            shape = output_shape(mp, circuit.program)
             per_measurement[i] = [block[:, p].reshape(shape) for p in range(circuit.n_params)]
     if len(swept) < len(measurements):
         derivatives = state_derivatives(backend, circuit)
@@ -238,7 +238,7 @@ def checked_cotangents(circuit: Circuit, cotangents) -> tuple:
     per_measurement = (cotangents,) if len(tape.measurements) == 1 else tuple(cotangents)
     batch = (circuit.program.batch_size,) if circuit.program.broadcast else ()
     for mp, dy in zip(tape.measurements, per_measurement, strict=True):
-        expected = () if isinstance(mp, ExpectationMP) else (output_size(mp, circuit.program),)
+        expected = output_shape(mp, circuit.program)
         if dy is not None and np.shape(dy) not in (batch + expected, ()):
             raise DeviceError(
                 f"custatevec.qubit got a cotangent of shape {np.shape(dy)} for {mp}, whose "
@@ -256,6 +256,11 @@ def output_size(mp: MeasurementProcess, program: Program) -> int:
     if isinstance(mp, (ProbabilityMP, StateMP)):
         return 2 ** len(mp.wires or program.wires)
     return 1
+
+
+def output_shape(mp: MeasurementProcess, program: Program) -> tuple:
+    """The shape of one (not broadcast) result of ``mp``."""
+    return () if isinstance(mp, ExpectationMP) else (output_size(mp, program),)
 
 
 def one_hot_rows(circuit: Circuit, measured: list[int]) -> list[tuple]:

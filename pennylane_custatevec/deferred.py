@@ -46,10 +46,12 @@ from .adjoint import (
     format_jacobian,
     is_zero,
     one_hot_rows,
+    output_shape,
     output_size,
     state_derivatives,
 )
 from .backends.base import Backend, StateBatch
+from .execution import chunks
 from .pauli import pauli_word_matrix
 from .program import Instruction, Program, Steps, flatten, inverse, merge, plain_rotation
 
@@ -98,14 +100,12 @@ def _vector_rows(circuit: Circuit, per_measurement: tuple) -> list[list[tuple]]:
         return [[per_measurement]]
     batch = program.batch_size
     split = [
-        [None] * batch if is_zero(dy) else list(np.broadcast_to(dy, (batch, *_shape(mp, program))))
+        [None] * batch
+        if is_zero(dy)
+        else list(np.broadcast_to(dy, (batch, *output_shape(mp, program))))
         for mp, dy in zip(circuit.tape.measurements, per_measurement, strict=True)
     ]
     return [[tuple(entries[b] for entries in split)] for b in range(batch)]
-
-
-def _shape(mp, program: Program) -> tuple:
-    return () if isinstance(mp, ExpectationMP) else (output_size(mp, program),)
 
 
 def jacobians(
@@ -153,7 +153,7 @@ def _split_outputs(circuit: Circuit, gradients: np.ndarray, entries: list) -> No
         size = output_size(mp, program)
         block = gradients[:, start : start + size]
         start += size
-        shape = _shape(mp, program)
+        shape = output_shape(mp, program)
         entries[i] = [
             block[:, :, p].reshape((-1, *shape))
             if program.broadcast
@@ -202,21 +202,11 @@ def _chunks(backend: Backend, tasks: list[_Task]):
     """Consecutive tasks whose final states and bras fit in the backend's free memory
     (a task larger than that runs alone, and the memory check refuses it if it must)."""
     if len(tasks) == 1:
-        yield tasks
-        return
+        return [tasks]
     program = tasks[0].circuit.program
     per_vector = simulate.state_bytes(backend, program.num_qubits, 1) * (1 + len(tasks[0].rows[0]))
-    budget = backend.available_bytes()
-    chunk, used = [], 0
-    for task in tasks:
-        size = per_vector * task.circuit.program.batch_size
-        if chunk and used + size > budget:
-            yield chunk
-            chunk, used = [], 0
-        chunk.append(task)
-        used += size
-    if chunk:
-        yield chunk
+    sizes = [per_vector * task.circuit.program.batch_size for task in tasks]
+    return chunks(tasks, sizes, backend.available_bytes())
 
 
 def _sweep_chunk(backend: Backend, tasks: list[_Task], fusion_qubits: int) -> np.ndarray:

@@ -56,7 +56,8 @@ def run_tapes(
             groups.setdefault(key, []).append(index)
     for indices in groups.values():
         per_vector = simulate.state_bytes(backend, programs[indices[0]].num_qubits, 1)
-        for chunk in _chunks(indices, programs, max(1, BATCH_BYTES // per_vector)):
+        sizes = [programs[i].batch_size for i in indices]
+        for chunk in chunks(indices, sizes, max(1, BATCH_BYTES // per_vector)):
             batch, states = _run_analytic_batch(
                 backend, [tapes[i] for i in chunk], [compiled[i] for i in chunk], fusion_qubits
             )
@@ -67,17 +68,16 @@ def run_tapes(
     return tuple(results)
 
 
-def _chunks(indices: list[int], programs: list[Program], max_vectors: int):
-    """Consecutive runs of ``indices`` holding at most ``max_vectors`` state vectors
-    (a single program larger than that runs alone)."""
-    chunk, vectors = [], 0
-    for index in indices:
-        size = programs[index].batch_size
-        if chunk and vectors + size > max_vectors:
+def chunks(items: Sequence, sizes: Sequence[int], limit: int):
+    """Consecutive runs of ``items`` whose ``sizes`` sum to at most ``limit`` (an item
+    larger than that runs alone)."""
+    chunk, used = [], 0
+    for item, size in zip(items, sizes, strict=True):
+        if chunk and used + size > limit:
             yield chunk
-            chunk, vectors = [], 0
-        chunk.append(index)
-        vectors += size
+            chunk, used = [], 0
+        chunk.append(item)
+        used += size
     if chunk:
         yield chunk
 

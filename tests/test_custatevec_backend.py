@@ -385,23 +385,13 @@ def test_sample_bit_order_unnormalised_and_edge_cases(make):
 
 
 @DTYPES
-def test_adjoint_block_step(make, dtype):
-    check_adjoint_block_step(make(dtype))
-
-
-@DTYPES
-def test_z_rotations(make, dtype):
-    check_z_rotations(make(dtype))
-
-
-@DTYPES
-def test_gather(make, dtype):
-    check_gather(make(dtype))
-
-
-@DTYPES
-def test_concatenate(make, dtype):
-    check_concatenate(make(dtype))
+@pytest.mark.parametrize(
+    "check",
+    [check_adjoint_block_step, check_z_rotations, check_gather, check_concatenate],
+    ids=lambda check: check.__name__.removeprefix("check_"),
+)
+def test_deferred_sweep_methods(make, dtype, check):
+    check(make(dtype))
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["shared", "per-vector"])
