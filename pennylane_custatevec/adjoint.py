@@ -45,7 +45,15 @@ from pennylane.wires import Wires
 
 from . import measure, simulate
 from .backends.base import Backend, StateBatch
-from .program import Program, compile_steps, flatten, inverse, plain_rotation
+from .program import (
+    Program,
+    compile_steps,
+    flatten,
+    inverse,
+    is_broadcast,
+    plain_rotation,
+    tape_batch_size,
+)
 
 
 def unsupported_reason(
@@ -58,8 +66,7 @@ def unsupported_reason(
 
     ``trainable`` holds the indices (into ``tape.get_parameters(trainable_only=False)``) of
     the trainable parameters; by default ``tape.trainable_params``. ``broadcast`` says
-    whether the tape is broadcast where that is already known: ``tape.batch_size`` looks
-    at every parameter of every gate, about 1 ms on a tape of a few dozen gates.
+    whether the tape is broadcast where that is already known.
     ``batched``: the sweep runs a broadcast tape as one batch (the deferred mode), which
     it can when no trainable parameter is broadcast.
     """
@@ -73,10 +80,10 @@ def unsupported_reason(
             f"it needs analytic execution and the circuit has shots={tape.shots.total_shots}; "
             "use diff_method='parameter-shift' with shots"
         )
-    if tape.batch_size is not None if broadcast is None else broadcast:
+    if tape_batch_size(tape) is not None if broadcast is None else broadcast:
         if not batched:
             return "broadcast circuits are expanded by the device's preprocessing first"
-        if any(tape.par_info[index]["op"].batch_size is not None for index in trainable):
+        if any(is_broadcast(tape.par_info[index]["op"]) for index in trainable):
             return (
                 "a trainable parameter is broadcast; such circuits are expanded by the "
                 "device's preprocessing first"

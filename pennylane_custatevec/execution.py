@@ -17,7 +17,7 @@ from pennylane.wires import Wires
 
 from . import fusion, measure, simulate
 from .backends.base import Backend
-from .program import Kind, Program, compile_steps, flatten, merge
+from .program import Kind, Program, compile_steps, flatten, merge, tape_batch_size
 
 BATCH_BYTES = 1 << 30
 """Memory budget for the state vectors of one batch that merges several tapes or shots."""
@@ -166,7 +166,7 @@ def _postselected_shots(program: Program, counts, kept, postselect_mode, rng) ->
 
 
 def _stack_batch(tape: QuantumScript, values: list):
-    if tape.batch_size is None:
+    if tape_batch_size(tape) is None:
         return values[0]
     if isinstance(values[0], dict):
         return list(values)

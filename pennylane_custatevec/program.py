@@ -184,16 +184,25 @@ def flatten(layout: Program, steps: Steps) -> Program:
 
 
 def tape_batch_size(tape: QuantumScript) -> int | None:
-    """``tape.batch_size``, without PennyLane's check of every operation (milliseconds on
-    a tape of a few hundred gates) when every gate parameter is a scalar: then nothing
-    can be broadcast."""
-    if all(
-        isinstance(d, (int, float, complex)) or getattr(d, "ndim", None) == 0
-        for op in tape.operations
-        for d in op.data
-    ):
-        return None
-    return tape.batch_size
+    """``tape.batch_size``, asking PennyLane only about operations that can be broadcast:
+    its check of every operation takes milliseconds on a tape of a few hundred gates."""
+    sizes = {op.batch_size for op in tape.operations if not _scalar_parameters(op)}
+    sizes.discard(None)
+    if len(sizes) > 1:
+        return tape.batch_size  # PennyLane's error names the sizes that do not match
+    return sizes.pop() if sizes else None
+
+
+def is_broadcast(op: Operator) -> bool:
+    """``op.batch_size is not None``, without PennyLane's check where every parameter is a
+    scalar (such an operation cannot be broadcast)."""
+    return not _scalar_parameters(op) and op.batch_size is not None
+
+
+def _scalar_parameters(op: Operator) -> bool:
+    return all(
+        isinstance(d, (int, float, complex)) or getattr(d, "ndim", None) == 0 for d in op.data
+    )
 
 
 def compile_steps(tape: QuantumScript, device_wires: Wires | None) -> tuple[Program, Steps]:
@@ -231,15 +240,15 @@ def compile_operation(op: Operator, layout: Program) -> list[Instruction]:
             f"{op.name} is supported only as the first operation; it should have been "
             "decomposed by the device's preprocessing."
         )
-    return [_matrix_instruction(op, op.wires, layout)]
+    return [_matrix_instruction(op, layout)]
 
 
-def _matrix_instruction(op: Operator, wires: Wires, layout: Program) -> Instruction:
+def _matrix_instruction(op: Operator, layout: Program) -> Instruction:
+    # op.matrix() skips qml.matrix's wire-order handling, which costs more than the
+    # matrix of a small gate; qml.matrix also covers operators defined by a decomposition
+    matrix = op.matrix() if op.has_matrix else qml.matrix(op, wire_order=op.wires)
     return Instruction(
-        Kind.MATRIX,
-        targets=layout.targets(wires),
-        data=_batched(qml.matrix(op, wire_order=wires), 2),
-        source=op,
+        Kind.MATRIX, targets=layout.targets(op.wires), data=_batched(matrix, 2), source=op
     )
 
 
@@ -315,7 +324,7 @@ def _(op: qml.PhaseShift | qml.S | qml.T | qml.U1, layout: Program) -> list[Inst
 
 
 def _diagonal(op: Operator, layout: Program) -> Instruction:
-    diagonal = np.diagonal(qml.matrix(op), axis1=-2, axis2=-1)
+    diagonal = np.diagonal(op.matrix(), axis1=-2, axis2=-1)
     return Instruction(
         Kind.DIAGONAL, targets=layout.targets(op.wires), data=_batched(diagonal, 1), source=op
     )

@@ -13,7 +13,7 @@ from pennylane.transforms import broadcast_expand, diagonalize_measurements, spl
 from pennylane.transforms.core import transform
 
 from .adjoint import unsupported_reason
-from .program import tape_batch_size
+from .program import is_broadcast, tape_batch_size
 
 
 def _first_result(results):
@@ -69,8 +69,7 @@ def expand_broadcasts(tape: QuantumScript, trainable_only: bool = False):
     if tape_batch_size(tape) is None:
         return (tape,), _first_result
     if trainable_only and not any(
-        op.batch_size is not None and any(math.requires_grad(d) for d in op.data)
-        for op in tape.operations
+        is_broadcast(op) and any(math.requires_grad(d) for d in op.data) for op in tape.operations
     ):
         return (tape,), _first_result
     tapes, recombine = broadcast_expand(tape)
