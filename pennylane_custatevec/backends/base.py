@@ -30,12 +30,12 @@ class Backend(Protocol):
     name: str
     dtype: np.dtype
     block_costs: tuple[float, ...] | None
-    fuses_z_rotations: bool
-    """Whether fusion gathers runs of commuting Z-word rotations (QAOA cost layers) into
-    one Z_ROTATIONS instruction for this backend."""
     """The time of applying a dense block on w bits relative to one native gate, indexed
     by w (0 .. 6), for the fusion planner; None: a block costs one pass whatever its width
     (fuse greedily)."""
+    fuses_z_rotations: bool
+    """Whether fusion gathers runs of commuting Z-word rotations (QAOA cost layers) into
+    one Z_ROTATIONS instruction for this backend."""
 
     def available_bytes(self) -> int:
         """Memory that new state vectors may use now."""
