@@ -1,0 +1,81 @@
+"""The scripts in demos/, each run once at a reduced size: two in this process through their
+``main(argv)``, one through its command line."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+DEMOS = Path(__file__).resolve().parent.parent / "demos"
+
+H2_FCI_ENERGY = -1.137270174660904
+"""PySCF's full-CI energy of H2 in STO-3G at 0.7414 Angstrom, in Hartree."""
+
+
+def load_demo(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"demos_{name}", DEMOS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    # dataclasses look the defining module up in sys.modules.
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_vqe_h2_reaches_chemical_accuracy():
+    vqe = load_demo("vqe_h2")
+    exact, hartree_fock = vqe.exact_energies(vqe.hamiltonian())
+    assert abs(exact - H2_FCI_ENERGY) < 1e-9
+    assert hartree_fock > exact + 0.02
+
+    result = vqe.main(["--steps", "15", "--no-progress"])
+
+    assert result.exact_energy == exact
+    # Variational: the trained energy lies above the exact one, by less than 1.6 mHa.
+    assert -1e-9 < result.error < vqe.CHEMICAL_ACCURACY
+    assert result.steps_to_chemical_accuracy is not None
+
+
+def test_torchlayer_classifier_learns_and_shows_progress(capsys):
+    classifier = load_demo("torchlayer_classifier")
+
+    result = classifier.main(["--samples", "80", "--epochs", "4"])
+
+    # Chance is 0.5 on these balanced classes.
+    assert result.train_accuracy >= 0.8
+    assert result.test_accuracy >= 0.8
+    captured = capsys.readouterr()
+    assert "training: 100%" in captured.err
+    assert re.search(r"train accuracy [\d.]+  test accuracy [\d.]+$", captured.out.strip())
+
+
+def test_qaoa_maxcut_command_line_finds_the_max_cut():
+    completed = subprocess.run(
+        [
+            sys.executable,
+            str(DEMOS / "qaoa_maxcut.py"),
+            *("--nodes", "8", "--layers", "2", "--steps", "30", "--shots", "200"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+    assert completed.returncode == 0, completed.stderr
+    assert "QAOA: 100%" in completed.stderr
+    summary, final = completed.stdout.strip().splitlines()[-2:]
+    ratio = float(re.search(r"approximation ratio ([\d.]+)", summary).group(1))
+    # A random assignment cuts half the edges on average: 0.6 of this graph's max cut.
+    assert ratio > 0.8
+    found = re.fullmatch(
+        r"most probable [01]{8} cut (\d+); best of 200 samples [01]{8} cut (\d+); "
+        r"brute-force max cut (\d+)",
+        final,
+    )
+    assert found, final
+    most_probable, best_sampled, max_cut = map(int, found.groups())
+    assert most_probable == best_sampled == max_cut
