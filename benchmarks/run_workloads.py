@@ -1,12 +1,14 @@
 """Run the workloads of bench/WORKLOADS.md on this device and its peers; print ratios.
 
     python benchmarks/run_workloads.py [--workloads W1,W4] [--quick] [--repeat 3]
-                                       [--backend custatevec]
+                                       [--backend custatevec] [--out FILE.md] [--plot FILE.png]
 
 Every configuration runs each workload once (warm-up) and its values and gradients are
 compared with the first peer's; then each is timed, best of ``--repeat`` steps taken
 round-robin across the configurations (one step of each per round). W6 runs every
-configuration in a fresh (spawned) process and reports its peak resident memory.
+configuration in a fresh (spawned) process and reports its peak resident memory. Writes
+the markdown report (``--out``) and a bar chart of our deferred and eager times per
+workload (``--plot``).
 """
 
 import argparse
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pennylane as qml
+import plots
 import torch
 from pennylane.devices import ExecutionConfig
 from workloads import BUILDERS, QUICK_SIZES, Arrays, Workload
@@ -39,6 +42,8 @@ MEMORY_WORKLOADS = frozenset({"W6"})
 JACOBIAN_WORKLOADS = frozenset({"W2"})
 """Full Jacobians: our device runs them with device Jacobians (one sweep for all outputs)
 rather than one VJP per output row."""
+EAGER_OPTIONS = (("grad_accumulation", "eager"),)
+"""The options of the eager variant of our configuration (see ``eager_variant``)."""
 
 
 @dataclass(frozen=True)
@@ -109,7 +114,7 @@ def eager_variant(ours: Config | str) -> tuple[Config, ...]:
     if not ours.device.startswith("custatevec"):
         return ()
     label = ours.label.replace(" adjoint", " adjoint, eager", 1)
-    return (dataclasses.replace(ours, label=label, options=(("grad_accumulation", "eager"),)),)
+    return (dataclasses.replace(ours, label=label, options=EAGER_OPTIONS),)
 
 
 def usable_peers(backend: str | None) -> tuple[Config, ...]:
@@ -121,7 +126,7 @@ def usable_peers(backend: str | None) -> tuple[Config, ...]:
         try:
             qml.device(peer.device, wires=1)
         except Exception as exc:  # not installed, or no GPU: left out, and said why
-            _progress(f"{peer.device} left out: {type(exc).__name__}: {exc}")
+            progress(f"{peer.device} left out: {type(exc).__name__}: {exc}")
             continue
         usable.append(peer)
     return PEERS + tuple(usable)
@@ -251,15 +256,34 @@ def run_workload(
         cells = [_in_child(workload_id, config, sizes, repeat) for config in configs]
         cross_check(cells)
         return cells
-    prepared = [_prepare(workload_id, config, sizes) for config in configs]
-    cells = [cell for _, cell in prepared]
-    cross_check(cells)
+    cells = time_round_robin(workload_id, configs, sizes, repeat)
     if jacobian_mode:
         cells[0].note = ", ".join(filter(None, [cells[0].note, "Jacobian on forward"]))
+    return cells
+
+
+def time_round_robin(
+    workload_id: str,
+    configs: list[Config | str],
+    sizes: dict,
+    repeat: int,
+    tag: str | None = None,
+) -> list[Cell]:
+    """Warm up and cross-check every configuration, then time them round-robin.
+
+    A str in ``configs`` is not run: it becomes the note of its cell. Each cell's time is
+    the best of ``repeat`` rounds, each round one step of every configuration, so that a
+    slow phase of the machine hits every configuration. ``tag`` names the row in the
+    progress messages (default: ``workload_id``).
+    """
+    tag = tag or workload_id
+    prepared = [_prepare(workload_id, config, sizes, tag) for config in configs]
+    cells = [cell for _, cell in prepared]
+    cross_check(cells)
     timed = [(workload, cell) for workload, cell in prepared if workload is not None]
-    _progress(f"{workload_id}: timing {len(timed)} configurations, {repeat} rounds")
+    progress(f"{tag}: timing {len(timed)} configurations, {repeat} rounds")
     times: list[list[float]] = [[] for _ in timed]
-    for _ in range(repeat):  # round-robin: a slow phase of the machine hits every config
+    for _ in range(repeat):
         for (workload, _), own in zip(timed, times, strict=True):
             own.append(best_time(workload.step, 1))
     for (_, cell), own in zip(timed, times, strict=True):
@@ -267,21 +291,24 @@ def run_workload(
     return cells
 
 
-def _prepare(workload_id: str, config: Config | str, sizes: dict) -> tuple[Workload | None, Cell]:
+def _prepare(
+    workload_id: str, config: Config | str, sizes: dict, tag: str
+) -> tuple[Workload | None, Cell]:
     if isinstance(config, str):
         return None, Cell(note=config)
-    _progress(f"{workload_id}: warm-up and cross-check, {config.label}")
+    progress(f"{tag}: warm-up and cross-check, {config.label}")
     return prepare(workload_id, config, sizes)
 
 
 def _in_child(workload_id: str, config: Config | str, sizes: dict, repeat: int) -> Cell:
     if isinstance(config, str):
         return Cell(note=config)
-    _progress(f"{workload_id}: {config.label} in a fresh process")
+    progress(f"{workload_id}: {config.label} in a fresh process")
     return run_in_fresh_process(workload_id, config, sizes, repeat)
 
 
-def _progress(message: str) -> None:
+def progress(message: str) -> None:
+    """Print a time-stamped progress line on stderr."""
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
@@ -290,34 +317,53 @@ def render(
 ) -> str:
     """The report: environment, the table, and what the columns mean."""
     ours_label = ours.label if isinstance(ours, Config) else args.device
-    header = ["workload", ours_label]
-    for peer in peers:
-        header += [peer.label, "ratio"]
-    lines = [*_preamble(args), "", _table_row(header), _table_row(["---"] * len(header))]
+    labelled = {}
     for workload_id, cells in rows.items():
         label = _workload_label(workload_id, args.quick)
         if isinstance(ours, Config) and ours.diff_method == "parameter-shift":
             label += " (param-shift)"
+        labelled[label] = cells
+    lines = [*_preamble(args), "", *table_lines("workload", ours_label, peers, labelled)]
+    return "\n".join([*lines, "", *_legend(ours, args)]) + "\n"
+
+
+def table_lines(
+    first_header: str, ours_label: str, peers: tuple[Config, ...], rows: dict[str, list[Cell]]
+) -> list[str]:
+    """A markdown table: one row per label in ``rows``; after its first column our cell,
+    then for every peer its cell and ``ratio`` = peer time / our time."""
+    header = [first_header, ours_label]
+    for peer in peers:
+        header += [peer.label, "ratio"]
+    lines = [_table_row(header), _table_row(["---"] * len(header))]
+    for label, cells in rows.items():
         row = [label, _cell_text(cells[0])]
         for cell in cells[1:]:
             row += [_cell_text(cell), _ratio(cell, cells[0])]
         lines.append(_table_row(row))
-    return "\n".join([*lines, "", *_legend(ours, args)]) + "\n"
+    return lines
 
 
 def _preamble(args: argparse.Namespace) -> list[str]:
+    return [
+        "# Workloads: this device against its peers",
+        "",
+        *environment_lines(args.repeat),
+        f"- sizes: {'--quick (smoke test)' if args.quick else 'full (bench/WORKLOADS.md)'}",
+    ]
+
+
+def environment_lines(repeat: int) -> list[str]:
+    """Markdown list items: date, machine, versions, the command line and how it timed."""
     versions = ", ".join(
         f"{name} {metadata.version(name)}" for name in ("pennylane", "pennylane_lightning", "torch")
     )
     return [
-        "# Workloads: this device against its peers",
-        "",
         f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
         f"- machine: {platform.platform()}, {multiprocessing.cpu_count()} CPUs",
         f"- python {platform.python_version()}, {versions}, torch threads {TORCH_THREADS}",
         f"- command: `python {' '.join(sys.argv)}`",
-        f"- times: best of {args.repeat} after one warm-up, configurations round-robin",
-        f"- sizes: {'--quick (smoke test)' if args.quick else 'full (bench/WORKLOADS.md)'}",
+        f"- times: best of {repeat} after one warm-up, configurations round-robin",
     ]
 
 
@@ -338,6 +384,21 @@ def _legend(ours: Config | str, args: argparse.Namespace) -> list[str]:
     if isinstance(ours, str):
         lines.append(f"{args.device}: {ours}")
     return lines
+
+
+def deferred_and_eager(
+    rows: dict[str, list[Cell]], peers: tuple[Config, ...]
+) -> dict[str, tuple[float, float]]:
+    """Per workload, our (deferred) time and the eager column's, where both have one; empty
+    when ``peers`` has no eager variant."""
+    columns = [i for i, peer in enumerate(peers, start=1) if peer.options == EAGER_OPTIONS]
+    if not columns:
+        return {}
+    return {
+        workload_id: (cells[0].seconds, cells[columns[0]].seconds)
+        for workload_id, cells in rows.items()
+        if cells[0].seconds is not None and cells[columns[0]].seconds is not None
+    }
 
 
 def _workload_label(workload_id: str, quick: bool) -> str:
@@ -379,6 +440,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
     parser.add_argument("--repeat", type=int, default=3, help="timed calls after the warm-up")
     parser.add_argument("--out", default="benchmarks/results/workloads.md")
+    parser.add_argument(
+        "--plot",
+        default="benchmarks/results/plots/deferred_vs_eager.png",
+        help="PNG of our deferred and eager times per workload ('' for none)",
+    )
     parser.add_argument("--device", default="custatevec.qubit", help="the device under test")
     parser.add_argument(
         "--backend",
@@ -412,6 +478,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report, encoding="utf-8")
+    times = deferred_and_eager(rows, peers)
+    if args.plot and times:
+        sizes = "--quick sizes" if args.quick else "full sizes"
+        title = f"{args.device}: deferred vs eager gradient accumulation\n({sizes})"
+        plots.plot_deferred_vs_eager(times, Path(args.plot), title)
+        progress(f"wrote {args.plot}")
     return int(any(cell.mismatch for cells in rows.values() for cell in cells))
 
 

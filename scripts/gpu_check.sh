@@ -82,6 +82,7 @@ run_part "PennyLane device suite (shots=20000, backend=custatevec)" \
     --shots=20000 -q -p no:cacheprovider -n 2 --no-flaky-report
 run_part "benchmarks (custatevec, lightning.gpu if installed)" \
     "$PY" benchmarks/run_workloads.py --backend custatevec \
-    --out benchmarks/results/workloads-gpu.md "${BENCH_EXTRA[@]}"
+    --out benchmarks/results/workloads-gpu.md \
+    --plot benchmarks/results/plots/deferred_vs_eager-gpu.png "${BENCH_EXTRA[@]}"
 
 print_summary

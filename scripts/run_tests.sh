@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Run the project's tests, then PennyLane's shipped device test suite against
-# custatevec.qubit (analytic, then with shots). Every part runs; the script exits non-zero
-# if any part failed. Expects .venv from scripts/setup_env.sh.
+# Run the project's tests (the demos included, at reduced size), then PennyLane's shipped
+# device test suite against custatevec.qubit (analytic, then with shots), then build the
+# documentation with warnings as errors. Every part runs; the script exits non-zero if any
+# part failed. Expects .venv from scripts/setup_env.sh.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,5 +27,6 @@ run_part "PennyLane device suite (analytic)" \
     "$PY" -m pytest "$SUITE" --device=custatevec.qubit -q -p no:cacheprovider -n 2 --no-flaky-report
 run_part "PennyLane device suite (shots=20000)" \
     "$PY" -m pytest "$SUITE" --device=custatevec.qubit --shots=20000 -q -p no:cacheprovider -n 2 --no-flaky-report
+run_part "documentation (sphinx -W)" env PY="$PY" bash "$ROOT/scripts/build_docs.sh"
 
 print_summary

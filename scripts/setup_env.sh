@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create (or reuse) the virtual environment .venv at the repository root and install the
-# package in editable mode with its test and benchmark extras. Safe to run again.
+# package in editable mode with its test, benchmark and docs extras. Safe to run again.
 #
 # Environment:
 #   PYTHON             interpreter used to create .venv (default: python3, must be >= 3.11)
@@ -39,7 +39,7 @@ else
     "$VPY" -m pip install "$TORCH_REQUIREMENT"
 fi
 
-echo "==> installing pennylane-custatevec (editable) with extras test,bench"
-"$VPY" -m pip install -e ".[test,bench]"
+echo "==> installing pennylane-custatevec (editable) with extras test,bench,docs"
+"$VPY" -m pip install -e ".[test,bench,docs]"
 
 echo "==> done: $("$VPY" -c 'import pennylane_custatevec as p; print("pennylane-custatevec", p.__version__)')"

@@ -1,0 +1,214 @@
+"""The benchmark reports: markdown tables, plots, and the scripts that write them.
+
+The pure functions get made-up timings; two end-to-end runs at tiny sizes check that
+``scaling.py`` and ``run_workloads.py`` write their report and a valid PNG of the right
+series.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import plots  # noqa: E402
+import run_workloads  # noqa: E402
+import scaling  # noqa: E402
+from run_workloads import EAGER_OPTIONS, Cell, Config  # noqa: E402
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+OURS = Config("ours adjoint + device_vjp", "custatevec.qubit", "adjoint", True)
+EAGER = Config(
+    "ours adjoint, eager + device_vjp", "custatevec.qubit", "adjoint", True, EAGER_OPTIONS
+)
+LIGHTNING = Config("lightning adjoint + device_vjp", "lightning.qubit", "adjoint", True)
+BACKPROP = Config("default backprop", "default.qubit", "backprop")
+PEERS = (EAGER, LIGHTNING, BACKPROP)
+
+
+def assert_png(path: Path, width: int, height: int) -> None:
+    """``path`` is a PNG file that decodes to an image of this size."""
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    assert matplotlib.image.imread(path).shape[:2] == (height, width)
+
+
+def table(report: str) -> list[str]:
+    """The lines of the markdown table in ``report``."""
+    return [line for line in report.splitlines() if line.startswith("|")]
+
+
+def test_scaling_table_has_a_row_per_size_with_ratios_and_notes():
+    rows = {
+        4: [Cell(seconds=0.002), Cell(seconds=0.003), Cell(seconds=0.010), Cell(seconds=1.5)],
+        22: [
+            Cell(seconds=2.0),
+            Cell(seconds=3.0, note="**MISMATCH** (values: max abs diff 1.0e-03)", mismatch=True),
+            Cell(seconds=8.0),
+            Cell(note="n/a (n > 20)"),
+        ],
+    }
+    args = argparse.Namespace(repeat=3, layers=4)
+
+    report = scaling.render(rows, OURS.label, PEERS, args, ["ours: a note"])
+
+    assert table(report) == [
+        "| n (qubits) | ours adjoint + device_vjp | ours adjoint, eager + device_vjp | ratio "
+        "| lightning adjoint + device_vjp | ratio | default backprop | ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| 4 | 2 ms | 3 ms | 1.50x | 10 ms | 5.00x | 1.5 s | 750.00x |",
+        "| 22 | 2 s | 3 s, **MISMATCH** (values: max abs diff 1.0e-03) | 1.50x | 8 s | 4.00x "
+        "| n/a (n > 20) | - |",
+    ]
+    assert "![time of one step against the number of qubits](plots/time_vs_qubits.png)" in report
+    assert "- step: W1 of workloads.py, n_layers=4: StronglyEntanglingLayers," in report
+    assert "- times: best of 3 after one warm-up, configurations round-robin" in report
+    assert report.endswith("ours: a note\n")
+
+
+def test_workloads_table_keeps_its_format():
+    rows = {
+        "W1": [Cell(seconds=0.632), Cell(seconds=0.799), Cell(note="n/a")],
+        "W6": [Cell(seconds=2.67, peak_mib=958.2, start_mib=332.4), Cell(seconds=3.83), Cell()],
+    }
+    args = argparse.Namespace(repeat=5, quick=True, device="custatevec.qubit")
+
+    report = run_workloads.render(rows, OURS, args, (EAGER, BACKPROP))
+
+    assert table(report) == [
+        "| workload | ours adjoint + device_vjp | ours adjoint, eager + device_vjp | ratio "
+        "| default backprop | ratio |",
+        "| --- | --- | --- | --- | --- | --- |",
+        "| W1 (n_wires=8, n_layers=4) | 632 ms | 799 ms | 1.26x | n/a | - |",
+        "| W6 (n_wires=12, n_layers=1) | 2.67 s, peak 958 MiB (at start 332) | 3.83 s | 1.43x "
+        "|  | - |",
+    ]
+    assert "- sizes: --quick (smoke test)" in report
+
+
+def test_peers_over_their_size_limit_are_not_run():
+    assert scaling.row_configs(20, OURS, PEERS) == [OURS, *PEERS]
+    assert scaling.row_configs(21, OURS, PEERS) == [OURS, EAGER, LIGHTNING, "n/a (n > 20)"]
+    assert scaling.row_configs(23, "unavailable: no GPU", PEERS) == [
+        "unavailable (see below)",
+        EAGER,
+        "n/a (n > 22)",
+        "n/a (n > 20)",
+    ]
+
+
+def test_series_take_each_column_where_it_has_a_time():
+    rows = {
+        4: [Cell(seconds=0.1), Cell(seconds=0.2)],
+        6: [Cell(seconds=0.3), Cell(note="n/a (n > 4)")],
+    }
+
+    assert scaling.series(rows, ["ours", "peer"]) == {
+        "ours": {4: 0.1, 6: 0.3},
+        "peer": {4: 0.2},
+    }
+
+
+def test_deferred_and_eager_pairs_our_column_with_the_eager_one():
+    rows = {
+        "W1": [Cell(seconds=1.0), Cell(seconds=9.0), Cell(seconds=2.0)],
+        "W2": [Cell(seconds=1.0), Cell(seconds=9.0), Cell(note="ERROR: ...")],
+        "W3": [Cell(note="ERROR: ..."), Cell(seconds=9.0), Cell(seconds=2.0)],
+    }
+
+    assert run_workloads.deferred_and_eager(rows, (LIGHTNING, EAGER)) == {"W1": (1.0, 2.0)}
+    assert run_workloads.deferred_and_eager(rows, (LIGHTNING, BACKPROP)) == {}
+
+
+def test_time_vs_qubits_plots_one_log_scale_line_per_configuration(tmp_path):
+    series = {"ours": {8: 0.4, 4: 0.01, 6: 0.05}, "peer": {4: 0.02}, "none": {}}
+    path = tmp_path / "plots" / "time_vs_qubits.png"
+
+    figure = plots.plot_time_vs_qubits(series, path, "a title")
+
+    (axes,) = figure.axes
+    lines = axes.get_lines()
+    assert [line.get_label() for line in lines] == ["ours", "peer", "none"]
+    assert list(lines[0].get_xdata()) == [4, 6, 8]
+    assert list(lines[0].get_ydata()) == [0.01, 0.05, 0.4]
+    assert list(lines[1].get_xdata()) == [4]
+    assert len(lines[2].get_xdata()) == 0
+    assert axes.get_yscale() == "log"
+    assert axes.get_title() == "a title"
+    assert_png(path, 8 * plots.DPI, 5 * plots.DPI)
+
+
+def test_deferred_vs_eager_plots_grouped_bars_and_the_ratio(tmp_path):
+    times = {"W1": (0.5, 1.0), "W3": (0.02, 0.4), "W4": (0.06, 0.05)}
+    path = tmp_path / "deferred_vs_eager.png"
+
+    figure = plots.plot_deferred_vs_eager(times, path, "a title")
+
+    (axes,) = figure.axes
+    deferred, eager = axes.containers
+    assert deferred.get_label() == "deferred (default)"
+    assert eager.get_label() == "eager"
+    assert [bar.get_height() for bar in deferred] == [0.5, 0.02, 0.06]
+    assert [bar.get_height() for bar in eager] == [1.0, 0.4, 0.05]
+    centres = [bar.get_x() + bar.get_width() / 2 for bar in deferred]
+    assert np.all(np.diff(centres) > 0)
+    assert [label.get_text() for label in axes.get_xticklabels()] == ["W1", "W3", "W4"]
+    assert [text.get_text() for text in axes.texts] == ["2.00x", "20.00x", "0.83x"]
+    assert axes.get_yscale() == "log"
+    bottom, top = axes.get_ylim()
+    assert bottom < 0.02 and top > 1.0  # every bar and every ratio inside the axes
+    assert_png(path, int(figure.get_figwidth() * plots.DPI), 5 * plots.DPI)
+
+
+def test_scaling_parses_sizes():
+    assert scaling.parse_args([]).qubits == list(scaling.DEFAULT_QUBITS)
+    assert scaling.parse_args(["--quick"]).qubits == list(scaling.QUICK_QUBITS)
+    assert scaling.parse_args(["--quick", "--qubits", "8, 4,6,4"]).qubits == [4, 6, 8]
+    for bad in ("4,x", "0,4", ","):
+        with pytest.raises(SystemExit):
+            scaling.parse_args(["--qubits", bad])
+
+
+def test_scaling_script_writes_the_report_and_plot(tmp_path, monkeypatch, mocker):
+    monkeypatch.setattr(scaling, "MAX_QUBITS", {"default.qubit": 2})
+    plot = mocker.spy(plots, "plot_time_vs_qubits")
+
+    status = scaling.main(
+        ["--qubits", "2,3", "--layers", "1", "--repeat", "1", "--out-dir", str(tmp_path)]
+    )
+
+    assert status == 0  # every configuration agreed with the first peer
+    lines = table((tmp_path / "scaling.md").read_text(encoding="utf-8"))
+    assert [line.split(" | ")[0] for line in lines[2:]] == ["| 2", "| 3"]
+    assert lines[3].endswith("| n/a (n > 2) | - |")
+    assert "MISMATCH" not in "".join(lines)
+    series = plot.call_args.args[0]
+    assert list(series) == [
+        "custatevec.qubit adjoint + device_vjp",
+        "custatevec.qubit adjoint, eager + device_vjp",
+        "lightning.qubit adjoint + device_vjp",
+        "default.qubit backprop",
+    ]
+    assert [sorted(times) for times in series.values()] == [[2, 3], [2, 3], [2, 3], [2]]
+    assert_png(tmp_path / "plots" / "time_vs_qubits.png", 8 * plots.DPI, 5 * plots.DPI)
+
+
+def test_workloads_script_writes_the_deferred_vs_eager_plot(tmp_path, mocker):
+    plot = mocker.spy(plots, "plot_deferred_vs_eager")
+    out, png = tmp_path / "w.md", tmp_path / "plots" / "d.png"
+
+    status = run_workloads.main(
+        ["--workloads", "W4", "--quick", "--repeat", "1", "--out", str(out), "--plot", str(png)]
+    )
+
+    assert status == 0
+    row = table(out.read_text(encoding="utf-8"))[2].split(" | ")
+    times = plot.call_args.args[0]
+    assert list(times) == ["W4"]
+    deferred, eager = times["W4"]
+    assert row[1:3] == [run_workloads._seconds(deferred), run_workloads._seconds(eager)]
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
