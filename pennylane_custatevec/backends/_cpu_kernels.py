@@ -19,7 +19,11 @@ import types
 import numba
 import numpy as np
 
-_PARALLEL_THRESHOLD = 1 << 18
+_PARALLEL_THRESHOLD = 1 << 14
+"""Amplitudes (all vectors of a batch) from which the threaded kernels run: measured on
+2 cores, a one-qubit rotation step takes 54 us serial and 44 us threaded at 2**14 amplitudes,
+and the two break even at 2**13 (thread wake-up); QAOA at 16 qubits (W5) ran 10-20%
+faster than with threads from 2**18."""
 _CHUNKS = 64
 
 
