@@ -868,6 +868,12 @@ def _kernel_args(name, state, rng):
         per = _cpu_kernels.chunks_per_vector(batch, state.shape[1] >> 1)
         partial = np.empty((batch * per, rows, 2, 2), dtype=complex)
         return (bras, adjoints, target, sort([target]), partial)
+    if name == "product_state":  # the state is overwritten; tables of the set bits
+        zero_bits = sort([2, n - 1])
+        low_count = (n - 2) // 2
+        low = rng.normal(size=(batch, 1 << low_count)) + 1j
+        high = rng.normal(size=(batch, 1 << (n - 2 - low_count))) - 1j
+        return (low, high, low_count, zero_bits)
     raise AssertionError(f"no arguments for new kernel {name}; add them to this test")
 
 
@@ -1125,6 +1131,34 @@ def check_gather(backend):
     for host, out in zip(hosts[:2], (gathered[0], gathered[2]), strict=True):
         assert out.shape == host.shape and out.dtype == backend.dtype
         np.testing.assert_array_equal(out, host.astype(backend.dtype))
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
+def test_product_state(dtype):
+    check_product_state(CPUBackend(dtype))
+
+
+def check_product_state(backend):
+    """Vector b is the Kronecker product of factors[b, j] on bits[j], |0> on other bits."""
+    rng = np.random.default_rng(stable_seed("product-state", backend.dtype.name))
+    tol = 1e-6 if backend.dtype == np.complex64 else 1e-12
+    for n, bits, batch in [
+        (N, (0, 2, 3, 5), 2),
+        (N, tuple(range(N)), 1),
+        (4, (3,), 3),
+        (1, (0,), 1),
+    ]:
+        factors = rng.normal(size=(batch, len(bits), 2)) + 1j * rng.normal(
+            size=(batch, len(bits), 2)
+        )
+        state = backend.to_host(backend.product_state(n, factors, bits))
+        assert state.shape == (batch, 1 << n)
+        for b in range(batch):
+            expected = np.ones(1, dtype=np.complex128)
+            for bit in reversed(range(n)):  # bit n-1 is the most significant
+                one_qubit = factors[b, bits.index(bit)] if bit in bits else np.array([1, 0])
+                expected = np.kron(expected, one_qubit)
+            np.testing.assert_allclose(state[b], expected, atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])

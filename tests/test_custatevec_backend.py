@@ -27,6 +27,7 @@ from test_cpu_backend import (
     check_concatenate,
     check_expval_pauli_words,
     check_gather,
+    check_product_state,
     check_state_management,
     check_z_rotations,
     dense_operator,
@@ -381,13 +382,19 @@ def test_sample_bit_order_unnormalised_and_edge_cases(make):
     assert backend.sample(state, (0,), 0, np.random.default_rng(0)).shape == (2, 0)
 
 
-# --- deferred adjoint: block step, gather, concatenate ---------------------------------------
+# --- deferred adjoint: block step, gather, concatenate; product states ------------------
 
 
 @DTYPES
 @pytest.mark.parametrize(
     "check",
-    [check_adjoint_block_step, check_z_rotations, check_gather, check_concatenate],
+    [
+        check_adjoint_block_step,
+        check_z_rotations,
+        check_gather,
+        check_concatenate,
+        check_product_state,
+    ],
     ids=lambda check: check.__name__.removeprefix("check_"),
 )
 def test_deferred_sweep_methods(make, dtype, check):

@@ -24,6 +24,7 @@ from pennylane_custatevec.program import (
     Program,
     compile_operation,
     compile_steps,
+    compile_tape,
     flatten,
 )
 
@@ -392,6 +393,53 @@ def test_device_state_equals_default_qubit(k, seed):
     state = qml.QNode(circuit, dev)()
     expected = qml.QNode(circuit, ref)()
     np.testing.assert_allclose(state, expected, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
+@pytest.mark.parametrize("case", ["all_wires", "idle_wires", "broadcast", "no_leading_gate"])
+def test_leading_one_qubit_gates_prepare_a_product_state(case, dtype, monkeypatch):
+    """final_state builds the state after the leading one-qubit gates (several on a wire
+    too) in one pass, backend.product_state; the result equals running every instruction
+    from |0...0>, and only the leading one-qubit gates go into the product."""
+    rng = np.random.default_rng(stable_seed("product-state", case))
+    wires = WIRES6
+    idle = set(wires[4:]) if case == "idle_wires" else set()
+    factories = [
+        lambda w: qml.RX(float(rng.uniform(-3, 3)), w),
+        lambda w: qml.RY(float(rng.uniform(-3, 3)), w),
+        lambda w: qml.Hadamard(w),
+        lambda w: qml.PhaseShift(float(rng.uniform(-3, 3)), w),
+        lambda w: qml.Rot(*rng.uniform(-3, 3, size=3), wires=w),
+        lambda w: qml.PauliY(w),
+        lambda w: qml.S(w),
+    ]
+    leading = []
+    if case != "no_leading_gate":
+        busy = [w for w in wires if w not in idle]
+        leading = [factories[rng.integers(len(factories))](busy[i % len(busy)]) for i in range(9)]
+    if case == "broadcast":
+        leading.append(qml.RZ(rng.uniform(-3, 3, size=3), wires[1]))
+    ops = [*leading, qml.CNOT(wires[:2]), *random_operations(rng, wires, 12)]
+    program = compile_tape(qml.tape.QuantumScript(ops, [qml.state()]), None)
+    backend = CPUBackend(dtype)
+    calls = []
+    product_state = backend.product_state
+    monkeypatch.setattr(
+        backend, "product_state", lambda *args: calls.append(args) or product_state(*args)
+    )
+    state, _ = simulate.final_state(backend, program)
+    expected = backend.zero_state(program.num_qubits, program.batch_size)
+    for instruction in program.instructions:
+        simulate.apply_instruction(backend, expected, instruction)
+    assert state.dtype == dtype and state.shape == expected.shape
+    np.testing.assert_allclose(state, expected, atol=1e-5 if dtype == np.complex64 else ATOL)
+    if case == "no_leading_gate":
+        assert calls == []
+    else:
+        ((n_qubits, factors, bits),) = calls
+        touched = {w for op in leading for w in op.wires}
+        assert n_qubits == 6 and list(bits) == sorted(program.bits(touched))
+        assert factors.shape == (program.batch_size, len(touched), 2)
 
 
 @pytest.mark.parametrize("k", range(7))

@@ -143,23 +143,47 @@ def _apply_1q(state, mats, target, fixed_bits, control_mask):
             i += length
 
 
+@numba.njit(cache=True, inline="always")
+def _rotated(a0, a1, cos, sin, letter):
+    """exp(-i angle/2 P) applied to the amplitude pair (a0, a1), letter 0: I, 1: X, 2: Y,
+    3: Z, in real arithmetic."""
+    x0, y0 = a0.real, a0.imag
+    x1, y1 = a1.real, a1.imag
+    if letter == 0:  # (c - is) I
+        return (
+            complex(cos * x0 + sin * y0, cos * y0 - sin * x0),
+            complex(cos * x1 + sin * y1, cos * y1 - sin * x1),
+        )
+    if letter == 1:  # [[c, -is], [-is, c]]
+        return (
+            complex(cos * x0 + sin * y1, cos * y0 - sin * x1),
+            complex(cos * x1 + sin * y0, cos * y1 - sin * x0),
+        )
+    if letter == 2:  # [[c, -s], [s, c]]
+        return (
+            complex(cos * x0 - sin * x1, cos * y0 - sin * y1),
+            complex(sin * x0 + cos * x1, sin * y0 + cos * y1),
+        )
+    return (  # diag(c - is, c + is)
+        complex(cos * x0 + sin * y0, cos * y0 - sin * x0),
+        complex(cos * x1 - sin * y1, cos * y1 + sin * x1),
+    )
+
+
 @numba.njit(cache=True)
 def _rotate_pair(vec, i0, i1, cos, sin, letter):
     """exp(-i angle/2 P) on the amplitude pair (i0, i1) for the letter 0: I, 1: X, 2: Y, 3: Z."""
-    x0, y0 = vec[i0].real, vec[i0].imag
-    x1, y1 = vec[i1].real, vec[i1].imag
-    if letter == 0:  # (c - is) I
-        vec[i0] = complex(cos * x0 + sin * y0, cos * y0 - sin * x0)
-        vec[i1] = complex(cos * x1 + sin * y1, cos * y1 - sin * x1)
-    elif letter == 1:  # [[c, -is], [-is, c]]
-        vec[i0] = complex(cos * x0 + sin * y1, cos * y0 - sin * x1)
-        vec[i1] = complex(cos * x1 + sin * y0, cos * y1 - sin * x0)
-    elif letter == 2:  # [[c, -s], [s, c]]
-        vec[i0] = complex(cos * x0 - sin * x1, cos * y0 - sin * y1)
-        vec[i1] = complex(sin * x0 + cos * x1, sin * y0 + cos * y1)
-    else:  # diag(c - is, c + is)
-        vec[i0] = complex(cos * x0 + sin * y0, cos * y0 - sin * x0)
-        vec[i1] = complex(cos * x1 - sin * y1, cos * y1 + sin * x1)
+    vec[i0], vec[i1] = _rotated(vec[i0], vec[i1], cos, sin, letter)
+
+
+@numba.njit(cache=True, inline="always")
+def _letter_product(l0, l1, k0, k1, letter):
+    """<l|P|k> on one amplitude pair, P the letter 1: X, 2: Y, 3: Z."""
+    if letter == 1:
+        return np.conj(l0) * k1 + np.conj(l1) * k0
+    if letter == 2:
+        return 1j * (np.conj(l1) * k0 - np.conj(l0) * k1)
+    return np.conj(l0) * k0 - np.conj(l1) * k1
 
 
 @numba.njit(cache=True)
@@ -216,6 +240,7 @@ def _rotation_step_1q(phi, bras, angles, letter, target, fixed_bits, out):
     half = -0.5 * angles[0]
     cos = np.cos(half)
     sin = np.sin(half)
+    fused = rows == 1  # one bra: phi is undone in the bra's loop, one pass over both
     partial = np.zeros((per, rows), dtype=np.complex128)
     ket = phi[0]
     for c in numba.prange(per):
@@ -234,17 +259,16 @@ def _rotation_step_1q(phi, bras, angles, letter, target, fixed_bits, out):
                         i0 = start + np.uint64(k)
                         i1 = i0 + step
                         k0, k1 = ket[i0], ket[i1]
-                        if letter == 1:
-                            term += np.conj(bra[i0]) * k1 + np.conj(bra[i1]) * k0
-                        elif letter == 2:
-                            term += 1j * (np.conj(bra[i1]) * k0 - np.conj(bra[i0]) * k1)
-                        else:
-                            term += np.conj(bra[i0]) * k0 - np.conj(bra[i1]) * k1
-                        _rotate_pair(bra, i0, i1, cos, sin, letter)
+                        l0, l1 = bra[i0], bra[i1]
+                        term += _letter_product(l0, l1, k0, k1, letter)
+                        bra[i0], bra[i1] = _rotated(l0, l1, cos, sin, letter)
+                        if fused:
+                            ket[i0], ket[i1] = _rotated(k0, k1, cos, sin, letter)
                     sums[r] += term
-                for k in range(count):
-                    i0 = start + np.uint64(k)
-                    _rotate_pair(ket, i0, i0 + step, cos, sin, letter)
+                if not fused:  # after every bra's product with phi
+                    for k in range(count):
+                        i0 = start + np.uint64(k)
+                        _rotate_pair(ket, i0, i0 + step, cos, sin, letter)
                 item += count
             i += length
         partial[c] = sums
@@ -418,6 +442,7 @@ def _block_step_1q(phi, bras, adjoints, target, fixed_bits, out):
     items, per, run_length, low0, low1, span = _work_layout(batch, dim, fixed_bits)
     shared = adjoints.shape[0] == 1
     step = np.uint64(1 << target)
+    fused = rows == 1  # one bra: phi is undone in the bra's loop, one pass over both
     for job in numba.prange(batch * per):
         b, i, hi = _job_range(job, per, items)
         m = adjoints[0] if shared else adjoints[b]
@@ -430,19 +455,26 @@ def _block_step_1q(phi, bras, adjoints, target, fixed_bits, out):
             while item < end:
                 count = _span_length(item, end, span)
                 start = np.uint64(base | _spread(item, low0, low1))
-                for k in range(count):
-                    i0 = start + np.uint64(k)
-                    a0, a1 = ket[i0], ket[i0 + step]
-                    ket[i0] = m00 * a0 + m01 * a1
-                    ket[i0 + step] = m10 * a0 + m11 * a1
+                if not fused:
+                    for k in range(count):
+                        i0 = start + np.uint64(k)
+                        a0, a1 = ket[i0], ket[i0 + step]
+                        ket[i0] = m00 * a0 + m01 * a1
+                        ket[i0 + step] = m10 * a0 + m11 * a1
                 for r in range(rows):
                     bra = bras[b * rows + r]
                     t00 = t01 = t10 = t11 = 0.0 + 0.0j
                     for k in range(count):
                         i0 = start + np.uint64(k)
                         i1 = i0 + step
+                        if fused:
+                            a0, a1 = ket[i0], ket[i1]
+                            p0 = m00 * a0 + m01 * a1
+                            p1 = m10 * a0 + m11 * a1
+                            ket[i0], ket[i1] = p0, p1
+                        else:
+                            p0, p1 = ket[i0], ket[i1]
                         l0, l1 = bra[i0], bra[i1]
-                        p0, p1 = ket[i0], ket[i1]
                         c0, c1 = np.conj(l0), np.conj(l1)
                         t00 += c0 * p0
                         t01 += c0 * p1
@@ -951,6 +983,23 @@ def _marginal_probs(state, bits, out):
         out[b] = partial[b * per : (b + 1) * per].sum(axis=0)
 
 
+def _product_state(state, low, high, low_count, zero_bits):
+    """state[b] <- the product state whose amplitude at the index with the bits
+    ``zero_bits`` removed, c, is low[b, c mod 2**low_count] * high[b, c >> low_count]: the
+    product of the factors of the low and of the high set bits, tabulated (one
+    multiplication per amplitude). Indices with a zero bit set are left as they are."""
+    batch = state.shape[0]
+    n_low = low.shape[1]
+    total = n_low * high.shape[1]
+    per = _chunks_per_vector(batch, total)
+    for job in numba.prange(batch * per):
+        b, c, end = _job_range(job, per, total)
+        lows, highs, vec = low[b], high[b], state[b]
+        while c < end:
+            vec[_insert_zeros(c, zero_bits)] = lows[c & (n_low - 1)] * highs[c >> low_count]
+            c += 1
+
+
 def _threaded_and_serial(func):
     """Two compilations of one source; the serial one is renamed so that numba's
     on-disk cache (keyed by qualified name) keeps them apart."""
@@ -984,6 +1033,7 @@ _KERNELS = {
         _rotation_step_1q,
         _diagonal_step,
         _marginal_probs,
+        _product_state,
     )
 }
 

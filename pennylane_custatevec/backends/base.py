@@ -46,6 +46,11 @@ class Backend(Protocol):
     def from_host(self, vectors: np.ndarray) -> StateBatch:
         """A new batch holding ``vectors`` (shape (B, 2**n), any complex dtype)."""
 
+    def product_state(self, n_qubits: int, factors: np.ndarray, bits: Sequence[int]) -> StateBatch:
+        """A new batch of product states: in vector b, bit ``bits[j]`` (ascending) holds the
+        one-qubit state ``factors[b, j]`` (complex, shape (B, k, 2)) and every other bit
+        is |0>."""
+
     def to_host(self, state: StateBatch) -> np.ndarray:
         """The amplitudes as a complex128 numpy array of shape (B, 2**n)."""
 

@@ -52,6 +52,14 @@ def _cached_placement(targets: tuple, controls: tuple, control_values: tuple) ->
     return placement
 
 
+def _product_table(factors: np.ndarray) -> np.ndarray:
+    """(B, 2**m): entry c is the product over j of factors[b, j, bit j of c]."""
+    table = np.ones((factors.shape[0], 1), dtype=np.complex128)
+    for j in range(factors.shape[1]):
+        table = np.concatenate([table * factors[:, j, :1], table * factors[:, j, 1:]], axis=1)
+    return table
+
+
 def _pauli_masks(paulis: str, targets: Sequence[int]) -> tuple[int, int, complex]:
     """(x_mask, z_mask, i**n_Y) of a Pauli word: P|i> = i**n_Y (-1)**|i & z| |i ^ x>."""
     return _cached_pauli_masks(paulis, tuple(targets))
@@ -110,6 +118,17 @@ class CPUBackend:
 
     def from_host(self, vectors: np.ndarray) -> StateBatch:
         return np.array(vectors, dtype=self.dtype, order="C", ndmin=2)
+
+    def product_state(self, n_qubits, factors, bits) -> StateBatch:
+        factors = np.asarray(factors, dtype=np.complex128)
+        batch, k = factors.shape[0], factors.shape[1]
+        state = np.zeros((batch, 1 << n_qubits), dtype=self.dtype)
+        low_count = k // 2
+        low = _product_table(factors[:, :low_count]).astype(self.dtype)
+        high = _product_table(factors[:, low_count:]).astype(self.dtype)
+        zero_bits = _bits(sorted(set(range(n_qubits)) - set(bits)))
+        kernel("product_state", state)(state, low, high, low_count, zero_bits)
+        return state
 
     def to_host(self, state: StateBatch) -> np.ndarray:
         return state.astype(np.complex128)

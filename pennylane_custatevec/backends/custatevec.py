@@ -215,6 +215,17 @@ class CuStateVecBackend:
         state[:, 0] = 1.0
         return state
 
+    def product_state(self, n_qubits, factors, bits) -> StateBatch:
+        # each factor enters as a matrix whose first column is the one-qubit state: applied
+        # to a bit still |0>, it prepares that state (one matrix application per bit)
+        factors = np.asarray(factors, dtype=np.complex128)
+        state = self.zero_state(n_qubits, factors.shape[0])
+        for j, bit in enumerate(bits):
+            matrices = np.zeros((factors.shape[0], 2, 2), dtype=np.complex128)
+            matrices[:, :, 0] = factors[:, j]
+            self.apply_matrix(state, matrices, (bit,))
+        return state
+
     @_on_device
     def from_host(self, vectors: np.ndarray) -> StateBatch:
         host = np.array(vectors, dtype=self.dtype, order="C", ndmin=2, copy=None)
