@@ -269,8 +269,7 @@ def step_matrix(instructions: Sequence[Instruction], targets: tuple[int, ...]) -
     """The matrix of one operation's instructions on the block bits ``targets`` (the
     identity for an operation without instructions)."""
     if len(instructions) == 1:
-        matrix, bits = instruction_matrix(instructions[0])
-        return embed(matrix.astype(np.complex128, copy=False), bits, targets)
+        return embed(*instruction_matrix(instructions[0]), targets)
     matrix = np.eye(1 << len(targets), dtype=np.complex128)[None]
     for instruction in instructions:
         matrix = np.matmul(embed(*instruction_matrix(instruction), targets), matrix)
