@@ -54,6 +54,7 @@ from .program import (
     plain_rotation,
     tape_batch_size,
 )
+from .templates import is_native_template
 
 
 def unsupported_reason(
@@ -133,6 +134,8 @@ def _operation_reason(op: Operator, trainable: bool) -> str | None:
             "method cannot differentiate a prepared state (use diff_method='backprop' on "
             "default.qubit, or prepare the state with parametrized gates)"
         )
+    if is_native_template(op):
+        return None
     if op.num_params != 1 or not op.has_generator:
         return (
             f"{op.name} has trainable parameters but no generator; the adjoint method "
@@ -142,8 +145,8 @@ def _operation_reason(op: Operator, trainable: bool) -> str | None:
     return None
 
 
-def _trainable_positions(tape: QuantumScript) -> dict[int, int]:
-    """{operation index: Jacobian column} of the operations with a trainable parameter."""
+def _trainable_operations(tape: QuantumScript) -> dict[int, int]:
+    """{operation index: parameter column} of the operations with a trainable parameter."""
     n_ops = len(tape.operations)
     positions = {}
     for column, index in enumerate(tape.trainable_params):
@@ -163,7 +166,11 @@ def _require_supported(tape: QuantumScript, broadcast: bool | None, batched: boo
 
 class Circuit:
     """A tape compiled for the sweep: its program, its gates, its trainable gates.
-    ``batched``: a broadcast tape is differentiated as one batch (the deferred mode)."""
+    ``batched``: a broadcast tape is differentiated as one batch (the deferred mode).
+
+    The sweeps differentiate by gate: ``columns`` maps each trainable step to its column,
+    one per scalar parameter and one per element of a native template's parameter
+    (``n_columns`` in all); ``fold`` turns per-column values into per-parameter ones."""
 
     def __init__(
         self, tape: QuantumScript, device_wires: Wires | None, compiled=None, batched=False
@@ -173,11 +180,31 @@ class Circuit:
         self.tape = tape
         self.compiled = compiled or compile_steps(tape, device_wires)
         self.program, self.steps = self.compiled
-        offset = len(tape.operations) - len(self.steps)  # a state preparation became psi_0
+        parameters = tape.get_parameters()
+        self.n_params = len(parameters)
+        self.shapes = [np.shape(value) for value in parameters]
+        starts = np.cumsum([0] + [int(np.prod(shape)) for shape in self.shapes])
+        self.n_columns = int(starts[-1])
+        self._starts = starts
+        trainable = _trainable_operations(tape)
         self.columns = {
-            position - offset: column for position, column in _trainable_positions(tape).items()
+            step: int(starts[trainable[index]]) + element
+            for step, (index, element) in enumerate(self.program.origins)
+            if index in trainable and element is not None
         }
-        self.n_params = len(tape.trainable_params)
+
+    def fold(self, values: Sequence) -> list:
+        """Per trainable parameter, from one value per column: a scalar parameter's value,
+        or an array parameter's values stacked on trailing axes of its shape."""
+        folded = []
+        for p, shape in enumerate(self.shapes):
+            start = self._starts[p]
+            if not shape:
+                folded.append(values[start])
+                continue
+            stacked = np.stack(values[start : self._starts[p + 1]], axis=-1)
+            folded.append(stacked.reshape(stacked.shape[:-1] + shape))
+        return folded
 
     def final_state(self, backend: Backend) -> StateBatch:
         state, _ = simulate.final_state(backend, flatten(self.program, self.steps))
@@ -205,13 +232,17 @@ def jacobian(
             block = gradients[start : start + size]
             start += size
             shape = output_shape(mp, circuit.program)
-            per_measurement[i] = [block[:, p].reshape(shape) for p in range(circuit.n_params)]
+            per_measurement[i] = circuit.fold(
+                [block[:, c].reshape(shape) for c in range(circuit.n_columns)]
+            )
     if len(swept) < len(measurements):
         derivatives = state_derivatives(backend, circuit)
         for i, mp in enumerate(measurements):
             if isinstance(mp, StateMP):
                 wires = circuit.program.wires
-                per_measurement[i] = [mp.process_state(d[0], wire_order=wires) for d in derivatives]
+                per_measurement[i] = circuit.fold(
+                    [mp.process_state(d[0], wire_order=wires) for d in derivatives]
+                )
     return format_jacobian(per_measurement, circuit.n_params)
 
 
@@ -231,11 +262,11 @@ def vjp(
     if circuit.n_params == 0:
         return ()
     if all(is_zero(dy) for dy in per_measurement):
-        return tuple(np.float64(0.0) for _ in range(circuit.n_params))
+        return tuple(circuit.fold(np.zeros(circuit.n_columns)))
     if state is None:
         state = circuit.final_state(backend)
     gradients = _sweep(backend, circuit, state, [per_measurement])
-    return tuple(np.float64(g) for g in gradients[0])
+    return tuple(circuit.fold(gradients[0]))
 
 
 def checked_cotangents(circuit: Circuit, cotangents) -> tuple:
@@ -294,8 +325,8 @@ def format_jacobian(per_measurement: list[list[np.ndarray]], n_params: int):
 
 
 def _sweep(backend: Backend, circuit: Circuit, state: StateBatch, rows: Sequence[tuple]):
-    """d/dtheta of the real cotangent products of every row, float64 (rows, params)."""
-    gradients = np.zeros((len(rows), circuit.n_params))
+    """d/dtheta of the real cotangent products of every row, float64 (rows, columns)."""
+    gradients = np.zeros((len(rows), circuit.n_columns))
     if not circuit.columns:
         return gradients
     bras = _bras(backend, circuit, state, rows)
@@ -373,10 +404,10 @@ def _add_term(backend, bra, psi, program: Program, mp: MeasurementProcess, dy) -
 
 def state_derivatives(backend: Backend, circuit: Circuit) -> list[np.ndarray]:
     """Forward mode: d psi/d theta_j = U_N ... U_{j+1} (i G_j) phi_j for every trainable
-    j, as host arrays (B, 2**n), one per parameter (the Jacobian of a state is that big)."""
+    j, as host arrays (B, 2**n), one per column (the Jacobian of a state is that big)."""
     program = circuit.program
     state = simulate.initial_state(backend, program, program.batch_size)
-    derivatives: list[StateBatch | None] = [None] * circuit.n_params
+    derivatives: list[StateBatch | None] = [None] * circuit.n_columns
     for index, (op, instructions) in enumerate(circuit.steps):
         for instruction in instructions:
             simulate.apply_instruction(backend, state, instruction)

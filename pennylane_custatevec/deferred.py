@@ -85,11 +85,11 @@ def vjps(
         if circuit.n_params == 0:
             results[index] = ()
         elif all(is_zero(d) for d in per_measurement):
-            results[index] = tuple(np.float64(0.0) for _ in range(circuit.n_params))
+            results[index] = tuple(circuit.fold(np.zeros(circuit.n_columns)))
         else:
             tasks.append(_Task(index, circuit, state, _vector_rows(circuit, per_measurement)))
     for task, gradients in _run(backend, tasks, fusion_qubits):
-        results[task.index] = tuple(np.float64(g) for g in gradients.sum(axis=(0, 1)))
+        results[task.index] = tuple(task.circuit.fold(gradients.sum(axis=(0, 1))))
     return tuple(results)
 
 
@@ -154,12 +154,14 @@ def _split_outputs(circuit: Circuit, gradients: np.ndarray, entries: list) -> No
         block = gradients[:, start : start + size]
         start += size
         shape = output_shape(mp, program)
-        entries[i] = [
-            block[:, :, p].reshape((-1, *shape))
-            if program.broadcast
-            else block[0, :, p].reshape(shape)
-            for p in range(circuit.n_params)
-        ]
+        entries[i] = circuit.fold(
+            [
+                block[:, :, c].reshape((-1, *shape))
+                if program.broadcast
+                else block[0, :, c].reshape(shape)
+                for c in range(circuit.n_columns)
+            ]
+        )
 
 
 def _state_outputs(backend: Backend, circuit: Circuit, entries: list) -> None:
@@ -168,10 +170,12 @@ def _state_outputs(backend: Backend, circuit: Circuit, entries: list) -> None:
     wires = circuit.program.wires
     for i, mp in enumerate(circuit.tape.measurements):
         if isinstance(mp, StateMP):
-            entries[i] = [
-                mp.process_state(d if circuit.program.broadcast else d[0], wire_order=wires)
-                for d in derivatives
-            ]
+            entries[i] = circuit.fold(
+                [
+                    mp.process_state(d if circuit.program.broadcast else d[0], wire_order=wires)
+                    for d in derivatives
+                ]
+            )
 
 
 def _run(backend: Backend, tasks: list[_Task], fusion_qubits: int):
@@ -185,6 +189,7 @@ def _run(backend: Backend, tasks: list[_Task], fusion_qubits: int):
             key = (
                 flatten(*circuit.compiled).structure_key,
                 tuple(sorted(circuit.columns.items())),
+                circuit.n_columns,
                 len(task.rows[0]),
             )
         groups.setdefault(key, []).append(task)
@@ -245,7 +250,7 @@ def _sweep_chunk(backend: Backend, tasks: list[_Task], fusion_qubits: int) -> np
             vector += 1
     circuit = tasks[0].circuit
     return sweep(
-        backend, layout, steps, circuit.columns, circuit.n_params, fusion_qubits, phi, bras
+        backend, layout, steps, circuit.columns, circuit.n_columns, fusion_qubits, phi, bras
     )
 
 
@@ -277,18 +282,18 @@ def sweep(
     layout: Program,
     steps: Steps,
     columns: dict[int, int],
-    n_params: int,
+    n_columns: int,
     fusion_qubits: int,
     phi: StateBatch,
     bras: StateBatch,
 ) -> np.ndarray:
-    """d/dtheta Re <bra|psi> for every bra and parameter, float64 (B, R, n_params).
+    """d/dtheta Re <bra|psi> for every bra and column, float64 (B, R, n_columns).
 
     ``phi``: the B final states (consumed); ``bras``: R per vector (consumed); ``columns``:
-    {step index: parameter column} of the trainable operations."""
+    {step index: column} of the trainable gates (see ``adjoint.Circuit``)."""
     batch = layout.batch_size
     rows = bras.shape[0] // batch
-    gradients = np.zeros((batch, rows, n_params))
+    gradients = np.zeros((batch, rows, n_columns))
     units = fusion.fuse(
         layout, steps, fusion_qubits, backend.block_costs, backend.fuses_z_rotations
     )

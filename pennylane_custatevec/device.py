@@ -33,9 +33,11 @@ from pennylane.transforms.core import CompilePipeline
 from . import adjoint, deferred, settings
 from .backends import BACKEND_CHOICES, select_backend
 from .execution import run_tapes
+from .templates import NATIVE_TEMPLATES, is_native_template
 from .transforms import (
     complex_parameters_for_state,
     decompose_late_state_preps,
+    decompose_templates_for_gradients,
     expand_broadcasts,
     rotate_sampled_measurements,
     validate_adjoint_differentiation,
@@ -253,6 +255,10 @@ class CuStateVecDevice(Device):
         if mcm_method == "deferred":
             pipeline.add_transform(defer_measurements, allow_postselect=True)
         pipeline.add_transform(decompose_late_state_preps)
+        array_gradients = config.gradient_method is None or (
+            differentiating and config.use_device_jacobian_product
+        )
+        pipeline.add_transform(decompose_templates_for_gradients, array_gradients)
         pipeline.add_transform(
             decompose,
             stopping_condition=self._stops_adjoint if differentiating else self._runs_natively,
@@ -292,14 +298,20 @@ class CuStateVecDevice(Device):
     def _runs_natively(self, op: qml.operation.Operator) -> bool:
         if isinstance(op, (qml.ops.MidMeasure, qml.ops.Conditional)):
             return True
+        if isinstance(op, NATIVE_TEMPLATES):
+            return is_native_template(op)
         return self.capabilities.supports_operation(op)
 
     def _stops_adjoint(self, op: qml.operation.Operator) -> bool:
         """Native, and differentiable as it stands: trainable gates with several parameters
-        (Rot, U3, CRot, ...) decompose into gates with one parameter and a generator."""
+        (Rot, U3, CRot, ...) decompose into gates with one parameter and a generator. Native
+        templates differentiate by their gates (decompose_templates_for_gradients decided
+        which stay whole)."""
         if not self._runs_natively(op):
             return False
-        if isinstance(op, _MATRIX_DEFINED_OPS) or not any(math.requires_grad(d) for d in op.data):
+        if isinstance(op, (*_MATRIX_DEFINED_OPS, *NATIVE_TEMPLATES)) or not any(
+            math.requires_grad(d) for d in op.data
+        ):
             return True
         return op.num_params == 1 and op.has_generator
 

@@ -10,8 +10,9 @@ cuStateVec's bit 0 the least significant). Targets are listed little-endian
 
 Dispatch is on operator types, most specific first: controlled operations keep their
 controls and compile their base; adjoints compile their base and invert it; Pauli
-words, Pauli rotations and diagonal gates get their own kernels; everything else is a
-dense matrix. Parameters may be broadcast: batched data has a leading batch axis.
+words, Pauli rotations and diagonal gates get their own kernels; native templates
+(templates.py) become their gates; everything else is a dense matrix. Parameters may be
+broadcast: batched data has a leading batch axis.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from pennylane.ops import Conditional, MidMeasure
 from pennylane.ops.op_math import Adjoint, Controlled
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
+
+from .templates import angles_by_element, is_native_template, template_gates
 
 
 class Kind(enum.Enum):
@@ -79,6 +82,11 @@ class Program:
     initial_state: np.ndarray | None = None
     broadcast: bool = False
     """Whether the tape is broadcast (a broadcast of one entry has batch_size 1 too)."""
+    origins: tuple[tuple[int, int | None], ...] = ()
+    """Per step of a compilation (see ``compile_steps``): the index of the tape operation
+    it comes from, and the flat index of the step's parameter in that operation's
+    parameter: 0 for an operation compiled whole, the element of a native template's
+    rotation, None for a template's gate without a parameter."""
 
     @property
     def num_qubits(self) -> int:
@@ -124,7 +132,8 @@ class Program:
 
 
 Steps = list[tuple[Operator, list[Instruction]]]
-"""Each operation of a tape with the instructions it compiled to."""
+"""Each operation of a tape with the instructions it compiled to (a native template:
+each of its gates with its one instruction)."""
 
 
 def merge(compiled: Sequence[tuple[Program, Steps]]) -> tuple[Program, Steps]:
@@ -206,8 +215,10 @@ def _scalar_parameters(op: Operator) -> bool:
 
 
 def compile_steps(tape: QuantumScript, device_wires: Wires | None) -> tuple[Program, Steps]:
-    """The tape's Program without instructions (wires, batch size, initial state), and each
-    operation after the initial state preparation with its instructions."""
+    """The tape's Program without instructions (wires, batch size, initial state, and the
+    steps' origins), and the steps: each operation after the initial state preparation with
+    its instructions, and each gate of a native template (see templates.py) with its one
+    instruction."""
     wires = register_wires(tape, device_wires)
     batch_size = tape_batch_size(tape)
     layout = Program(
@@ -216,14 +227,46 @@ def compile_steps(tape: QuantumScript, device_wires: Wires | None) -> tuple[Prog
         batch_size=batch_size or 1,
         broadcast=batch_size is not None,
     )
-    operations = list(tape.operations)
+    operations = tape.operations
     initial_state = None
+    first = 0
     if operations and isinstance(operations[0], qml.operation.StatePrepBase):
-        prep = operations.pop(0)
-        vector = prep.state_vector(wire_order=wires)
+        vector = operations[0].state_vector(wire_order=wires)
         initial_state = np.asarray(vector, dtype=np.complex128).reshape(-1, 2 ** len(wires))
-    steps = [(op, compile_operation(op, layout)) for op in operations]
-    return dataclasses.replace(layout, initial_state=initial_state), steps
+        first = 1
+    steps: Steps = []
+    origins = []
+    for index in range(first, len(operations)):
+        op = operations[index]
+        if is_native_template(op):
+            for instruction, element in _template_instructions(op, layout):
+                steps.append((instruction.source, [instruction]))
+                origins.append((index, element))
+        else:
+            steps.append((op, compile_operation(op, layout)))
+            origins.append((index, 0))
+    layout = dataclasses.replace(layout, initial_state=initial_state, origins=tuple(origins))
+    return layout, steps
+
+
+def _template_instructions(op: Operator, layout: Program) -> list[tuple[Instruction, int | None]]:
+    """One instruction per gate of a native template, its ``source`` the gate, with the
+    gate's element (see templates.py)."""
+    angles = angles_by_element(op)
+    compiled = []
+    for gate, element in template_gates(op):
+        if element is None:
+            (instruction,) = compile_operation(gate, layout)
+        else:
+            instruction = Instruction(
+                Kind.PAULI_ROTATION,
+                targets=layout.targets(gate.wires),
+                paulis=_ROTATION_WORDS[gate.name],
+                data=angles[element],
+                source=gate,
+            )
+        compiled.append((instruction, element))
+    return compiled
 
 
 def _batched(values, trailing_dims: int) -> np.ndarray:
@@ -328,6 +371,16 @@ def _diagonal(op: Operator, layout: Program) -> Instruction:
     return Instruction(
         Kind.DIAGONAL, targets=layout.targets(op.wires), data=_batched(diagonal, 1), source=op
     )
+
+
+@compile_operation.register
+def _(
+    op: qml.StronglyEntanglingLayers | qml.BasicEntanglerLayers | qml.AngleEmbedding,
+    layout: Program,
+) -> list[Instruction]:
+    if not is_native_template(op):
+        return [_matrix_instruction(op, layout)]
+    return [instruction for instruction, _ in _template_instructions(op, layout)]
 
 
 @compile_operation.register

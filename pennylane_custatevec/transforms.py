@@ -14,6 +14,7 @@ from pennylane.transforms.core import transform
 
 from .adjoint import unsupported_reason
 from .program import is_broadcast, tape_batch_size
+from .templates import is_native_template
 
 
 def _first_result(results):
@@ -31,6 +32,37 @@ def decompose_late_state_preps(tape: QuantumScript):
     operations = []
     for position, op in enumerate(tape.operations):
         if position > 0 and isinstance(op, StatePrepBase):
+            operations.extend(op.decomposition())
+        else:
+            operations.append(op)
+    return (tape.copy(operations=operations),), _first_result
+
+
+@transform
+def decompose_templates_for_gradients(tape: QuantumScript, array_gradients: bool):
+    """Decompose the native templates (templates.py) whose trainable parameter would need
+    a gradient the differentiation in use cannot hand back whole.
+
+    A native template keeps its array parameter, so its gradient is an array of that
+    shape. The device's VJP returns such arrays (``array_gradients``: adjoint with
+    ``device_vjp=True``, or no differentiation); PennyLane's Jacobian contraction and
+    its other gradient methods expect one entry per scalar, and its torch interface
+    stacks a tape's VJPs, which needs every trainable parameter to have one shape. Other
+    tapes keep their templates; the decomposed ones run gate by gate, as on other devices.
+    """
+    parameters = tape.get_parameters(trainable_only=False)
+    trainable = [i for i, value in enumerate(parameters) if math.requires_grad(value)]
+    templates = {
+        tape.par_info[i]["op_idx"] for i in trainable if is_native_template(tape.par_info[i]["op"])
+    }
+    if not templates:
+        return (tape,), _first_result
+    shapes = {math.shape(parameters[i]) for i in trainable}
+    if array_gradients and len(shapes) == 1:
+        return (tape,), _first_result
+    operations = []
+    for position, op in enumerate(tape.operations):
+        if position in templates:
             operations.extend(op.decomposition())
         else:
             operations.append(op)

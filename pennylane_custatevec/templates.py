@@ -1,0 +1,126 @@
+"""Native templates: StronglyEntanglingLayers, BasicEntanglerLayers and AngleEmbedding
+compile straight to their gates.
+
+PennyLane would decompose such a template into dozens of gate objects on every call, and
+then convert and differentiate each gate's parameter one by one. Compiled here, the
+template keeps its one array parameter: its gates' angles are read from the array in one
+step, and a VJP comes back with the array's shape.
+
+A template's gates are rotations exp(-i theta/2 P) on one wire (P = X, Y or Z) whose
+angle theta is one element of the template's parameter, and entangling Pauli gates
+(CNOT, CZ, CY) without parameters:
+
+- StronglyEntanglingLayers, weights (L, n, 3): per layer l, on each wire i, the gate
+  Rot(w[l,i,0], w[l,i,1], w[l,i,2]) = RZ(w[l,i,2]) RY(w[l,i,1]) RZ(w[l,i,0]), then the
+  entangler on (wire i, wire i + r_l mod n) for every i (n > 1);
+- BasicEntanglerLayers, weights (L, n): per layer, the rotation R(w[l,i]) on each wire i,
+  then CNOT(i, i+1 mod n) for every i (n > 2), or one CNOT (n = 2);
+- AngleEmbedding, features (m,) on the first m wires: R(x[i]) on wire i.
+
+The element of a rotation is its angle's flat index into the (unbatched) parameter; a
+broadcast parameter (a leading batch axis) gives each gate one angle per state vector.
+The gates are PennyLane operators built once per template structure; the angles live in
+the instructions, so a gate here stands for its structure (name, wires, generator), not
+for its parameter.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pennylane as qml
+from pennylane.exceptions import DeviceError
+from pennylane.operation import Operator
+
+_UNBATCHED_NDIM = {
+    qml.StronglyEntanglingLayers: 3,
+    qml.BasicEntanglerLayers: 2,
+    qml.AngleEmbedding: 1,
+}
+NATIVE_TEMPLATES = tuple(_UNBATCHED_NDIM)
+
+_ROTATIONS = (qml.RX, qml.RY, qml.RZ)
+_ENTANGLERS = (qml.CNOT, qml.CZ, qml.CY)
+
+Gate = tuple[Operator, int | None]
+"""A template's gate and, for a rotation, the flat index of its angle in the parameter."""
+
+
+def is_native_template(op: Operator) -> bool:
+    """Whether ``op`` is a template this module compiles: one of NATIVE_TEMPLATES whose
+    rotations are RX, RY or RZ, whose entangler is CNOT, CZ or CY, and whose parameter is
+    broadcast only where PennyLane knows it (its ``batch_size``: for AngleEmbedding, not
+    for the layer templates, whose broadcasting PennyLane sees only in their gates)."""
+    if not isinstance(op, NATIVE_TEMPLATES):
+        return False
+    unbatched = qml.math.ndim(op.data[0]) - (op.batch_size is not None)
+    if unbatched != _UNBATCHED_NDIM[type(op)]:
+        return False
+    hyperparameters = op.hyperparameters
+    if "rotation" in hyperparameters and hyperparameters["rotation"] not in _ROTATIONS:
+        return False
+    return hyperparameters.get("imprimitive", qml.CNOT) in _ENTANGLERS
+
+
+def template_gates(op: Operator) -> tuple[Gate, ...]:
+    """The gates of the native template ``op``, in the order they act."""
+    wires = tuple(op.wires)
+    shape = qml.math.shape(op.data[0])
+    if isinstance(op, qml.StronglyEntanglingLayers):
+        hyperparameters = op.hyperparameters
+        return _strongly_entangling(
+            wires, shape[-3], hyperparameters["ranges"], hyperparameters["imprimitive"]
+        )
+    if isinstance(op, qml.BasicEntanglerLayers):
+        return _basic_entangler(wires, shape[-2], op.hyperparameters["rotation"])
+    return _angle_embedding(wires, op.hyperparameters["rotation"])
+
+
+@functools.lru_cache(maxsize=256)
+def _strongly_entangling(wires: tuple, n_layers: int, ranges: tuple, entangler) -> tuple:
+    n = len(wires)
+    gates: list[Gate] = []
+    for layer in range(n_layers):
+        for i, wire in enumerate(wires):
+            first = (layer * n + i) * 3
+            gates += [
+                (qml.RZ(0.0, wires=wire), first),
+                (qml.RY(0.0, wires=wire), first + 1),
+                (qml.RZ(0.0, wires=wire), first + 2),
+            ]
+        if n > 1:
+            gates += [
+                (entangler(wires=[wires[i], wires[(i + ranges[layer]) % n]]), None)
+                for i in range(n)
+            ]
+    return tuple(gates)
+
+
+@functools.lru_cache(maxsize=256)
+def _basic_entangler(wires: tuple, n_layers: int, rotation) -> tuple:
+    n = len(wires)
+    ring = [(wires[i], wires[(i + 1) % n]) for i in range(n)] if n > 2 else [wires] * (n == 2)
+    gates: list[Gate] = []
+    for layer in range(n_layers):
+        gates += [(rotation(0.0, wires=wire), layer * n + i) for i, wire in enumerate(wires)]
+        gates += [(qml.CNOT(wires=pair), None) for pair in ring]
+    return tuple(gates)
+
+
+@functools.lru_cache(maxsize=256)
+def _angle_embedding(wires: tuple, rotation) -> tuple:
+    return tuple((rotation(0.0, wires=wire), i) for i, wire in enumerate(wires))
+
+
+def angles_by_element(op: Operator) -> np.ndarray:
+    """The native template's parameter as float64 (elements, 1 or B): row e holds the
+    angles of element e, one per state vector."""
+    value = np.asarray(op.data[0])
+    if np.iscomplexobj(value):
+        if np.any(value.imag != 0):
+            raise DeviceError(f"{op.name} got complex angles; its angles must be real.")
+        value = value.real
+    unbatched = value.ndim - (op.batch_size is not None)
+    rows = value.astype(np.float64).reshape((-1, int(np.prod(value.shape[-unbatched:]))))
+    return np.ascontiguousarray(rows.T)
