@@ -26,6 +26,7 @@ instead: d psi/d theta_j = U_N ... U_{j+1} i G_j phi_j, one vector per parameter
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -54,6 +55,7 @@ from .program import (
     plain_rotation,
     tape_batch_size,
 )
+from .rotations import PauliRotations
 from .templates import is_native_template
 
 
@@ -134,7 +136,7 @@ def _operation_reason(op: Operator, trainable: bool) -> str | None:
             "method cannot differentiate a prepared state (use diff_method='backprop' on "
             "default.qubit, or prepare the state with parametrized gates)"
         )
-    if is_native_template(op):
+    if is_native_template(op) or isinstance(op, PauliRotations):
         return None
     if op.num_params != 1 or not op.has_generator:
         return (
@@ -145,14 +147,15 @@ def _operation_reason(op: Operator, trainable: bool) -> str | None:
     return None
 
 
-def _trainable_operations(tape: QuantumScript) -> dict[int, int]:
-    """{operation index: parameter column} of the operations with a trainable parameter."""
+def _trainable_positions(tape: QuantumScript) -> dict[tuple[int, int], int]:
+    """{(operation index, parameter position): parameter column} of the trainable
+    parameters of the operations."""
     n_ops = len(tape.operations)
     positions = {}
     for column, index in enumerate(tape.trainable_params):
-        position = tape.par_info[index]["op_idx"]
-        if position < n_ops:
-            positions[position] = column
+        info = tape.par_info[index]
+        if info["op_idx"] < n_ops:
+            positions[info["op_idx"], info["p_idx"]] = column
     return positions
 
 
@@ -182,15 +185,17 @@ class Circuit:
         self.program, self.steps = self.compiled
         parameters = tape.get_parameters()
         self.n_params = len(parameters)
-        self.shapes = [np.shape(value) for value in parameters]
-        starts = np.cumsum([0] + [int(np.prod(shape)) for shape in self.shapes])
-        self.n_columns = int(starts[-1])
+        self.shapes = [getattr(value, "shape", ()) for value in parameters]
+        starts = [0]
+        for shape in self.shapes:
+            starts.append(starts[-1] + math.prod(shape))
+        self.n_columns = starts[-1]
         self._starts = starts
-        trainable = _trainable_operations(tape)
+        trainable = _trainable_positions(tape)
         self.columns = {
-            step: int(starts[trainable[index]]) + element
-            for step, (index, element) in enumerate(self.program.origins)
-            if index in trainable and element is not None
+            step: starts[trainable[index, position]] + element
+            for step, (index, position, element) in enumerate(self.program.origins)
+            if (index, position) in trainable
         }
 
     def fold(self, values: Sequence) -> list:

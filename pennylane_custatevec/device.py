@@ -39,6 +39,7 @@ from .transforms import (
     decompose_late_state_preps,
     decompose_templates_for_gradients,
     expand_broadcasts,
+    gather_rotations,
     rotate_sampled_measurements,
     validate_adjoint_differentiation,
 )
@@ -266,6 +267,7 @@ class CuStateVecDevice(Device):
             device_wires=self.wires,
             name=self.name,
         )
+        pipeline.add_transform(gather_rotations)
         pipeline.add_transform(validate_device_wires, self.wires, name=self.name)
         pipeline.add_transform(
             validate_measurements,

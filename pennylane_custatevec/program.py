@@ -32,6 +32,7 @@ from pennylane.ops.op_math import Adjoint, Controlled
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
+from .rotations import PauliRotations, rotation_word, structure
 from .templates import angles_by_element, is_native_template, template_gates
 
 
@@ -82,11 +83,11 @@ class Program:
     initial_state: np.ndarray | None = None
     broadcast: bool = False
     """Whether the tape is broadcast (a broadcast of one entry has batch_size 1 too)."""
-    origins: tuple[tuple[int, int | None], ...] = ()
+    origins: tuple[tuple[int, int | None, int], ...] = ()
     """Per step of a compilation (see ``compile_steps``): the index of the tape operation
-    it comes from, and the flat index of the step's parameter in that operation's
-    parameter: 0 for an operation compiled whole, the element of a native template's
-    rotation, None for a template's gate without a parameter."""
+    it comes from, the position among that operation's parameters of the one the step
+    depends on (None for none), and the flat index into that parameter of the element
+    the step reads (0 but for a native template's rotations)."""
 
     @property
     def num_qubits(self) -> int:
@@ -195,7 +196,7 @@ def flatten(layout: Program, steps: Steps) -> Program:
 def tape_batch_size(tape: QuantumScript) -> int | None:
     """``tape.batch_size``, asking PennyLane only about operations that can be broadcast:
     its check of every operation takes milliseconds on a tape of a few hundred gates."""
-    sizes = {op.batch_size for op in tape.operations if not _scalar_parameters(op)}
+    sizes = {op.batch_size for op in tape.operations if not scalar_parameters(op)}
     sizes.discard(None)
     if len(sizes) > 1:
         return tape.batch_size  # PennyLane's error names the sizes that do not match
@@ -205,10 +206,11 @@ def tape_batch_size(tape: QuantumScript) -> int | None:
 def is_broadcast(op: Operator) -> bool:
     """``op.batch_size is not None``, without PennyLane's check where every parameter is a
     scalar (such an operation cannot be broadcast)."""
-    return not _scalar_parameters(op) and op.batch_size is not None
+    return not scalar_parameters(op) and op.batch_size is not None
 
 
-def _scalar_parameters(op: Operator) -> bool:
+def scalar_parameters(op: Operator) -> bool:
+    """Whether every parameter of ``op`` is a scalar (so ``op`` is not broadcast)."""
     return all(
         isinstance(d, (int, float, complex)) or getattr(d, "ndim", None) == 0 for d in op.data
     )
@@ -241,12 +243,38 @@ def compile_steps(tape: QuantumScript, device_wires: Wires | None) -> tuple[Prog
         if is_native_template(op):
             for instruction, element in _template_instructions(op, layout):
                 steps.append((instruction.source, [instruction]))
-                origins.append((index, element))
+                origins.append((index, None if element is None else 0, element or 0))
+        elif isinstance(op, PauliRotations):
+            for position, instruction in enumerate(_run_instructions(op, layout)):
+                steps.append((instruction.source, [instruction]))
+                origins.append((index, position, 0))
         else:
             steps.append((op, compile_operation(op, layout)))
-            origins.append((index, 0))
+            origins.append((index, 0, 0))
     layout = dataclasses.replace(layout, initial_state=initial_state, origins=tuple(origins))
     return layout, steps
+
+
+def _run_instructions(op: PauliRotations, layout: Program) -> list[Instruction]:
+    """One Pauli rotation per gate of the run, its ``source`` the gate (see rotations.py)."""
+    angles = np.asarray(op.data)
+    if np.iscomplexobj(angles):
+        if np.any(angles.imag != 0):
+            raise DeviceError(f"{op.name} got a complex angle; angles must be real.")
+        angles = angles.real
+    angles = angles.astype(np.float64)
+    return [
+        Instruction(
+            Kind.PAULI_ROTATION,
+            targets=layout.targets(gate.wires),
+            paulis=word[::-1],
+            data=angles[j : j + 1],
+            source=gate,
+        )
+        for j, (gate, (_, _, word)) in enumerate(
+            zip(structure(op.hyperparameters["gates"]), op.hyperparameters["gates"], strict=True)
+        )
+    ]
 
 
 def _template_instructions(op: Operator, layout: Program) -> list[tuple[Instruction, int | None]]:
@@ -261,7 +289,7 @@ def _template_instructions(op: Operator, layout: Program) -> list[tuple[Instruct
             instruction = Instruction(
                 Kind.PAULI_ROTATION,
                 targets=layout.targets(gate.wires),
-                paulis=_ROTATION_WORDS[gate.name],
+                paulis=rotation_word(gate)[::-1],
                 data=angles[element],
                 source=gate,
             )
@@ -296,14 +324,6 @@ def _matrix_instruction(op: Operator, layout: Program) -> Instruction:
 
 
 _PAULI_LETTERS = {"PauliX": "X", "PauliY": "Y", "PauliZ": "Z"}
-_ROTATION_WORDS = {
-    "RX": "X",
-    "RY": "Y",
-    "RZ": "Z",
-    "IsingXX": "XX",
-    "IsingYY": "YY",
-    "IsingZZ": "ZZ",
-}
 
 
 @compile_operation.register
@@ -317,22 +337,33 @@ def _(op: qml.PauliX | qml.PauliY | qml.PauliZ, layout: Program) -> list[Instruc
 
 @compile_operation.register
 def _(
-    op: qml.RX | qml.RY | qml.RZ | qml.IsingXX | qml.IsingYY | qml.IsingZZ, layout: Program
+    op: qml.RX
+    | qml.RY
+    | qml.RZ
+    | qml.IsingXX
+    | qml.IsingYY
+    | qml.IsingZZ
+    | qml.MultiRZ
+    | qml.PauliRot,
+    layout: Program,
 ) -> list[Instruction]:
-    return [_rotation(op, _ROTATION_WORDS[op.name], layout)]
+    return [_rotation(op, rotation_word(op), layout)]
 
 
 @compile_operation.register
-def _(op: qml.PauliRot, layout: Program) -> list[Instruction]:
-    return [_rotation(op, op.hyperparameters["pauli_word"], layout)]
-
-
-@compile_operation.register
-def _(op: qml.MultiRZ, layout: Program) -> list[Instruction]:
-    return [_rotation(op, "Z" * len(op.wires), layout)]
+def _(op: PauliRotations, layout: Program) -> list[Instruction]:
+    return _run_instructions(op, layout)
 
 
 def _rotation(op: Operator, word: str, layout: Program) -> Instruction:
+    if "I" not in word:  # the common case, without filtering the letters
+        return Instruction(
+            Kind.PAULI_ROTATION,
+            targets=layout.targets(op.wires),
+            paulis=word[::-1],
+            data=_real_angles(op),
+            source=op,
+        )
     kept = [(letter, wire) for letter, wire in zip(word, op.wires, strict=True) if letter != "I"]
     if not kept:
         angles = _batched(op.data[0], 0)
@@ -351,8 +382,10 @@ def _real_angles(op: Operator) -> np.ndarray:
     """The rotation angle as float64 (1 or B,). A complex angle with a zero imaginary part
     (PennyLane casts parameters to complex to differentiate a state) is taken as real."""
     value = op.data[0]
-    if isinstance(value, float):  # the common case, without numpy's dispatch
+    if isinstance(value, float):  # the common cases, without numpy's dispatch
         return np.array([value])
+    if type(value) is np.ndarray and value.shape == () and value.dtype == np.float64:
+        return value.reshape(1)
     angles = _batched(value, 0)
     if np.iscomplexobj(angles):
         if np.any(angles.imag != 0):

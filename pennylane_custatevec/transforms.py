@@ -13,7 +13,8 @@ from pennylane.transforms import broadcast_expand, diagonalize_measurements, spl
 from pennylane.transforms.core import transform
 
 from .adjoint import unsupported_reason
-from .program import is_broadcast, tape_batch_size
+from .program import is_broadcast, scalar_parameters, tape_batch_size
+from .rotations import ROTATION_GATES, PauliRotations, gate_of
 from .templates import is_native_template
 
 
@@ -67,6 +68,35 @@ def decompose_templates_for_gradients(tape: QuantumScript, array_gradients: bool
         else:
             operations.append(op)
     return (tape.copy(operations=operations),), _first_result
+
+
+@transform
+def gather_rotations(tape: QuantumScript):
+    """Replace each run of two or more consecutive rotation gates (rotations.py) whose
+    angles are scalars by one ``PauliRotations`` operation with their angles, in order.
+    Broadcast gates stay as they are."""
+    runs: list[list] = [[]]
+    for op in tape.operations:
+        if type(op) in _GATHERED and op.data and scalar_parameters(op):
+            runs[-1].append(op)
+        else:
+            runs.append(op)
+            runs.append([])
+    if all(not isinstance(run, list) or len(run) < 2 for run in runs):
+        return (tape,), _first_result
+    operations = []
+    for run in runs:
+        if not isinstance(run, list):
+            operations.append(run)
+        elif len(run) >= 2:
+            gates = tuple(gate_of(op) for op in run)
+            operations.append(PauliRotations(*(op.data[0] for op in run), gates=gates))
+        else:
+            operations.extend(run)
+    return (tape.copy(operations=operations),), _first_result
+
+
+_GATHERED = frozenset(ROTATION_GATES)
 
 
 @transform

@@ -106,6 +106,15 @@ def assert_allclose_nested(result, expected, atol, path="result"):
     np.testing.assert_allclose(np.asarray(result), np.asarray(expected), atol=atol, rtol=0)
 
 
+def assert_sampled_matches_exact(circuit, values, wires, seed, shots=40000, atol=0.02):
+    """``circuit(*values)`` on custatevec with ``shots`` seeded shots against default.qubit's
+    exact results."""
+    exact = qml.QNode(circuit, qml.device("default.qubit", wires=wires))(*values)
+    dev = qml.device(DEVICE, wires=wires, seed=seed)
+    sampled = qml.set_shots(qml.QNode(circuit, dev), shots)(*values)
+    assert_allclose_nested(sampled, exact, atol=atol)
+
+
 def random_unitary(dim: int, rng: np.random.Generator) -> np.ndarray:
     """A Haar-random unitary from a QR decomposition (deterministic for a given rng)."""
     z = (rng.normal(size=(dim, dim)) + 1j * rng.normal(size=(dim, dim))) / np.sqrt(2)

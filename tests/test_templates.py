@@ -15,7 +15,12 @@ import numpy as np
 import pennylane as qml
 import pytest
 import torch
-from conftest import DEVICE, MIXED_WIRES, assert_allclose_nested, stable_seed
+from conftest import (
+    DEVICE,
+    MIXED_WIRES,
+    assert_sampled_matches_exact,
+    stable_seed,
+)
 from pennylane.devices import ExecutionConfig
 from pennylane.tape import QuantumScript
 from test_adjoint import assert_same_run, torch_run
@@ -212,10 +217,7 @@ def test_cuStateVec_double(gpu_double):
 def test_sampled_results():
     """With shots the templates run whole too; probabilities from 40000 seeded shots."""
     values = template_values(stable_seed("shots"))
-    dev = qml.device(DEVICE, wires=WIRES, seed=21)
-    exact = qml.QNode(templates_circuit, qml.device("default.qubit", wires=WIRES))(*values)
-    sampled = qml.set_shots(qml.QNode(templates_circuit, dev), 40000)(*values)
-    assert_allclose_nested(sampled, exact, atol=0.02)
+    assert_sampled_matches_exact(templates_circuit, values, WIRES, 21)
 
 
 # ---------------------------------------------------------------------------------------

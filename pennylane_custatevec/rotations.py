@@ -1,0 +1,106 @@
+"""Runs of rotation gates as one operation.
+
+PennyLane's cost per call grows with the number of operations in a tape: each is rebuilt
+when its parameters are converted for the device (twice per training step, forward and
+backward), validated and compiled. A QAOA layer or a hardware-efficient ansatz is a long
+run of one-parameter Pauli rotations exp(-i theta/2 P) (RX, RY, RZ, IsingXX, IsingYY,
+IsingZZ, MultiRZ, PauliRot); the device's preprocessing gathers each run of two or more
+such gates into one ``PauliRotations`` operation whose parameters are the gates' angles,
+in order. The device compiles it back to its gates, so results and gradients are those
+of the gates; PennyLane then handles one operation per run. Its resources (``qml.specs``,
+the tracker) count the gates it holds.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+
+import pennylane as qml
+from pennylane.operation import Operation, Operator
+from pennylane.ops.functions import bind_new_parameters
+from pennylane.resource import Resources, ResourcesOperation
+
+_FIXED_WORDS = {
+    qml.RX: "X",
+    qml.RY: "Y",
+    qml.RZ: "Z",
+    qml.IsingXX: "XX",
+    qml.IsingYY: "YY",
+    qml.IsingZZ: "ZZ",
+}
+ROTATION_GATES = (*_FIXED_WORDS, qml.MultiRZ, qml.PauliRot)
+
+Gate = tuple[type, tuple, str]
+"""A gate of a run: its class, its wires, and its Pauli word (one letter per wire)."""
+
+
+def rotation_word(op: Operator) -> str:
+    """The Pauli word P of a rotation gate exp(-i theta/2 P) of ROTATION_GATES."""
+    word = _FIXED_WORDS.get(type(op))
+    if word is not None:
+        return word
+    if isinstance(op, qml.MultiRZ):
+        return "Z" * len(op.wires)
+    return op.hyperparameters["pauli_word"]
+
+
+def gate_of(op: Operator) -> Gate:
+    return (type(op), tuple(op.wires), rotation_word(op))
+
+
+class PauliRotations(ResourcesOperation):
+    """exp(-i theta_J/2 P_J) ... exp(-i theta_1/2 P_1): the rotation gates ``gates`` (see
+    ``Gate``) applied in order, gate j with the angle ``angles[j]``."""
+
+    grad_method = None
+
+    def __init__(self, *angles, gates: tuple[Gate, ...], id=None):
+        if len(angles) != len(gates):
+            raise ValueError(f"PauliRotations got {len(angles)} angles for {len(gates)} gates.")
+        wires = list(dict.fromkeys(w for _, gate_wires, _ in gates for w in gate_wires))
+        self._hyperparameters = {"gates": tuple(gates)}
+        super().__init__(*angles, wires=wires, id=id)
+
+    @staticmethod
+    def compute_decomposition(*angles, wires=None, gates=()):  # noqa: ARG004
+        return [_build(gate, angle) for gate, angle in zip(gates, angles, strict=True)]
+
+    def resources(self) -> Resources:
+        gates = self.hyperparameters["gates"]
+        return Resources(
+            num_wires=len(self.wires),
+            num_gates=len(gates),
+            gate_types=dict(Counter(cls.__name__ for cls, _, _ in gates)),
+            gate_sizes=dict(Counter(len(wires) for _, wires, _ in gates)),
+            depth=_depth(gates),
+        )
+
+
+@bind_new_parameters.register
+def _(op: PauliRotations, params) -> PauliRotations:
+    # PennyLane's generic binding deep-copies the hyperparameters (the gates: immutable)
+    return PauliRotations(*params, gates=op.hyperparameters["gates"])
+
+
+def _build(gate: Gate, angle) -> Operation:
+    cls, wires, word = gate
+    if cls is qml.PauliRot:
+        return qml.PauliRot(angle, word, wires=wires)
+    return cls(angle, wires=wires)
+
+
+def _depth(gates: tuple[Gate, ...]) -> int:
+    """Layers of the run: each gate one layer after the last gate on any of its wires."""
+    layer: dict = {}
+    for _, wires, _ in gates:
+        depth = 1 + max(layer.get(w, 0) for w in wires)
+        layer.update(dict.fromkeys(wires, depth))
+    return max(layer.values(), default=0)
+
+
+@functools.lru_cache(maxsize=256)
+def structure(gates: tuple[Gate, ...]) -> tuple[Operation, ...]:
+    """One operator per gate of a run, standing for the gate's structure (its name, wires
+    and generator) when the run is compiled; the angles live in the instructions."""
+    return tuple(_build(gate, 0.0) for gate in gates)
