@@ -33,6 +33,7 @@ from pennylane.transforms.core import CompilePipeline
 from . import adjoint, deferred, settings
 from .backends import BACKEND_CHOICES, select_backend
 from .execution import run_tapes
+from .program import wire_labels
 from .templates import NATIVE_TEMPLATES, is_native_template
 from .transforms import (
     complex_parameters_for_state,
@@ -426,7 +427,7 @@ def _key(tape: QuantumScript) -> tuple:
     hyperparameters, and their parameters bit for bit (``tape.hash`` rounds every
     parameter, and costs milliseconds on circuits of a few hundred gates)."""
     gates = tuple(
-        (op.name, op.wires, str(op.hyperparameters) if op.hyperparameters else "")
+        (op.name, tuple(wire_labels(op)), str(op.hyperparameters) if op.hyperparameters else "")
         for op in tape.operations
     )
     parameters = tuple(

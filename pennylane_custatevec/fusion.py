@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .pauli import pauli_word_matrix
-from .program import Instruction, Kind, Program, Steps, plain_rotation
+from .program import Instruction, Kind, Program, Steps, plain_rotation, wire_labels
 
 FUSIBLE_KINDS = frozenset({Kind.MATRIX, Kind.DIAGONAL, Kind.PAULI, Kind.PAULI_ROTATION, Kind.PHASE})
 
@@ -69,7 +69,7 @@ def step_bits(layout: Program, op, instructions: Sequence[Instruction]) -> tuple
     """The state bits an operation touches: its instructions' targets and controls, and its
     wires (so that its generator fits in its block), ascending; or None if one of its
     instructions cannot be fused (mid-circuit measurements, postselection, conditions)."""
-    bits = set(layout.bits(op.wires))
+    bits = set(layout.bits(wire_labels(op)))
     for instruction in instructions:
         if instruction.kind not in FUSIBLE_KINDS or instruction.condition is not None:
             return None

@@ -174,6 +174,15 @@ def _concatenate_data(data: list, sizes: list[int]):
     )
 
 
+def wire_labels(op: Operator) -> Sequence:
+    """The labels of ``op.wires``; for a controlled operation, without the Wires object
+    PennyLane builds from its control and target wires on every access (microseconds,
+    many times per circuit)."""
+    if isinstance(op, Controlled):
+        return (*op.hyperparameters["control_wires"], *op.base.wires)
+    return op.wires
+
+
 def register_wires(tape: QuantumScript, device_wires: Wires | None) -> Wires:
     """The wires the simulation needs, in device order."""
     if device_wires is None:
