@@ -294,6 +294,7 @@ def sweep(
     batch = layout.batch_size
     rows = bras.shape[0] // batch
     gradients = np.zeros((batch, rows, n_columns))
+    fusion_qubits = fusion.width(layout, fusion_qubits, backend.min_fused_amplitudes)
     units = fusion.fuse(
         layout, steps, fusion_qubits, backend.block_costs, backend.fuses_z_rotations
     )

@@ -87,6 +87,7 @@ def _run_analytic_batch(
 ) -> tuple[list, list]:
     """Results of tapes that share a structure, and each tape's final states (a view)."""
     layout, steps = merge(compiled)
+    fusion_qubits = fusion.width(layout, fusion_qubits, backend.min_fused_amplitudes)
     if fusion_qubits > 1:
         program = fusion.fused_program(
             layout, steps, fusion_qubits, backend.block_costs, backend.fuses_z_rotations

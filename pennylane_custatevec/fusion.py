@@ -187,6 +187,13 @@ class Fused:
     member_matrices: list[np.ndarray] | None = None
 
 
+def width(layout: Program, max_qubits: int, min_amplitudes: int) -> int:
+    """The largest block for ``layout``'s batch: ``max_qubits``, or 1 (no fusion) when the
+    batch holds fewer than ``min_amplitudes`` amplitudes, where building the blocks costs
+    the host more time than the passes they save."""
+    return max_qubits if layout.batch_size << layout.num_qubits >= min_amplitudes else 1
+
+
 def fuse(
     layout: Program,
     steps: Steps,

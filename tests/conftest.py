@@ -14,6 +14,7 @@ import pennylane as qml
 import pytest
 
 from pennylane_custatevec.backends import custatevec
+from pennylane_custatevec.backends.cpu import CPUBackend
 
 DEVICE = "custatevec.qubit"
 
@@ -25,6 +26,12 @@ AUTO_BACKEND = "custatevec" if custatevec.unavailable_reason() is None else "cpu
 """What ``backend="auto"`` picks in this process."""
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "real_fusion_threshold: keep the CPU backend's min_fused_amplitudes"
+    )
+
+
 def pytest_sessionstart(session):
     if TEST_BACKEND == "custatevec" and AUTO_BACKEND != "custatevec":
         pytest.exit(
@@ -32,6 +39,15 @@ def pytest_sessionstart(session):
             f"{custatevec.unavailable_reason()}",
             returncode=3,
         )
+
+
+@pytest.fixture(autouse=True)
+def fuse_small_circuits(request, monkeypatch):
+    """The CPU backend fuses every batch, however small: the tests' circuits are far below
+    the size where fusion starts to pay (``min_fused_amplitudes``), and the fused paths
+    must be exercised on them. Tests marked ``real_fusion_threshold`` keep the threshold."""
+    if request.node.get_closest_marker("real_fusion_threshold") is None:
+        monkeypatch.setattr(CPUBackend, "min_fused_amplitudes", 0)
 
 
 @pytest.fixture

@@ -36,6 +36,9 @@ class Backend(Protocol):
     fuses_z_rotations: bool
     """Whether fusion gathers runs of commuting Z-word rotations (QAOA cost layers) into
     one Z_ROTATIONS instruction for this backend."""
+    min_fused_amplitudes: int
+    """Batches of fewer amplitudes (vectors x 2**n) run unfused: there, building blocks
+    costs more host time than the kernel passes they save."""
 
     def available_bytes(self) -> int:
         """Memory that new state vectors may use now."""
