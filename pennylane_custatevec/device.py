@@ -34,6 +34,7 @@ from . import adjoint, deferred, settings
 from .backends import BACKEND_CHOICES, select_backend
 from .execution import run_tapes
 from .program import wire_labels
+from .rotations import PauliRotations
 from .templates import NATIVE_TEMPLATES, is_native_template
 from .transforms import (
     complex_parameters_for_state,
@@ -261,6 +262,9 @@ class CuStateVecDevice(Device):
             differentiating and config.use_device_jacobian_product
         )
         pipeline.add_transform(decompose_templates_for_gradients, array_gradients)
+        # gathered before decomposing (fewer operations to inspect) and after (runs that
+        # decompositions made, e.g. trainable Rot gates)
+        pipeline.add_transform(gather_rotations)
         pipeline.add_transform(
             decompose,
             stopping_condition=self._stops_adjoint if differentiating else self._runs_natively,
@@ -303,6 +307,8 @@ class CuStateVecDevice(Device):
             return True
         if isinstance(op, NATIVE_TEMPLATES):
             return is_native_template(op)
+        if isinstance(op, PauliRotations):
+            return True
         return self.capabilities.supports_operation(op)
 
     def _stops_adjoint(self, op: qml.operation.Operator) -> bool:
@@ -312,7 +318,7 @@ class CuStateVecDevice(Device):
         which stay whole)."""
         if not self._runs_natively(op):
             return False
-        if isinstance(op, (*_MATRIX_DEFINED_OPS, *NATIVE_TEMPLATES)) or not any(
+        if isinstance(op, (*_MATRIX_DEFINED_OPS, *NATIVE_TEMPLATES, PauliRotations)) or not any(
             math.requires_grad(d) for d in op.data
         ):
             return True

@@ -233,3 +233,30 @@ def test_reaches_the_device_gathered():
     qnode = qml.QNode(rotations_circuit, dev, diff_method="adjoint", device_vjp=True)
     (tape,), _ = qml.workflow.construct_batch(qnode, level="device")(*params)
     assert [op.name for op in tape.operations].count("PauliRotations") == 2
+
+
+def test_gathered_before_and_after_decomposition():
+    """The user's rotations are gathered before the preprocessing decomposes (fewer
+    operations to inspect), and the rotations a decomposition makes (a trainable Rot:
+    RZ RY RZ) after it, so both reach the device gathered."""
+
+    def circuit(angles):
+        qml.RX(angles[0], wires=0)
+        qml.RY(angles[1], wires=1)
+        qml.CNOT(wires=[0, 1])
+        qml.Rot(angles[2], angles[3], angles[4], wires=1)
+        return qml.expval(qml.Z(1))
+
+    values = [np.array([0.3, -0.5, 1.1, 0.7, -1.4])]
+    params = [torch.tensor(values[0], requires_grad=True)]
+    dev = qml.device(DEVICE, wires=2)
+    qnode = qml.QNode(circuit, dev, diff_method="adjoint", device_vjp=True)
+    (tape,), _ = qml.workflow.construct_batch(qnode, level="device")(*params)
+    assert [op.name for op in tape.operations] == ["PauliRotations", "CNOT", "PauliRotations"]
+    gates = tape.operations[2].hyperparameters["gates"]
+    assert [cls.__name__ for cls, _, _ in gates] == ["RZ", "RY", "RZ"]
+    run = torch_run(circuit, dev, values, 13, device_vjp=True)
+    reference = torch_run(
+        circuit, qml.device("default.qubit", wires=2), values, 13, diff_method="backprop"
+    )
+    assert_same_run(run, reference, ATOL)

@@ -19,6 +19,13 @@ import types
 import numba
 import numpy as np
 
+_FASTMATH = {"reassoc", "contract"}
+"""LLVM may reassociate floating-point sums (so that it vectorises the kernels' reductions)
+and fuse multiplies and adds; NaN and infinity keep their IEEE meaning (no "nnan" or
+"ninf"). Results move by round-off only. Measured at 16 qubits on 2 cores, interleaved
+runs: a rotation adjoint step 1.2-1.6x, a one-qubit block step with one bra 1.5-1.7x
+faster."""
+
 _PARALLEL_THRESHOLD = 1 << 14
 """Amplitudes (all vectors of a batch) from which the threaded kernels run: measured on
 2 cores, a one-qubit rotation step takes 54 us serial and 44 us threaded at 2**14 amplitudes,
@@ -27,7 +34,7 @@ faster than with threads from 2**18."""
 _CHUNKS = 64
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, fastmath=_FASTMATH)
 def _insert_zeros(index, fixed_bits):
     for bit in fixed_bits:
         low = index & ((1 << bit) - 1)
@@ -35,7 +42,7 @@ def _insert_zeros(index, fixed_bits):
     return index
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, fastmath=_FASTMATH)
 def _low_masks(fixed_bits):
     """Masks of the bits below the two lowest fixed bits (all ones: no such bit)."""
     low0 = (1 << fixed_bits[0]) - 1 if len(fixed_bits) > 0 else -1
@@ -43,20 +50,20 @@ def _low_masks(fixed_bits):
     return low0, low1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, fastmath=_FASTMATH)
 def _spread(x, low0, low1):
     """Insert a zero bit above each low mask, lowest first."""
     x = ((x << 1) & ~((low0 << 1) | 1)) | (x & low0)
     return ((x << 1) & ~((low1 << 1) | 1)) | (x & low1)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, fastmath=_FASTMATH)
 def _run_length(fixed_bits, items):
     """Work items that share every fixed bit above the two lowest ones."""
     return (1 << (fixed_bits[2] - 2)) if len(fixed_bits) > 2 else items
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, fastmath=_FASTMATH)
 def _run(i, hi, run_length, fixed_bits, control_mask):
     """(base, first, count): work items first .. first+count-1 of the run that holds
     item i sit at indices base | _spread(item). Runs are long unless three fixed bits
@@ -66,7 +73,7 @@ def _run(i, hi, run_length, fixed_bits, control_mask):
     return base, first, min(hi - i, run_length - first)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, fastmath=_FASTMATH)
 def _parity(x):
     x ^= x >> 32
     x ^= x >> 16
@@ -77,12 +84,12 @@ def _parity(x):
     return x & 1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, fastmath=_FASTMATH)
 def _chunks_per_vector(batch, items):
     return max(1, min(items, _CHUNKS // batch))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, fastmath=_FASTMATH)
 def _work_layout(batch, dim, fixed_bits):
     """How a kernel walks its work items: (items per vector, chunks per vector, run
     length, the two low masks, span). ``span`` work items sit at consecutive indices:
@@ -93,7 +100,7 @@ def _work_layout(batch, dim, fixed_bits):
     return items, _chunks_per_vector(batch, items), _run_length(fixed_bits, items), low0, low1, span
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, fastmath=_FASTMATH)
 def _job_range(job, per, items):
     """(vector, first item, end item) of parallel job ``job``: each vector's work items
     are cut into ``per`` consecutive ranges."""
@@ -102,14 +109,14 @@ def _job_range(job, per, items):
     return b, c * items // per, (c + 1) * items // per
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, fastmath=_FASTMATH)
 def _pauli_phase(index, z_mask, i_power):
     """<P|index> phase factor: i**n_Y * (-1)**popcount(index & z_mask)."""
     sign = 1.0 - 2.0 * _parity(index & z_mask)
     return i_power * sign
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, fastmath=_FASTMATH)
 def _target_offsets(targets):
     d = 1 << len(targets)
     offsets = np.zeros(d, dtype=np.uint64)
@@ -143,7 +150,7 @@ def _apply_1q(state, mats, target, fixed_bits, control_mask):
             i += length
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, inline="always", fastmath=_FASTMATH)
 def _rotated(a0, a1, cos, sin, letter):
     """exp(-i angle/2 P) applied to the amplitude pair (a0, a1), letter 0: I, 1: X, 2: Y,
     3: Z, in real arithmetic."""
@@ -170,13 +177,13 @@ def _rotated(a0, a1, cos, sin, letter):
     )
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, fastmath=_FASTMATH)
 def _rotate_pair(vec, i0, i1, cos, sin, letter):
     """exp(-i angle/2 P) on the amplitude pair (i0, i1) for the letter 0: I, 1: X, 2: Y, 3: Z."""
     vec[i0], vec[i1] = _rotated(vec[i0], vec[i1], cos, sin, letter)
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, inline="always", fastmath=_FASTMATH)
 def _letter_product(l0, l1, k0, k1, letter):
     """<l|P|k> on one amplitude pair, P the letter 1: X, 2: Y, 3: Z."""
     if letter == 1:
@@ -186,7 +193,7 @@ def _letter_product(l0, l1, k0, k1, letter):
     return np.conj(l0) * k0 - np.conj(l1) * k1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, fastmath=_FASTMATH)
 def _span_length(item, end, span):
     """How many items from ``item`` (before ``end``) sit at consecutive indices: those
     below the lowest fixed bit, ``span`` of them per block."""
@@ -276,7 +283,7 @@ def _rotation_step_1q(phi, bras, angles, letter, target, fixed_bits, out):
         out[r] = partial[:, r].sum()
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, fastmath=_FASTMATH)
 def _low_diagonal_step(ket, bras, diag, signs, targets, out):
     """_diagonal_step where a target is among the three lowest bits: the factors then
     repeat every 8 amplitudes, so each block of 8 reads them (the undo factors and the real
@@ -373,13 +380,13 @@ def _diagonal_step(phi, bras, diag, signs, targets, fixed_bits, out):
         out[r] = partial[:, r].sum()
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, fastmath=_FASTMATH)
 def _pair_steps(targets):
     """Index offsets of the two target bits."""
     return np.uint64(1 << targets[0]), np.uint64(1 << targets[1])
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, inline="always", fastmath=_FASTMATH)
 def _apply_4(vec, i0, s0, s1, m):
     """The four amplitudes i0, i0+s0, i0+s1, i0+s0+s1 of ``vec`` <- m times them; returns
     the new values."""
@@ -575,7 +582,7 @@ def _block_step(phi, bras, adjoints, targets, fixed_bits, out):
         out[job] = sums
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, fastmath=_FASTMATH)
 def _apply_two_bit_diagonal(state, diags, t0, t1):
     """A diagonal on two bits without controls, one amplitude after the other: where a
     target is among the lowest bits, runs of consecutive amplitudes are too short to
@@ -855,7 +862,7 @@ def _add_z_sum_by_blocks(dst, src, block_coefficients, low_signs, low):
             target[base + i] += complex(real[i], imag[i]) * source[base + i]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, fastmath=_FASTMATH)
 def _signed_sum(signs, values):
     """sum_i signs[i] values[i], in four partial sums (one running sum would wait on each
     addition's latency)."""
@@ -893,7 +900,7 @@ def _low_sign_sums(state, low_signs, low, out):
             out[b, h, g] = _signed_sum(low_signs[g], probability)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, fastmath=_FASTMATH)
 def _block_phases(counts, low_signs, tables, job, blocks):
     """(vector b, first index, phases) of job's block of 2**low amplitudes (high bits h):
     phases[l] = prod_v tables[b, v, n_v + J], where n_v = sum_g counts[v, g, h]
@@ -1005,7 +1012,10 @@ def _threaded_and_serial(func):
     on-disk cache (keyed by qualified name) keeps them apart."""
     serial = types.FunctionType(func.__code__, func.__globals__, func.__name__ + "_serial")
     serial.__qualname__ = func.__qualname__ + "_serial"
-    return numba.njit(parallel=True, cache=True)(func), numba.njit(cache=True)(serial)
+    return (
+        numba.njit(parallel=True, cache=True, fastmath=_FASTMATH)(func),
+        numba.njit(cache=True, fastmath=_FASTMATH)(serial),
+    )
 
 
 _KERNELS = {
