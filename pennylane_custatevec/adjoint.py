@@ -49,14 +49,13 @@ from .backends.base import Backend, StateBatch
 from .program import (
     Program,
     compile_steps,
+    compiles_by_gate,
     flatten,
     inverse,
     is_broadcast,
     plain_rotation,
     tape_batch_size,
 )
-from .rotations import PauliRotations
-from .templates import is_native_template
 
 
 def unsupported_reason(
@@ -136,7 +135,7 @@ def _operation_reason(op: Operator, trainable: bool) -> str | None:
             "method cannot differentiate a prepared state (use diff_method='backprop' on "
             "default.qubit, or prepare the state with parametrized gates)"
         )
-    if is_native_template(op) or isinstance(op, PauliRotations):
+    if compiles_by_gate(op):
         return None
     if op.num_params != 1 or not op.has_generator:
         return (

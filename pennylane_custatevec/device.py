@@ -33,7 +33,7 @@ from pennylane.transforms.core import CompilePipeline
 from . import adjoint, deferred, settings
 from .backends import BACKEND_CHOICES, select_backend
 from .execution import run_tapes
-from .program import wire_labels
+from .program import compiles_by_gate, wire_labels
 from .rotations import PauliRotations
 from .templates import NATIVE_TEMPLATES, is_native_template
 from .transforms import (
@@ -318,8 +318,10 @@ class CuStateVecDevice(Device):
         which stay whole)."""
         if not self._runs_natively(op):
             return False
-        if isinstance(op, (*_MATRIX_DEFINED_OPS, *NATIVE_TEMPLATES, PauliRotations)) or not any(
-            math.requires_grad(d) for d in op.data
+        if (
+            isinstance(op, _MATRIX_DEFINED_OPS)
+            or compiles_by_gate(op)
+            or not any(math.requires_grad(d) for d in op.data)
         ):
             return True
         return op.num_params == 1 and op.has_generator

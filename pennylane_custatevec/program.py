@@ -32,7 +32,7 @@ from pennylane.ops.op_math import Adjoint, Controlled
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
-from .rotations import PauliRotations, rotation_word, structure
+from .rotations import PauliRotations, real_angles, rotation_word, structure
 from .templates import angles_by_element, is_native_template, template_gates
 
 
@@ -249,14 +249,10 @@ def compile_steps(tape: QuantumScript, device_wires: Wires | None) -> tuple[Prog
     origins = []
     for index in range(first, len(operations)):
         op = operations[index]
-        if is_native_template(op):
-            for instruction, element in _template_instructions(op, layout):
+        if compiles_by_gate(op):
+            for instruction, position, element in _gate_instructions(op, layout):
                 steps.append((instruction.source, [instruction]))
-                origins.append((index, None if element is None else 0, element or 0))
-        elif isinstance(op, PauliRotations):
-            for position, instruction in enumerate(_run_instructions(op, layout)):
-                steps.append((instruction.source, [instruction]))
-                origins.append((index, position, 0))
+                origins.append((index, position, element))
         else:
             steps.append((op, compile_operation(op, layout)))
             origins.append((index, 0, 0))
@@ -264,46 +260,39 @@ def compile_steps(tape: QuantumScript, device_wires: Wires | None) -> tuple[Prog
     return layout, steps
 
 
-def _run_instructions(op: PauliRotations, layout: Program) -> list[Instruction]:
-    """One Pauli rotation per gate of the run, its ``source`` the gate (see rotations.py)."""
-    angles = np.asarray(op.data)
-    if np.iscomplexobj(angles):
-        if np.any(angles.imag != 0):
-            raise DeviceError(f"{op.name} got a complex angle; angles must be real.")
-        angles = angles.real
-    angles = angles.astype(np.float64)
+def compiles_by_gate(op: Operator) -> bool:
+    """Whether ``op`` compiles to one step per gate it holds: a native template
+    (templates.py) or a run of rotations (rotations.py)."""
+    return isinstance(op, PauliRotations) or is_native_template(op)
+
+
+def _gate_instructions(op: Operator, layout: Program) -> list[tuple[Instruction, int | None, int]]:
+    """One instruction per gate of ``op`` (``compiles_by_gate``), its ``source`` the gate,
+    with the step's parameter position and element (see ``Program.origins``)."""
+    if isinstance(op, PauliRotations):
+        angles = real_angles(op.data, op.name)
+        gates = structure(op.hyperparameters["gates"])
+        return [
+            (_gate_rotation(gate, angles[j : j + 1], layout), j, 0) for j, gate in enumerate(gates)
+        ]
+    angles = angles_by_element(op)
     return [
-        Instruction(
-            Kind.PAULI_ROTATION,
-            targets=layout.targets(gate.wires),
-            paulis=word[::-1],
-            data=angles[j : j + 1],
-            source=gate,
-        )
-        for j, (gate, (_, _, word)) in enumerate(
-            zip(structure(op.hyperparameters["gates"]), op.hyperparameters["gates"], strict=True)
-        )
+        (compile_operation(gate, layout)[0], None, 0)
+        if element is None
+        else (_gate_rotation(gate, angles[element], layout), 0, element)
+        for gate, element in template_gates(op)
     ]
 
 
-def _template_instructions(op: Operator, layout: Program) -> list[tuple[Instruction, int | None]]:
-    """One instruction per gate of a native template, its ``source`` the gate, with the
-    gate's element (see templates.py)."""
-    angles = angles_by_element(op)
-    compiled = []
-    for gate, element in template_gates(op):
-        if element is None:
-            (instruction,) = compile_operation(gate, layout)
-        else:
-            instruction = Instruction(
-                Kind.PAULI_ROTATION,
-                targets=layout.targets(gate.wires),
-                paulis=rotation_word(gate)[::-1],
-                data=angles[element],
-                source=gate,
-            )
-        compiled.append((instruction, element))
-    return compiled
+def _gate_rotation(gate: Operator, angles: np.ndarray, layout: Program) -> Instruction:
+    """The rotation ``gate`` (standing for its structure) with ``angles`` (1 or B,)."""
+    return Instruction(
+        Kind.PAULI_ROTATION,
+        targets=layout.targets(gate.wires),
+        paulis=rotation_word(gate)[::-1],
+        data=angles,
+        source=gate,
+    )
 
 
 def _batched(values, trailing_dims: int) -> np.ndarray:
@@ -361,7 +350,7 @@ def _(
 
 @compile_operation.register
 def _(op: PauliRotations, layout: Program) -> list[Instruction]:
-    return _run_instructions(op, layout)
+    return [instruction for instruction, _, _ in _gate_instructions(op, layout)]
 
 
 def _rotation(op: Operator, word: str, layout: Program) -> Instruction:
@@ -395,12 +384,7 @@ def _real_angles(op: Operator) -> np.ndarray:
         return np.array([value])
     if type(value) is np.ndarray and value.shape == () and value.dtype == np.float64:
         return value.reshape(1)
-    angles = _batched(value, 0)
-    if np.iscomplexobj(angles):
-        if np.any(angles.imag != 0):
-            raise DeviceError(f"{op.name} got a complex angle {op.data[0]}; angles must be real.")
-        angles = angles.real
-    return angles.astype(np.float64)
+    return real_angles(_batched(value, 0), op.name)
 
 
 @compile_operation.register
@@ -422,7 +406,7 @@ def _(
 ) -> list[Instruction]:
     if not is_native_template(op):
         return [_matrix_instruction(op, layout)]
-    return [instruction for instruction, _ in _template_instructions(op, layout)]
+    return [instruction for instruction, _, _ in _gate_instructions(op, layout)]
 
 
 @compile_operation.register

@@ -16,7 +16,9 @@ from __future__ import annotations
 import functools
 from collections import Counter
 
+import numpy as np
 import pennylane as qml
+from pennylane.exceptions import DeviceError
 from pennylane.operation import Operation, Operator
 from pennylane.ops.functions import bind_new_parameters
 from pennylane.resource import Resources, ResourcesOperation
@@ -43,6 +45,17 @@ def rotation_word(op: Operator) -> str:
     if isinstance(op, qml.MultiRZ):
         return "Z" * len(op.wires)
     return op.hyperparameters["pauli_word"]
+
+
+def real_angles(values, name: str) -> np.ndarray:
+    """``values`` as float64 angles. A complex angle with a zero imaginary part (PennyLane
+    casts parameters to complex to differentiate a state) is taken as real."""
+    angles = np.asarray(values)
+    if np.iscomplexobj(angles):
+        if np.any(angles.imag != 0):
+            raise DeviceError(f"{name} got a complex angle; angles must be real.")
+        angles = angles.real
+    return angles.astype(np.float64)
 
 
 def gate_of(op: Operator) -> Gate:

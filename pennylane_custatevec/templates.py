@@ -30,8 +30,9 @@ import functools
 
 import numpy as np
 import pennylane as qml
-from pennylane.exceptions import DeviceError
 from pennylane.operation import Operator
+
+from .rotations import real_angles
 
 _UNBATCHED_NDIM = {
     qml.StronglyEntanglingLayers: 3,
@@ -116,11 +117,7 @@ def _angle_embedding(wires: tuple, rotation) -> tuple:
 def angles_by_element(op: Operator) -> np.ndarray:
     """The native template's parameter as float64 (elements, 1 or B): row e holds the
     angles of element e, one per state vector."""
-    value = np.asarray(op.data[0])
-    if np.iscomplexobj(value):
-        if np.any(value.imag != 0):
-            raise DeviceError(f"{op.name} got complex angles; its angles must be real.")
-        value = value.real
+    value = real_angles(op.data[0], op.name)
     unbatched = value.ndim - (op.batch_size is not None)
-    rows = value.astype(np.float64).reshape((-1, int(np.prod(value.shape[-unbatched:]))))
+    rows = value.reshape((-1, int(np.prod(value.shape[-unbatched:]))))
     return np.ascontiguousarray(rows.T)
