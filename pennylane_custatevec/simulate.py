@@ -97,8 +97,10 @@ def final_state(backend: Backend, program: Program) -> tuple[StateBatch, np.ndar
 def _prepared_state(backend: Backend, program: Program) -> tuple[StateBatch, int]:
     """The state after the program's leading one-qubit gates, and how many they are: from
     |0...0> they prepare a product state, which the backend builds in one pass instead of
-    one pass per gate."""
-    if program.initial_state is not None:
+    one pass per gate. Batches under the backend's ``min_product_state_amplitudes`` start
+    from |0...0>."""
+    amplitudes = program.batch_size << program.num_qubits
+    if program.initial_state is not None or amplitudes < backend.min_product_state_amplitudes:
         return initial_state(backend, program, program.batch_size), 0
     factors: dict[int, np.ndarray] = {}
     count = 0

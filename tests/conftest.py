@@ -28,7 +28,9 @@ AUTO_BACKEND = "custatevec" if custatevec.unavailable_reason() is None else "cpu
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "real_fusion_threshold: keep the CPU backend's min_fused_amplitudes"
+        "markers",
+        "real_size_thresholds: keep the CPU backend's min_fused_amplitudes and "
+        "min_product_state_amplitudes",
     )
 
 
@@ -42,12 +44,14 @@ def pytest_sessionstart(session):
 
 
 @pytest.fixture(autouse=True)
-def fuse_small_circuits(request, monkeypatch):
-    """The CPU backend fuses every batch, however small: the tests' circuits are far below
-    the size where fusion starts to pay (``min_fused_amplitudes``), and the fused paths
-    must be exercised on them. Tests marked ``real_fusion_threshold`` keep the threshold."""
-    if request.node.get_closest_marker("real_fusion_threshold") is None:
+def no_size_thresholds(request, monkeypatch):
+    """The CPU backend fuses every batch and prepares every product state, however small:
+    the tests' circuits are far below the sizes where these start to pay
+    (``min_fused_amplitudes``, ``min_product_state_amplitudes``), and both paths must be
+    exercised on them. Tests marked ``real_size_thresholds`` keep the thresholds."""
+    if request.node.get_closest_marker("real_size_thresholds") is None:
         monkeypatch.setattr(CPUBackend, "min_fused_amplitudes", 0)
+        monkeypatch.setattr(CPUBackend, "min_product_state_amplitudes", 0)
 
 
 @pytest.fixture

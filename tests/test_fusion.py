@@ -423,15 +423,9 @@ def test_leading_one_qubit_gates_prepare_a_product_state(case, dtype, monkeypatc
     ops = [*leading, qml.CNOT(wires[:2]), *random_operations(rng, wires, 12)]
     program = compile_tape(qml.tape.QuantumScript(ops, [qml.state()]), None)
     backend = CPUBackend(dtype)
-    calls = []
-    product_state = backend.product_state
-    monkeypatch.setattr(
-        backend, "product_state", lambda *args: calls.append(args) or product_state(*args)
-    )
+    calls = _record_product_states(backend, monkeypatch)
     state, _ = simulate.final_state(backend, program)
-    expected = backend.zero_state(program.num_qubits, program.batch_size)
-    for instruction in program.instructions:
-        simulate.apply_instruction(backend, expected, instruction)
+    expected = _gate_by_gate(backend, program)
     assert state.dtype == dtype and state.shape == expected.shape
     np.testing.assert_allclose(state, expected, atol=1e-5 if dtype == np.complex64 else ATOL)
     if case == "no_leading_gate":
@@ -441,6 +435,43 @@ def test_leading_one_qubit_gates_prepare_a_product_state(case, dtype, monkeypatc
         touched = {w for op in leading for w in op.wires}
         assert n_qubits == 6 and list(bits) == sorted(program.bits(touched))
         assert factors.shape == (program.batch_size, len(touched), 2)
+
+
+@pytest.mark.real_size_thresholds
+@pytest.mark.parametrize(
+    "n_wires, batch, prepared", [(4, 1, False), (16, 1, False), (17, 1, True), (12, 32, True)]
+)
+def test_small_batches_apply_leading_gates_one_by_one(n_wires, batch, prepared, monkeypatch):
+    """On the CPU a batch under min_product_state_amplitudes (2**17) applies its leading
+    one-qubit gates from |0...0> (at 4 qubits gate by gate took 15 us, the product state
+    127 us); from there on they prepare a product state. Both give the same state."""
+    assert CPUBackend.min_product_state_amplitudes == 1 << 17
+    rng = np.random.default_rng(stable_seed("product-threshold", n_wires, batch))
+    size = (batch,) if batch > 1 else ()
+    ops = [qml.RY(rng.uniform(-3, 3, size=size), w) for w in range(n_wires)]
+    program = compile_tape(qml.tape.QuantumScript([*ops, qml.CNOT([0, 1])], [qml.state()]), None)
+    backend = CPUBackend()
+    calls = _record_product_states(backend, monkeypatch)
+    state, _ = simulate.final_state(backend, program)
+    assert len(calls) == int(prepared)
+    np.testing.assert_allclose(state, _gate_by_gate(backend, program), atol=ATOL)
+
+
+def _record_product_states(backend, monkeypatch) -> list:
+    """The arguments of every backend.product_state call, appended as they happen."""
+    calls = []
+    product_state = backend.product_state
+    monkeypatch.setattr(
+        backend, "product_state", lambda *args: calls.append(args) or product_state(*args)
+    )
+    return calls
+
+
+def _gate_by_gate(backend, program):
+    state = backend.zero_state(program.num_qubits, program.batch_size)
+    for instruction in program.instructions:
+        simulate.apply_instruction(backend, state, instruction)
+    return state
 
 
 @pytest.mark.parametrize("k", range(7))
@@ -523,7 +554,7 @@ def test_z_rotation_run_program_equals_unfused(broadcast):
     np.testing.assert_allclose(state, expected, atol=ATOL, rtol=0)
 
 
-@pytest.mark.real_fusion_threshold
+@pytest.mark.real_size_thresholds
 @pytest.mark.parametrize(
     "n_wires, batch, fused", [(4, 1, False), (12, 1, False), (13, 1, True), (8, 32, True)]
 )

@@ -39,6 +39,10 @@ class Backend(Protocol):
     min_fused_amplitudes: int
     """Batches of fewer amplitudes (vectors x 2**n) run unfused: there, building blocks
     costs more host time than the kernel passes they save."""
+    min_product_state_amplitudes: int
+    """Batches of fewer amplitudes start from |0...0> and apply their leading one-qubit
+    gates one by one: there, tabulating the product state costs more host time than the
+    kernel passes it saves."""
 
     def available_bytes(self) -> int:
         """Memory that new state vectors may use now."""

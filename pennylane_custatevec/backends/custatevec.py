@@ -172,6 +172,7 @@ class CuStateVecBackend:
     block_costs = None  # bandwidth-bound: a block on up to ~5 bits costs one pass (fuse greedily)
     fuses_z_rotations = False  # Z words are cheap there, and join the greedy dense blocks
     min_fused_amplitudes = 0  # every fused block saves a kernel launch
+    min_product_state_amplitudes = 0  # one kernel launch instead of one per gate
 
     def __init__(
         self,
