@@ -100,7 +100,7 @@ class Program:
 
     def bits(self, wires: Sequence) -> tuple[int, ...]:
         """State bits of ``wires``, in the order given."""
-        return tuple(self._bit_of[w] for w in wires)
+        return tuple(map(self._bit_of.__getitem__, wires))
 
     def targets(self, wires: Sequence) -> tuple[int, ...]:
         """Little-endian targets of an operator on ``wires`` (first wire most significant)."""

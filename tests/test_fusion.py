@@ -439,13 +439,13 @@ def test_leading_one_qubit_gates_prepare_a_product_state(case, dtype, monkeypatc
 
 @pytest.mark.real_size_thresholds
 @pytest.mark.parametrize(
-    "n_wires, batch, prepared", [(4, 1, False), (16, 1, False), (17, 1, True), (12, 32, True)]
+    "n_wires, batch, prepared", [(4, 1, False), (8, 64, False), (15, 1, True), (10, 32, True)]
 )
 def test_small_batches_apply_leading_gates_one_by_one(n_wires, batch, prepared, monkeypatch):
-    """On the CPU a batch under min_product_state_amplitudes (2**17) applies its leading
+    """On the CPU a batch under min_product_state_amplitudes (2**15) applies its leading
     one-qubit gates from |0...0> (at 4 qubits gate by gate took 15 us, the product state
     127 us); from there on they prepare a product state. Both give the same state."""
-    assert CPUBackend.min_product_state_amplitudes == 1 << 17
+    assert CPUBackend.min_product_state_amplitudes == 1 << 15
     rng = np.random.default_rng(stable_seed("product-threshold", n_wires, batch))
     size = (batch,) if batch > 1 else ()
     ops = [qml.RY(rng.uniform(-3, 3, size=size), w) for w in range(n_wires)]

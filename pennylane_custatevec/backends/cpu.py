@@ -107,10 +107,12 @@ class CPUBackend:
     """Measured with benchmarks/kernels.py-style timings at 20 qubits (2 cores): a dense
     block on w bits against a single-qubit rotation; the 3- to 6-bit blocks share the
     generic kernel, compute-bound."""
-    min_product_state_amplitudes = 1 << 17
-    """Measured with one RX per wire (2 cores): gate by gate took 15 us against 127 us at
-    4 qubits, 962 us against 1117 us at 16; the product state took 1.8 ms against 2.4 ms
-    on 64 vectors of 12 qubits (2**18 amplitudes) and 6.6 ms against 19.3 ms at 20 qubits."""
+    min_product_state_amplitudes = 1 << 15
+    """Measured with one gate per wire (2 cores): gate by gate took 15 us against the
+    product state's 127 us at 4 qubits (RX), 153 us against 406 us on 64 vectors of 8
+    qubits; at 15 qubits the two tie for RX and the product state wins for Hadamards
+    (0.57 against 0.73 ms); at 16 it wins (0.8 against 0.92 ms for RX, 1.4 ms for
+    Hadamards), at 20 qubits 6.6 against 19.3 ms."""
 
     def __init__(self, dtype: np.dtype = np.complex128):
         self.dtype = np.dtype(dtype)
