@@ -295,9 +295,7 @@ def sweep(
     rows = bras.shape[0] // batch
     gradients = np.zeros((batch, rows, n_columns))
     fusion_qubits = fusion.width(layout, fusion_qubits, backend.min_fused_amplitudes)
-    units = fusion.fuse(
-        layout, steps, fusion_qubits, backend.block_costs, backend.fuses_z_rotations
-    )
+    units = fusion.fuse(layout, steps, fusion_qubits, **fusion.backend_traits(backend))
     trainable = [p for p, fused in enumerate(units) if _members(fused.unit) & columns.keys()]
     if not trainable:
         return gradients
@@ -316,6 +314,12 @@ def sweep(
                 phi, bras, instruction.data, instruction.z_masks
             )
             reductions.append((unit, None, reduction))
+        elif isinstance(unit, fusion.Rotations):
+            (instruction,) = fused.instructions
+            reduction = backend.adjoint_rotations_step(
+                phi, bras, instruction.data, instruction.paulis, instruction.targets
+            )
+            reductions.append((unit, None, reduction))
         elif isinstance(unit, fusion.Block) and not _rotation_step_pays(
             backend, layout, steps, fused
         ):
@@ -332,8 +336,8 @@ def sweep(
             )
     reduced = backend.gather([reduction for *_, reduction in reductions])
     for (unit, matrices, _), t in zip(reductions, reduced, strict=True):
-        if isinstance(unit, fusion.ZRun):
-            # every rotation commutes with the run: G_j = -Z_j/2 at the run's end
+        if isinstance(unit, (fusion.ZRun, fusion.Rotations)):
+            # every rotation commutes with the others: G_j = -P_j/2 at the unit's end
             for j, member in enumerate(unit.members):
                 if member in columns:
                     gradients[:, :, columns[member]] += np.real(-0.5j * t[:, :, j])

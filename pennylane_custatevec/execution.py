@@ -90,7 +90,7 @@ def _run_analytic_batch(
     fusion_qubits = fusion.width(layout, fusion_qubits, backend.min_fused_amplitudes)
     if fusion_qubits > 1:
         program = fusion.fused_program(
-            layout, steps, fusion_qubits, backend.block_costs, backend.fuses_z_rotations
+            layout, steps, fusion_qubits, **fusion.backend_traits(backend)
         )
     else:
         program = flatten(layout, steps)

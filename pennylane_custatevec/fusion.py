@@ -19,6 +19,11 @@ a block costs one pass over memory whatever its width up to 5 or so (no costs: g
 a CPU a dense 2**k x 2**k product is compute-bound beyond one bit, so wide blocks pay only
 when they absorb many gates.
 
+Two kinds of unit apply several rotations in one pass without a dense matrix: a ZRun
+gathers commuting Z-word rotations (QAOA cost layers), and Rotations pairs adjacent
+one-qubit rotations on distinct bits that would each be a block of their own (QAOA mixers),
+as many as the backend's ``rotations_per_pass``.
+
 Matrices follow the backends' conventions: a block's ``targets`` are its bits in ascending
 order and ``targets[j]`` is bit ``j`` of the block's matrix index; batched data has a
 leading axis of length 1 or B.
@@ -62,7 +67,16 @@ class ZRun:
     members: tuple[int, ...]
 
 
-Unit = Block | Single | ZRun
+@dataclasses.dataclass(frozen=True)
+class Rotations:
+    """Adjacent one-qubit rotations exp(-i theta/2 P) on distinct bits (a QAOA mixer
+    layer) that would each be a block of their own, applied as one ROTATIONS instruction:
+    one pass for up to the backend's ``rotations_per_pass`` of them."""
+
+    members: tuple[int, ...]
+
+
+Unit = Block | Single | ZRun | Rotations
 
 
 def step_bits(layout: Program, op, instructions: Sequence[Instruction]) -> tuple[int, ...] | None:
@@ -83,13 +97,55 @@ def plan(
     max_qubits: int,
     block_costs: tuple[float, ...] | None = None,
     z_rotations: Sequence[bool] | None = None,
+    one_qubit_rotations: Sequence[bool] | None = None,
+    rotations_per_pass: int = 1,
 ) -> tuple[Unit, ...]:
     """The units of a circuit whose operations touch ``bits_per_step`` (module docstring).
     ``z_rotations`` flags the operations that are rotations exp(-i theta/2 Z_word): with
     fusion on, those on two bits or more gather into ZRuns (a rotation joins the last run
-    that comes no earlier than the last unit touching its bits)."""
-    flags = tuple(z_rotations) if z_rotations is not None else (False,) * len(bits_per_step)
-    return _cached_plan(tuple(bits_per_step), max_qubits, block_costs, flags)
+    that comes no earlier than the last unit touching its bits). ``one_qubit_rotations``
+    flags the one-qubit rotations exp(-i theta/2 P): with fusion on, up to
+    ``rotations_per_pass`` adjacent blocks of one such rotation each, on distinct bits,
+    become one Rotations unit."""
+    count = len(bits_per_step)
+    z_flags = tuple(z_rotations) if z_rotations is not None else (False,) * count
+    rotation_flags = (
+        tuple(one_qubit_rotations) if one_qubit_rotations is not None else (False,) * count
+    )
+    units = _cached_plan(tuple(bits_per_step), max_qubits, block_costs, z_flags)
+    if max_qubits <= 1 or rotations_per_pass < 2:
+        return units
+    return _paired_rotations(units, rotation_flags, rotations_per_pass)
+
+
+@functools.lru_cache(maxsize=256)
+def _paired_rotations(units: tuple[Unit, ...], flags: tuple, per_pass: int) -> tuple[Unit, ...]:
+    """``units`` with each run of adjacent one-rotation blocks on distinct bits cut into
+    Rotations of up to ``per_pass`` members (adjacent units run back to back, so nothing
+    moves across another operation)."""
+    paired: list[Unit] = []
+    group: list[Block] = []
+
+    def close() -> None:
+        if len(group) > 1:
+            paired.append(Rotations(tuple(block.members[0] for block in group)))
+        else:
+            paired.extend(group)
+        group.clear()
+
+    for unit in units:
+        lone_rotation = (
+            isinstance(unit, Block) and len(unit.members) == 1 and flags[unit.members[0]]
+        )
+        if not lone_rotation:
+            close()
+            paired.append(unit)
+            continue
+        if len(group) == per_pass or any(block.targets == unit.targets for block in group):
+            close()
+        group.append(unit)
+    close()
+    return tuple(paired)
 
 
 class _OpenRun:
@@ -187,6 +243,16 @@ class Fused:
     member_matrices: list[np.ndarray] | None = None
 
 
+def backend_traits(backend) -> dict:
+    """What fusion takes from a backend (see ``plan``), as keyword arguments of ``fuse``
+    and ``fused_program``."""
+    return {
+        "block_costs": backend.block_costs,
+        "z_runs": backend.fuses_z_rotations,
+        "rotations_per_pass": backend.rotations_per_pass,
+    }
+
+
 def width(layout: Program, max_qubits: int, min_amplitudes: int) -> int:
     """The largest block for ``layout``'s batch: ``max_qubits``, or 1 (no fusion) when the
     batch holds fewer than ``min_amplitudes`` amplitudes, where building the blocks costs
@@ -200,18 +266,20 @@ def fuse(
     max_qubits: int,
     block_costs: tuple[float, ...] | None = None,
     z_runs: bool = False,
+    rotations_per_pass: int = 1,
 ) -> list[Fused]:
     """The units of ``steps``. A block of one operation runs as that operation's own
     instructions (a CNOT stays a permutation); its matrix is built only if asked for.
+    ``z_runs`` and ``rotations_per_pass`` are the backend's (see ``plan``).
 
     The last few results are kept, for the same ``steps`` object (the forward pass and the
     adjoint sweep that follows fuse one compilation; the cache holds the steps, so their
     identity cannot be reused while cached)."""
-    key = (id(steps), max_qubits, block_costs, z_runs)
+    key = (id(steps), max_qubits, block_costs, z_runs, rotations_per_pass)
     kept = _RECENT.get(key)
     if kept is not None and kept[0] is steps and kept[1] is layout:
         return kept[2]
-    fused = _fuse(layout, steps, max_qubits, block_costs, z_runs)
+    fused = _fuse(layout, steps, max_qubits, block_costs, z_runs, rotations_per_pass)
     _RECENT[key] = (steps, layout, fused)
     while len(_RECENT) > _RECENT_SIZE:
         _RECENT.popitem(last=False)
@@ -222,14 +290,23 @@ _RECENT: collections.OrderedDict = collections.OrderedDict()
 _RECENT_SIZE = 8
 
 
-def _fuse(layout: Program, steps: Steps, max_qubits: int, block_costs, z_runs) -> list[Fused]:
+def _fuse(
+    layout: Program, steps: Steps, max_qubits: int, block_costs, z_runs, rotations_per_pass
+) -> list[Fused]:
     bits = [step_bits(layout, op, instructions) for op, instructions in steps]
-    flags = [z_runs and is_z_rotation(op, instructions) for op, instructions in steps]
-    units = plan(bits, max_qubits, block_costs, flags)
+    rotations = [plain_rotation(op, instructions) for op, instructions in steps]
+    z_flags = [z_runs and is_z_rotation(rotation) for rotation in rotations]
+    rotation_flags = [
+        rotations_per_pass > 1 and is_one_qubit_rotation(rotation) for rotation in rotations
+    ]
+    units = plan(bits, max_qubits, block_costs, z_flags, rotation_flags, rotations_per_pass)
     fused = []
     for unit in units:
         if isinstance(unit, ZRun):
             fused.append(Fused(unit, [_z_rotations(steps, unit)]))
+            continue
+        if isinstance(unit, Rotations):
+            fused.append(Fused(unit, [_rotations(steps, unit)]))
             continue
         if isinstance(unit, Single) or len(unit.members) == 1:
             member = unit.member if isinstance(unit, Single) else unit.members[0]
@@ -244,19 +321,46 @@ def _fuse(layout: Program, steps: Steps, max_qubits: int, block_costs, z_runs) -
     return fused
 
 
-def is_z_rotation(op, instructions: Sequence[Instruction]) -> bool:
-    """Whether the operation is one rotation exp(-i theta/2 Z_word) compiled from itself
-    (its parameter is the angle: RZ, IsingZZ, MultiRZ, PauliRot of Z letters)."""
-    rotation = plain_rotation(op, instructions)
+def is_z_rotation(rotation: Instruction | None) -> bool:
+    """Whether an operation's ``plain_rotation`` (None: it is none) is exp(-i theta/2
+    Z_word) (RZ, IsingZZ, MultiRZ, PauliRot of Z letters)."""
     return rotation is not None and set(rotation.paulis) == {"Z"} and rotation.condition is None
+
+
+def is_one_qubit_rotation(rotation: Instruction | None) -> bool:
+    """Whether an operation's ``plain_rotation`` (None: it is none) is exp(-i theta/2 P),
+    P one letter X, Y or Z (RX, RY, RZ, and the gates of a run of rotations)."""
+    return (
+        rotation is not None
+        and len(rotation.targets) == 1
+        and rotation.paulis in ("X", "Y", "Z")
+        and rotation.condition is None
+    )
 
 
 def _z_rotations(steps: Steps, run: ZRun) -> Instruction:
     instructions = [steps[m][1][0] for m in run.members]
-    batch = max(ins.data.shape[0] for ins in instructions)
-    angles = np.stack([np.broadcast_to(ins.data, (batch,)) for ins in instructions], axis=1)
     masks = tuple(sum(1 << t for t in ins.targets) for ins in instructions)
-    return Instruction(Kind.Z_ROTATIONS, data=angles, z_masks=masks)
+    return Instruction(Kind.Z_ROTATIONS, data=_stacked_angles(instructions), z_masks=masks)
+
+
+def _rotations(steps: Steps, unit: Rotations) -> Instruction:
+    instructions = [steps[m][1][0] for m in unit.members]
+    return Instruction(
+        Kind.ROTATIONS,
+        targets=tuple(ins.targets[0] for ins in instructions),
+        paulis="".join(ins.paulis for ins in instructions),
+        data=_stacked_angles(instructions),
+    )
+
+
+def _stacked_angles(instructions: Sequence[Instruction]) -> np.ndarray:
+    """The rotations' angles as (1 or B, J): column j from instruction j."""
+    columns = [ins.data for ins in instructions]
+    batch = max(column.shape[0] for column in columns)
+    if any(column.shape[0] != batch for column in columns):
+        columns = [np.broadcast_to(column, (batch,)) for column in columns]
+    return np.array(columns).T
 
 
 def fused_program(
@@ -265,9 +369,10 @@ def fused_program(
     max_qubits: int,
     block_costs: tuple[float, ...] | None = None,
     z_runs: bool = False,
+    rotations_per_pass: int = 1,
 ) -> Program:
     """``layout`` with the fused instructions of ``steps``."""
-    fused = fuse(layout, steps, max_qubits, block_costs, z_runs)
+    fused = fuse(layout, steps, max_qubits, block_costs, z_runs, rotations_per_pass)
     instructions = tuple(ins for unit in fused for ins in unit.instructions)
     return dataclasses.replace(layout, instructions=instructions)
 

@@ -44,6 +44,7 @@ class Kind(enum.Enum):
     PAULI = "pauli"
     PAULI_ROTATION = "pauli_rotation"
     Z_ROTATIONS = "z_rotations"
+    ROTATIONS = "rotations"
     PHASE = "phase"
     MID_MEASURE = "mid_measure"
     POSTSELECT = "postselect"
@@ -56,7 +57,9 @@ class Instruction:
     ``data`` holds, by kind: MATRIX (1 or B, 2**k, 2**k) matrices; DIAGONAL (1 or B, 2**k);
     PAULI_ROTATION (1 or B,) angles of exp(-i angle/2 P); Z_ROTATIONS (1 or B, J) the
     angles of J commuting rotations exp(-i angle_j/2 Z_j), Z_j the word of Z letters on
-    the bits of ``z_masks[j]``; PHASE (1 or B,) factors;
+    the bits of ``z_masks[j]``; ROTATIONS (1 or B, m) the angles of m one-qubit rotations
+    exp(-i angle_j/2 P_j) on the distinct bits ``targets[j]``, P_j the letter
+    ``paulis[j]``; PHASE (1 or B,) factors;
     POSTSELECT (1, 2**k, 2**k) the projector; PAULI and MID_MEASURE nothing.
     ``condition`` makes the instruction act only on the state vectors (shots) whose
     mid-circuit measurements satisfy it.
@@ -473,7 +476,7 @@ def inverse(instruction: Instruction) -> Instruction:
         data = np.conj(np.swapaxes(data, -1, -2))
     elif kind in (Kind.DIAGONAL, Kind.PHASE):
         data = np.conj(data)
-    elif kind in (Kind.PAULI_ROTATION, Kind.Z_ROTATIONS):
+    elif kind in (Kind.PAULI_ROTATION, Kind.Z_ROTATIONS, Kind.ROTATIONS):
         data = -data
     elif kind is not Kind.PAULI:
         raise ValueError(f"{kind} has no inverse")

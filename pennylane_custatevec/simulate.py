@@ -70,6 +70,8 @@ def apply_instruction(backend: Backend, state: StateBatch, instruction: Instruct
         backend.apply_pauli(state, instruction.paulis, *args)
     elif kind is Kind.Z_ROTATIONS:
         backend.apply_z_rotations(state, instruction.data, instruction.z_masks)
+    elif kind is Kind.ROTATIONS:
+        backend.apply_rotations(state, instruction.data, instruction.paulis, instruction.targets)
     elif kind is Kind.PHASE:
         backend.scale(state, instruction.data)
     else:
@@ -107,10 +109,11 @@ def _prepared_state(backend: Backend, program: Program) -> tuple[StateBatch, int
     for instruction in program.instructions:
         if not _is_one_qubit_gate(instruction):
             break
-        (bit,) = instruction.targets
-        matrix, _ = instruction_matrix(instruction)
-        ket = factors.get(bit, _ZERO_KET)
-        factors[bit] = np.matmul(matrix, ket[..., None])[..., 0]
+        for gate in _one_qubit_gates(instruction):
+            (bit,) = gate.targets
+            matrix, _ = instruction_matrix(gate)
+            ket = factors.get(bit, _ZERO_KET)
+            factors[bit] = np.matmul(matrix, ket[..., None])[..., 0]
         count += 1
     if count == 0:
         return initial_state(backend, program, program.batch_size), 0
@@ -127,12 +130,25 @@ _ONE_QUBIT_KINDS = frozenset({Kind.MATRIX, Kind.DIAGONAL, Kind.PAULI_ROTATION, K
 
 
 def _is_one_qubit_gate(instruction: Instruction) -> bool:
+    """Whether the instruction is made of one-qubit gates (a gate, or ROTATIONS)."""
     return (
-        instruction.kind in _ONE_QUBIT_KINDS
-        and len(instruction.targets) == 1
+        (
+            instruction.kind is Kind.ROTATIONS
+            or (instruction.kind in _ONE_QUBIT_KINDS and len(instruction.targets) == 1)
+        )
         and not instruction.controls
         and instruction.condition is None
     )
+
+
+def _one_qubit_gates(instruction: Instruction) -> list[Instruction]:
+    """The one-qubit gates of a ``_is_one_qubit_gate`` instruction."""
+    if instruction.kind is not Kind.ROTATIONS:
+        return [instruction]
+    return [
+        Instruction(Kind.PAULI_ROTATION, targets=(bit,), paulis=letter, data=instruction.data[:, j])
+        for j, (letter, bit) in enumerate(zip(instruction.paulis, instruction.targets, strict=True))
+    ]
 
 
 def _postselect(backend: Backend, state: StateBatch, instruction: Instruction) -> np.ndarray:

@@ -868,6 +868,20 @@ def _kernel_args(name, state, rng):
         per = _cpu_kernels.chunks_per_vector(batch, state.shape[1] >> 1)
         partial = np.empty((batch * per, rows, 2, 2), dtype=complex)
         return (bras, adjoints, target, sort([target]), partial)
+    if name == "apply_rotation_pair":
+        return (
+            rng.uniform(-3, 3, size=(batch, 2)),
+            np.array([1, 2]),
+            np.array([n - 1, 0]),
+            sort([n - 1, 0]),
+        )
+    if name == "rotation_pair_step":  # the state is phi; then bras, angles, placement, sums
+        rows, targets = 2, [2, n - 2]
+        bras = np.repeat(state[::-1], rows, axis=0) * (1 - 0.5j)
+        per = _cpu_kernels.chunks_per_vector(batch, state.shape[1] >> 2)
+        partial = np.empty((batch * per, rows, 2), dtype=complex)
+        angles = rng.uniform(-3, 3, size=(1, 2))
+        return (bras, angles, np.array([3, 1]), np.array(targets), sort(targets), partial)
     if name == "product_state":  # the state is overwritten; tables of the set bits
         zero_bits = sort([2, n - 1])
         low_count = (n - 2) // 2
@@ -891,7 +905,7 @@ def test_threaded_kernel_equals_serial_kernel(name, shape, big_states):
         fn(state, *fn_args)
         out = fn_args[-1] if name.startswith(("inner", "marginal", "low_sign")) else state
         outputs.append(out)
-        if name.startswith("block_step") or name == "z_rotations_step":  # bras, sums, phi
+        if name.startswith("block_step") or name in ("z_rotations_step", "rotation_pair_step"):
             extras.append((fn_args[0], fn_args[-1]))
     np.testing.assert_allclose(outputs[0], outputs[1], atol=1e-12)
     for threaded_out, serial_out in zip(*extras, strict=True):
@@ -1074,6 +1088,61 @@ def check_z_rotations(backend):
 @pytest.mark.parametrize("dtype", [np.complex128, np.complex64])
 def test_z_rotations(dtype):
     check_z_rotations(CPUBackend(dtype))
+
+
+ROTATION_CASES = [  # n, paulis, targets, angles (1 or B, 2), batch, rows
+    (3, "XY", (0, 2), [[0.3, -1.1]], 1, 1),
+    (5, "ZX", (4, 1), [[0.7, 2.0], [-0.4, 0.9]], 2, 2),
+    (6, "YY", (5, 0), [[1.3, 0.2]], 2, 3),
+    (7, "XZ", (3, 4), [[-2.1, 0.6], [0.5, 1.7], [0.0, -0.8]], 3, 1),
+]
+
+
+def check_rotations(backend):
+    """apply_rotations equals the rotations one by one (apply_pauli_rotation), and
+    adjoint_rotations_step returns <bra|P_j|phi> and undoes them on phi and the bras."""
+    tol = TOL[backend.dtype.type]
+    for n, paulis, targets, angles, batch, rows in ROTATION_CASES:
+        rng = np.random.default_rng(stable_seed("rotations", n, paulis))
+        angles = np.array(angles)
+        per_vector = np.broadcast_to(angles, (batch, 2))
+        psi = random_state(n, rng, batch).reshape(batch, -1)
+        bras = rng.normal(size=(batch * rows, 2**n)) + 1j * rng.normal(size=(batch * rows, 2**n))
+        expected = backend.from_host(psi)
+        for j, (letter, bit) in enumerate(zip(paulis, targets, strict=True)):
+            backend.apply_pauli_rotation(expected, angles[:, j], letter, (bit,))
+        state = backend.from_host(psi)
+        backend.apply_rotations(state, angles, paulis, targets)
+        np.testing.assert_allclose(backend.to_host(state), backend.to_host(expected), atol=tol)
+        products = np.zeros((batch, rows, 2), dtype=complex)
+        for j, (letter, bit) in enumerate(zip(paulis, targets, strict=True)):
+            flipped = backend.copy(expected)
+            backend.apply_pauli(flipped, letter, (bit,))
+            flipped = backend.to_host(flipped)
+            for b in range(batch):
+                products[b, :, j] = np.conj(bras[b * rows : (b + 1) * rows]) @ flipped[b]
+        phi, bra_state = backend.copy(expected), backend.from_host(bras)
+        step = backend.adjoint_rotations_step(phi, bra_state, angles, paulis, targets)
+        np.testing.assert_allclose(backend.gather([step])[0], products, atol=tol * 10)
+        np.testing.assert_allclose(backend.to_host(phi), psi, atol=tol)
+        undone = backend.from_host(bras)
+        for j, (letter, bit) in enumerate(zip(paulis, targets, strict=True)):
+            backend.apply_pauli_rotation(undone, -np.repeat(per_vector[:, j], rows), letter, (bit,))
+        np.testing.assert_allclose(backend.to_host(bra_state), backend.to_host(undone), atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64])
+def test_rotations(dtype):
+    check_rotations(CPUBackend(dtype))
+
+
+@pytest.mark.parametrize("paulis, targets", [("XYZ", (0, 1, 2)), ("X", (0,)), ("XI", (0, 1))])
+def test_rotations_come_in_pairs_on_the_cpu(paulis, targets):
+    """The CPU backend runs ROTATIONS of two X, Y or Z letters (rotations_per_pass)."""
+    backend = CPUBackend()
+    state = backend.zero_state(3, 1)
+    with pytest.raises(ValueError, match="in pairs of X, Y or Z"):
+        backend.apply_rotations(state, np.zeros((1, len(paulis))), paulis, targets)
 
 
 def check_adjoint_block_step(backend):

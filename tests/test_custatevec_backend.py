@@ -28,6 +28,7 @@ from test_cpu_backend import (
     check_expval_pauli_words,
     check_gather,
     check_product_state,
+    check_rotations,
     check_state_management,
     check_z_rotations,
     dense_operator,
@@ -391,6 +392,7 @@ def test_sample_bit_order_unnormalised_and_edge_cases(make):
     [
         check_adjoint_block_step,
         check_z_rotations,
+        check_rotations,
         check_gather,
         check_concatenate,
         check_product_state,

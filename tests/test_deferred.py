@@ -862,30 +862,57 @@ def qaoa_circuit(gammas, betas, shared=True, broadcast_x=None):
     return qml.expval(cost), qml.probs(wires=[3, "z"])
 
 
+LAYER_VALUES = [[0.4, -0.9], [0.3, 1.2]]
+
+
+def assert_modes_match_backprop(circuit, seed, k, device_vjp, paths):
+    """Deferred equals eager (run_both_modes) and default.qubit's backprop."""
+    runs = run_both_modes(circuit, LAYER_VALUES, seed, k, device_vjp, paths=paths)
+    ref = qml.device("default.qubit", wires=WIRES)
+    reference = torch_run(circuit, ref, LAYER_VALUES, seed, diff_method="backprop")
+    assert_same_run(runs["deferred"], reference, atol=REF_ATOL)
+
+
 @VJP
 @pytest.mark.parametrize("shared", [True, False], ids=["shared_angle", "own_angles"])
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
 def test_z_rotation_runs(k, shared, device_vjp, paths, mocker):
     spy = mocker.spy(pennylane_custatevec.backends.cpu.CPUBackend, "adjoint_z_rotations_step")
-    values = [[0.4, -0.9], [0.3, 1.2]]
     circuit = functools.partial(qaoa_circuit, shared=shared)
-    runs = run_both_modes(circuit, values, 23, k, device_vjp, paths=paths)
-    ref = qml.device("default.qubit", wires=WIRES)
-    reference = torch_run(circuit, ref, values, 23, diff_method="backprop")
-    assert_same_run(runs["deferred"], reference, atol=REF_ATOL)
+    assert_modes_match_backprop(circuit, 23, k, device_vjp, paths)
     # with fusion on, each cost layer is one run in the sweep
     assert spy.call_count == (0 if k <= 1 else 2)
 
 
+def mixer_circuit(angles, entangling, broadcast_x=None):
+    """Layers of a CRZ ring and a mixer of RX and RY on every wire: the mixer's adjacent
+    lone rotations on distinct wires run in pairs on the CPU."""
+    for w in WIRES:
+        qml.Hadamard(w)
+    if broadcast_x is not None:
+        qml.RZ(broadcast_x, wires=WIRES[0])
+    for layer in range(2):
+        for i, w in enumerate(WIRES):
+            qml.CRZ(entangling[layer], wires=[w, WIRES[(i + 1) % len(WIRES)]])
+        for i, w in enumerate(WIRES):
+            (qml.RX if i % 2 == 0 else qml.RY)(angles[layer] * (0.5 + i), wires=w)
+    return qml.expval(qml.Z(WIRES[0]) @ qml.X(WIRES[2])), qml.probs(wires=[3, "z"])
+
+
 @VJP
-def test_z_rotation_runs_broadcast(device_vjp, paths):
-    """A broadcast tape: the runs' phases per vector (a broadcast angle in the layer)."""
-    x = np.array([0.2, -1.0, 2.5])
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_one_qubit_rotation_pairs(k, device_vjp, paths, mocker):
+    """With fusion on, each pair of the mixer's lone rotations is one step of the sweep
+    (5 wires: two pairs and a lone rotation per layer)."""
+    spy = mocker.spy(pennylane_custatevec.backends.cpu.CPUBackend, "adjoint_rotations_step")
+    assert_modes_match_backprop(mixer_circuit, 31, k, device_vjp, paths)
+    assert spy.call_count == (0 if k <= 1 else 4)
 
-    def circuit(gammas, betas):
-        return qaoa_circuit(gammas, betas, broadcast_x=x)
 
-    runs = run_both_modes(circuit, [[0.4, -0.9], [0.3, 1.2]], 29, 2, device_vjp, paths=paths)
-    ref = qml.device("default.qubit", wires=WIRES)
-    reference = torch_run(circuit, ref, [[0.4, -0.9], [0.3, 1.2]], 29, diff_method="backprop")
-    assert_same_run(runs["deferred"], reference, atol=REF_ATOL)
+@VJP
+@pytest.mark.parametrize("layers", [qaoa_circuit, mixer_circuit], ids=["z_runs", "pairs"])
+def test_rotation_units_broadcast(layers, device_vjp, paths):
+    """A broadcast tape (a broadcast angle before the layers): the runs' phases and the
+    pairs' angles per vector."""
+    circuit = functools.partial(layers, broadcast_x=np.array([0.2, -1.0, 2.5]))
+    assert_modes_match_backprop(circuit, 29, 2, device_vjp, paths)

@@ -533,6 +533,31 @@ def test_z_rotations_gather_into_runs():
     assert not any(isinstance(u, fusion.ZRun) for u in fusion.plan(bits, 1, costs, flags))
 
 
+def test_lone_one_qubit_rotations_pair_up():
+    """Adjacent blocks of one flagged rotation each, on distinct bits, become Rotations of
+    up to rotations_per_pass members; a block of several operations or of an unflagged
+    one stays as it is; with fusion or pairing off nothing changes."""
+    bits = [(0,), (1,), (2,), (2,), (3,), (0, 1), (1,), (0,), (3,), (2,)]
+    flags = [True, True, True, True, True, False, True, True, False, True]
+    costs = CPUBackend.block_costs
+    Rotations = fusion.Rotations
+    assert fusion.plan(bits, 2, costs, None, flags, 2) == (
+        Rotations((0, 1)),
+        Block((2,), (2, 3, 9)),  # rotations on one bit: a block, as without pairing
+        Block((3,), (4, 8)),
+        Block((0, 1), (5,)),  # an unflagged operation
+        Rotations((6, 7)),
+    )
+    assert fusion.plan(bits, 2, costs, None, flags, 3)[0] == Rotations((0, 1))
+    pairs = fusion.plan([(0,), (1,), (2,), (3,), (4,)], 2, costs, None, [True] * 5, 2)
+    assert pairs == (Rotations((0, 1)), Rotations((2, 3)), Block((4,), (4,)))
+    triples = fusion.plan([(0,), (1,), (2,), (3,), (4,)], 2, costs, None, [True] * 5, 3)
+    assert triples == (Rotations((0, 1, 2)), Rotations((3, 4)))
+    unpaired = fusion.plan(bits, 2, costs, None, flags, 1)
+    assert unpaired == fusion.plan(bits, 2, costs)
+    assert not any(isinstance(u, Rotations) for u in fusion.plan(bits, 1, costs, None, flags, 2))
+
+
 @pytest.mark.parametrize("broadcast", [False, True])
 def test_z_rotation_run_program_equals_unfused(broadcast):
     rng = np.random.default_rng(stable_seed("z-run-program", broadcast))

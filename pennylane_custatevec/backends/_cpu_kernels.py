@@ -283,6 +283,116 @@ def _rotation_step_1q(phi, bras, angles, letter, target, fixed_bits, out):
         out[r] = partial[:, r].sum()
 
 
+@numba.njit(cache=True, inline="always", fastmath=_FASTMATH)
+def _rotated_quad(a00, a01, a10, a11, cos0, sin0, letter0, cos1, sin1, letter1):
+    """Two one-qubit rotations on the four amplitudes of a work item, ``a<x1><x0>`` with
+    x0 the bit of rotation 0 and x1 that of rotation 1 (the rotations commute)."""
+    a00, a01 = _rotated(a00, a01, cos0, sin0, letter0)
+    a10, a11 = _rotated(a10, a11, cos0, sin0, letter0)
+    a00, a10 = _rotated(a00, a10, cos1, sin1, letter1)
+    a01, a11 = _rotated(a01, a11, cos1, sin1, letter1)
+    return a00, a01, a10, a11
+
+
+@numba.njit(cache=True, inline="always", fastmath=_FASTMATH)
+def _rotate_quad(vec, i0, s0, s1, cos0, sin0, letter0, cos1, sin1, letter1):
+    """``_rotated_quad`` in place on the amplitudes i0, i0 + s0, i0 + s1, i0 + s0 + s1."""
+    s01 = s0 | s1
+    vec[i0], vec[i0 + s0], vec[i0 + s1], vec[i0 + s01] = _rotated_quad(
+        vec[i0], vec[i0 + s0], vec[i0 + s1], vec[i0 + s01],
+        cos0, sin0, letter0, cos1, sin1, letter1,
+    )  # fmt: skip
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _half_angle_cos_sin(angles, sign):
+    """cos and sign * sin of angles[0] / 2 and angles[1] / 2."""
+    return (
+        np.cos(0.5 * angles[0]),
+        sign * np.sin(0.5 * angles[0]),
+        np.cos(0.5 * angles[1]),
+        sign * np.sin(0.5 * angles[1]),
+    )
+
+
+def _apply_rotation_pair(state, angles, letters, targets, fixed_bits):
+    """exp(-i angles[b, j]/2 P_j) for two one-qubit rotations on distinct bits (letters
+    1: X, 2: Y, 3: Z), in one pass: each work item's four amplitudes stay in registers.
+    ``angles``: (1 or B, 2)."""
+    batch, dim = state.shape
+    items, per, run_length, low0, low1, span = _work_layout(batch, dim, fixed_bits)
+    shared = angles.shape[0] == 1
+    s0, s1 = np.uint64(1 << targets[0]), np.uint64(1 << targets[1])
+    letter0, letter1 = letters[0], letters[1]
+    for job in numba.prange(batch * per):
+        b, i, hi = _job_range(job, per, items)
+        cos0, sin0, cos1, sin1 = _half_angle_cos_sin(angles[0] if shared else angles[b], 1.0)
+        vec = state[b]
+        while i < hi:
+            base, first, length = _run(i, hi, run_length, fixed_bits, 0)
+            item, end = first, first + length
+            while item < end:
+                count = _span_length(item, end, span)
+                start = np.uint64(base | _spread(item, low0, low1))
+                for k in range(count):
+                    i0 = start + np.uint64(k)
+                    _rotate_quad(vec, i0, s0, s1, cos0, sin0, letter0, cos1, sin1, letter1)
+                item += count
+            i += length
+
+
+def _rotation_pair_step(phi, bras, angles, letters, targets, fixed_bits, out):
+    """One adjoint step back through ``_apply_rotation_pair``, in one pass: out[job, r, j]
+    sums <bra_r|P_j|phi> over the job's work items (both at the pair's end: the rotations
+    commute), then both rotations are undone on phi_b and on its bras (rows b*R .. b*R+R-1)."""
+    batch, dim = phi.shape
+    rows = bras.shape[0] // batch
+    items, per, run_length, low0, low1, span = _work_layout(batch, dim, fixed_bits)
+    shared = angles.shape[0] == 1
+    s0, s1 = np.uint64(1 << targets[0]), np.uint64(1 << targets[1])
+    s01 = s0 | s1
+    letter0, letter1 = letters[0], letters[1]
+    fused = rows == 1  # one bra: phi is undone in the bra's loop, one pass over both
+    for job in numba.prange(batch * per):
+        b, i, hi = _job_range(job, per, items)
+        cos0, sin0, cos1, sin1 = _half_angle_cos_sin(angles[0] if shared else angles[b], -1.0)
+        ket = phi[b]
+        sums = np.zeros((rows, 2), dtype=np.complex128)
+        while i < hi:
+            base, first, length = _run(i, hi, run_length, fixed_bits, 0)
+            item, end = first, first + length
+            while item < end:
+                count = _span_length(item, end, span)
+                start = np.uint64(base | _spread(item, low0, low1))
+                for r in range(rows):
+                    bra = bras[b * rows + r]
+                    term0 = term1 = 0.0 + 0.0j
+                    for k in range(count):
+                        i0 = start + np.uint64(k)
+                        k00, k01, k10, k11 = ket[i0], ket[i0 + s0], ket[i0 + s1], ket[i0 + s01]
+                        l00, l01, l10, l11 = bra[i0], bra[i0 + s0], bra[i0 + s1], bra[i0 + s01]
+                        term0 += _letter_product(l00, l01, k00, k01, letter0)
+                        term0 += _letter_product(l10, l11, k10, k11, letter0)
+                        term1 += _letter_product(l00, l10, k00, k10, letter1)
+                        term1 += _letter_product(l01, l11, k01, k11, letter1)
+                        bra[i0], bra[i0 + s0], bra[i0 + s1], bra[i0 + s01] = _rotated_quad(
+                            l00, l01, l10, l11, cos0, sin0, letter0, cos1, sin1, letter1
+                        )
+                        if fused:
+                            ket[i0], ket[i0 + s0], ket[i0 + s1], ket[i0 + s01] = _rotated_quad(
+                                k00, k01, k10, k11, cos0, sin0, letter0, cos1, sin1, letter1
+                            )
+                    sums[r, 0] += term0
+                    sums[r, 1] += term1
+                if not fused:  # after every bra's products with phi
+                    for k in range(count):
+                        i0 = start + np.uint64(k)
+                        _rotate_quad(ket, i0, s0, s1, cos0, sin0, letter0, cos1, sin1, letter1)
+                item += count
+            i += length
+        out[job] = sums
+
+
 @numba.njit(cache=True, fastmath=_FASTMATH)
 def _low_diagonal_step(ket, bras, diag, signs, targets, out):
     """_diagonal_step where a target is among the three lowest bits: the factors then
@@ -1041,6 +1151,8 @@ _KERNELS = {
         _apply_z_phases,
         _z_rotations_step,
         _rotation_step_1q,
+        _apply_rotation_pair,
+        _rotation_pair_step,
         _diagonal_step,
         _marginal_probs,
         _product_state,

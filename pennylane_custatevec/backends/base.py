@@ -36,6 +36,9 @@ class Backend(Protocol):
     fuses_z_rotations: bool
     """Whether fusion gathers runs of commuting Z-word rotations (QAOA cost layers) into
     one Z_ROTATIONS instruction for this backend."""
+    rotations_per_pass: int
+    """How many one-qubit Pauli rotations on distinct bits fusion gathers into one
+    ROTATIONS instruction (``apply_rotations``); below 2, none."""
     min_fused_amplitudes: int
     """Batches of fewer amplitudes (vectors x 2**n) run unfused: there, building blocks
     costs more host time than the kernel passes they save."""
@@ -104,6 +107,14 @@ class Backend(Protocol):
         """psi <- prod_j exp(-i angles[:, j]/2 Z_j) psi, Z_j the word of Z letters on the
         bits set in ``z_masks[j]``; ``angles`` of shape (1 or B, J). The rotations commute:
         a backend may apply them in one pass."""
+
+    def apply_rotations(
+        self, state: StateBatch, angles: np.ndarray, paulis: str, targets: Sequence[int]
+    ) -> None:
+        """psi <- prod_j exp(-i angles[:, j]/2 P_j) psi for one-qubit rotations on the
+        distinct bits ``targets[j]``, P_j the letter ``paulis[j]`` (X, Y or Z); ``angles``
+        of shape (1 or B, m), 2 <= m <= ``rotations_per_pass``. They commute: a backend
+        applies them in one pass."""
 
     def apply_pauli(
         self,
@@ -176,6 +187,19 @@ class Backend(Protocol):
         """One step of the deferred sweep back through the commuting rotations of
         ``apply_z_rotations``: returns <bra_{b,r}|Z_j|phi_b> for every bra and word,
         complex128 of shape (B, R, J), as a backend array (see ``gather``); then applies
+        the inverse rotations to phi and to the bras (bras as in ``adjoint_block_step``)."""
+
+    def adjoint_rotations_step(
+        self,
+        phi: StateBatch,
+        bras: StateBatch,
+        angles: np.ndarray,
+        paulis: str,
+        targets: Sequence[int],
+    ) -> Any:
+        """One step of the deferred sweep back through the rotations of
+        ``apply_rotations``: returns <bra_{b,r}|P_j|phi_b> for every bra and rotation,
+        complex128 of shape (B, R, m), as a backend array (see ``gather``); then applies
         the inverse rotations to phi and to the bras (bras as in ``adjoint_block_step``)."""
 
     def gather(self, arrays: Sequence[Any]) -> list[np.ndarray]:

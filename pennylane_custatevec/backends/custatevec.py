@@ -172,6 +172,7 @@ class CuStateVecBackend:
     block_costs = None  # bandwidth-bound: a block on up to ~5 bits costs one pass (fuse greedily)
     fuses_z_rotations = False  # Z words are cheap there, and join the greedy dense blocks
     min_fused_amplitudes = 0  # every fused block saves a kernel launch
+    rotations_per_pass = 1  # rotations join the greedy dense blocks (one pass each) there
     min_product_state_amplitudes = 0  # one kernel launch instead of one per gate
 
     def __init__(
@@ -523,19 +524,43 @@ class CuStateVecBackend:
 
     @_on_device
     def adjoint_z_rotations_step(self, phi, bras, angles, z_masks):
+        words = [("Z" * len(bits), bits) for bits in map(_mask_bits, z_masks)]
+        products = self._word_products(phi, bras, words)
+        angles = np.asarray(angles, dtype=np.float64)
+        rows = bras.shape[0] // phi.shape[0]
+        self.apply_z_rotations(phi, -angles, z_masks)
+        self.apply_z_rotations(bras, -_per_bra(angles, rows), z_masks)
+        return products
+
+    @_on_device
+    def apply_rotations(self, state, angles, paulis, targets) -> None:
+        # one apply_pauli_rotation per rotation: this backend does not gather rotations
+        # (rotations_per_pass is 1); the method keeps the protocol whole
+        angles = np.asarray(angles, dtype=np.float64)
+        for j, (letter, bit) in enumerate(zip(paulis, targets, strict=True)):
+            self.apply_pauli_rotation(state, angles[:, j], letter, (bit,))
+
+    @_on_device
+    def adjoint_rotations_step(self, phi, bras, angles, paulis, targets):
+        words = [(letter, (bit,)) for letter, bit in zip(paulis, targets, strict=True)]
+        products = self._word_products(phi, bras, words)
+        angles = np.asarray(angles, dtype=np.float64)
+        rows = bras.shape[0] // phi.shape[0]
+        self.apply_rotations(phi, -angles, paulis, targets)
+        self.apply_rotations(bras, -_per_bra(angles, rows), paulis, targets)
+        return products
+
+    def _word_products(self, phi, bras, words: Sequence[tuple[str, Sequence[int]]]):
+        """<bra_{b,r}|P_j|phi_b> for the Pauli words P_j, shape (B, R, J), on the device."""
         cp = self._cp
         batch = phi.shape[0]
         rows = bras.shape[0] // batch
         conjugated = cp.conj(bras).reshape(batch, rows, -1)  # a temporary copy of the bras
-        products = cp.zeros((batch, rows, len(z_masks)), dtype=np.complex128)
-        for j, mask in enumerate(z_masks):
-            bits = _mask_bits(mask)
+        products = cp.zeros((batch, rows, len(words)), dtype=np.complex128)
+        for j, (paulis, bits) in enumerate(words):
             flipped = phi.copy()
-            self.apply_pauli(flipped, "Z" * len(bits), bits)
+            self.apply_pauli(flipped, paulis, bits)
             products[:, :, j] = cp.matmul(conjugated, flipped[:, :, None])[:, :, 0]
-        angles = np.asarray(angles, dtype=np.float64)
-        self.apply_z_rotations(phi, -angles, z_masks)
-        self.apply_z_rotations(bras, -np.repeat(angles, rows, axis=0), z_masks)
         return products
 
     @_on_device
@@ -772,6 +797,12 @@ def _pauli_as_permutation(letters: str) -> tuple[np.ndarray, np.ndarray]:
     for array in (source, diagonal):
         array.flags.writeable = False
     return source, diagonal
+
+
+def _per_bra(angles: np.ndarray, rows: int) -> np.ndarray:
+    """Per-vector angles (1 or B, J) for the R bras of each vector: shared angles stay
+    shared, vector b's row repeats for its bras."""
+    return angles if angles.shape[0] == 1 else np.repeat(angles, rows, axis=0)
 
 
 def _mask_bits(mask: int) -> list[int]:
