@@ -380,6 +380,11 @@ def _single_step(
     batch = layout.batch_size
     rows = bras.shape[0] // batch
     rotation = plain_rotation(op, instructions)
+    if rotation is not None and batch == 1:
+        step_products = backend.adjoint_rotation_step(
+            phi, bras, rotation.data, rotation.paulis, rotation.targets
+        )
+        return np.real(-0.5j * step_products)[None]
     products = np.empty((batch, rows), dtype=np.complex128)
     for b in range(batch):
         phi_b = backend.vectors(phi, b, b + 1)

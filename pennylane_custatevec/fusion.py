@@ -83,12 +83,15 @@ def step_bits(layout: Program, op, instructions: Sequence[Instruction]) -> tuple
     """The state bits an operation touches: its instructions' targets and controls, and its
     wires (so that its generator fits in its block), ascending; or None if one of its
     instructions cannot be fused (mid-circuit measurements, postselection, conditions)."""
-    bits = set(layout.bits(wire_labels(op)))
+    bits: set[int] = set()
     for instruction in instructions:
         if instruction.kind not in FUSIBLE_KINDS or instruction.condition is not None:
             return None
         bits.update(instruction.targets)
         bits.update(instruction.controls)
+    wires = wire_labels(op)
+    if len(bits) != len(wires):  # instructions act within the wires: then they cover them
+        bits.update(layout.bits(wires))
     return tuple(sorted(bits))
 
 
@@ -294,11 +297,13 @@ def _fuse(
     layout: Program, steps: Steps, max_qubits: int, block_costs, z_runs, rotations_per_pass
 ) -> list[Fused]:
     bits = [step_bits(layout, op, instructions) for op, instructions in steps]
-    rotations = [plain_rotation(op, instructions) for op, instructions in steps]
-    z_flags = [z_runs and is_z_rotation(rotation) for rotation in rotations]
-    rotation_flags = [
-        rotations_per_pass > 1 and is_one_qubit_rotation(rotation) for rotation in rotations
-    ]
+    z_flags = rotation_flags = None  # without fusion, nothing gathers
+    if max_qubits > 1:
+        rotations = [plain_rotation(op, instructions) for op, instructions in steps]
+        z_flags = [z_runs and is_z_rotation(rotation) for rotation in rotations]
+        rotation_flags = [
+            rotations_per_pass > 1 and is_one_qubit_rotation(rotation) for rotation in rotations
+        ]
     units = plan(bits, max_qubits, block_costs, z_flags, rotation_flags, rotations_per_pass)
     fused = []
     for unit in units:

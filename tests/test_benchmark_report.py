@@ -6,6 +6,8 @@ series.
 """
 
 import argparse
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -212,3 +214,24 @@ def test_workloads_script_writes_the_deferred_vs_eager_plot(tmp_path, mocker):
     deferred, eager = times["W4"]
     assert row[1:3] == [run_workloads._seconds(deferred), run_workloads._seconds(eager)]
     assert png.read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_w2_profile_runs():
+    """benchmarks/w2_profile.py at 6 wires, in its own process (it wraps device methods
+    with timers): both devices' steps, and our device's parts, with positive times."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "w2_profile.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--quick", "--repeat", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    lines = done.stdout.splitlines()
+    for name in ("ours", "lightning"):
+        (line,) = [line for line in lines if line.startswith(f"{name}: step")]
+        step, in_device, rest = map(float, re.findall(r"(-?[\d.]+) ms", line))
+        assert step > 0 and in_device > 0 and abs(step - in_device - rest) <= 1.0
+    parts = {line.strip().split(":")[1].strip() for line in lines if line.startswith("  ours")}
+    # at 6 wires the CPU runs unfused: no block steps
+    assert {"forward pass", "sweep", "CNOTs, forward and sweep"} <= parts
