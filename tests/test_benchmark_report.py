@@ -235,3 +235,11 @@ def test_w2_profile_runs():
     parts = {line.strip().split(":")[1].strip() for line in lines if line.startswith("  ours")}
     # at 6 wires the CPU runs unfused: no block steps
     assert {"forward pass", "sweep", "CNOTs, forward and sweep"} <= parts
+
+
+def test_rounds_start_one_configuration_later():
+    """Round r times the configurations from position r on, wrapping around."""
+    assert run_workloads.rotated("abcd", 0) == list("abcd")
+    assert run_workloads.rotated("abcd", 1) == list("bcda")
+    assert run_workloads.rotated("abcd", 5) == list("bcda")
+    assert run_workloads.rotated([], 3) == []
