@@ -112,13 +112,10 @@ def plan(
     become one Rotations unit."""
     count = len(bits_per_step)
     z_flags = tuple(z_rotations) if z_rotations is not None else (False,) * count
-    rotation_flags = (
-        tuple(one_qubit_rotations) if one_qubit_rotations is not None else (False,) * count
-    )
     units = _cached_plan(tuple(bits_per_step), max_qubits, block_costs, z_flags)
-    if max_qubits <= 1 or rotations_per_pass < 2:
+    if max_qubits <= 1 or rotations_per_pass < 2 or one_qubit_rotations is None:
         return units
-    return _paired_rotations(units, rotation_flags, rotations_per_pass)
+    return _paired_rotations(units, tuple(one_qubit_rotations), rotations_per_pass)
 
 
 @functools.lru_cache(maxsize=256)

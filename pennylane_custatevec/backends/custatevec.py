@@ -525,12 +525,9 @@ class CuStateVecBackend:
     @_on_device
     def adjoint_z_rotations_step(self, phi, bras, angles, z_masks):
         words = [("Z" * len(bits), bits) for bits in map(_mask_bits, z_masks)]
-        products = self._word_products(phi, bras, words)
-        angles = np.asarray(angles, dtype=np.float64)
-        rows = bras.shape[0] // phi.shape[0]
-        self.apply_z_rotations(phi, -angles, z_masks)
-        self.apply_z_rotations(bras, -_per_bra(angles, rows), z_masks)
-        return products
+        return self._commuting_step(
+            phi, bras, angles, words, lambda s, a: self.apply_z_rotations(s, a, z_masks)
+        )
 
     @_on_device
     def apply_rotations(self, state, angles, paulis, targets) -> None:
@@ -543,15 +540,15 @@ class CuStateVecBackend:
     @_on_device
     def adjoint_rotations_step(self, phi, bras, angles, paulis, targets):
         words = [(letter, (bit,)) for letter, bit in zip(paulis, targets, strict=True)]
-        products = self._word_products(phi, bras, words)
-        angles = np.asarray(angles, dtype=np.float64)
-        rows = bras.shape[0] // phi.shape[0]
-        self.apply_rotations(phi, -angles, paulis, targets)
-        self.apply_rotations(bras, -_per_bra(angles, rows), paulis, targets)
-        return products
+        return self._commuting_step(
+            phi, bras, angles, words, lambda s, a: self.apply_rotations(s, a, paulis, targets)
+        )
 
-    def _word_products(self, phi, bras, words: Sequence[tuple[str, Sequence[int]]]):
-        """<bra_{b,r}|P_j|phi_b> for the Pauli words P_j, shape (B, R, J), on the device."""
+    def _commuting_step(self, phi, bras, angles, words, rotate: Callable) -> Any:
+        """A sweep step back through commuting rotations exp(-i angles_j/2 P_j) (the Pauli
+        ``words``): <bra_{b,r}|P_j|phi_b> at their end, shape (B, R, J), on the device;
+        then ``rotate(state, angles)`` with the negated angles undoes them on phi and on
+        the bras (shared angles stay shared, vector b's row repeats for its bras)."""
         cp = self._cp
         batch = phi.shape[0]
         rows = bras.shape[0] // batch
@@ -561,6 +558,9 @@ class CuStateVecBackend:
             flipped = phi.copy()
             self.apply_pauli(flipped, paulis, bits)
             products[:, :, j] = cp.matmul(conjugated, flipped[:, :, None])[:, :, 0]
+        angles = np.asarray(angles, dtype=np.float64)
+        rotate(phi, -angles)
+        rotate(bras, -(angles if angles.shape[0] == 1 else np.repeat(angles, rows, axis=0)))
         return products
 
     @_on_device
@@ -797,12 +797,6 @@ def _pauli_as_permutation(letters: str) -> tuple[np.ndarray, np.ndarray]:
     for array in (source, diagonal):
         array.flags.writeable = False
     return source, diagonal
-
-
-def _per_bra(angles: np.ndarray, rows: int) -> np.ndarray:
-    """Per-vector angles (1 or B, J) for the R bras of each vector: shared angles stay
-    shared, vector b's row repeats for its bras."""
-    return angles if angles.shape[0] == 1 else np.repeat(angles, rows, axis=0)
 
 
 def _mask_bits(mask: int) -> list[int]:
