@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Run the project's tests (the demos included, at reduced size), then PennyLane's shipped
-# device test suite against custatevec.qubit (analytic, then with shots), then build the
-# documentation with warnings as errors. Every part runs; the script exits non-zero if any
+# Check the style (ruff check, ruff format --check), run the project's tests (the demos
+# included, at reduced size), then PennyLane's shipped device test suite against
+# custatevec.qubit (analytic, then with shots), then build the documentation with warnings as errors. Every part runs; the script exits non-zero if any
 # part failed. Expects .venv from scripts/setup_env.sh.
 set -uo pipefail
 
@@ -22,6 +22,8 @@ SUITE="$("$PY" -c 'import pennylane.devices.tests as t, os; print(os.path.dirnam
 # shellcheck source=scripts/parts.sh
 source "$ROOT/scripts/parts.sh"
 
+run_part "style (ruff check)" "$ROOT/.venv/bin/ruff" check .
+run_part "style (ruff format --check)" "$ROOT/.venv/bin/ruff" format --check .
 run_part "project tests" "$PY" -m pytest tests -n 2 -q --no-flaky-report
 run_part "PennyLane device suite (analytic)" \
     "$PY" -m pytest "$SUITE" --device=custatevec.qubit -q -p no:cacheprovider -n 2 --no-flaky-report
