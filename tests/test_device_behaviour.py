@@ -5,16 +5,141 @@ memory without /proc/meminfo."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 import types
 
+import numpy as np
 import pennylane as qml
 import pytest
 from conftest import DEVICE
 
+from pennylane_custatevec import measure, simulate
 from pennylane_custatevec.backends import cpu
 from pennylane_custatevec.backends.cpu import CPUBackend
-from pennylane_custatevec.simulate import StateTooLargeError
+from pennylane_custatevec.backends.custatevec import CuStateVecBackend
+from pennylane_custatevec.program import compile_tape
+from pennylane_custatevec.simulate import StateTooLargeError, UnnormalisedStateError
+
+# --- item 9: states that cannot be sampled ----------------------------------------------
+
+
+def _unnormalised_prep():
+    qml.StatePrep(np.array([1.0, 1.0, 0, 0]), wires=[0, 1], normalize=False, validate_norm=False)
+
+
+def _zero_prep():
+    qml.StatePrep(np.zeros(4), wires=[0, 1], normalize=False, validate_norm=False)
+
+
+def _nan_prep():
+    qml.StatePrep(np.array([np.nan, 0, 0, 0]), wires=[0, 1], normalize=False, validate_norm=False)
+
+
+def _non_unitary():
+    qml.QubitUnitary(np.diag([2.0, 1.0]), wires=0, unitary_check=False)
+    qml.Hadamard(1)
+
+
+def _zero_matrix():
+    qml.Hadamard(1)
+    qml.QubitUnitary(np.zeros((2, 2)), wires=0, unitary_check=False)
+
+
+def _nan_matrix():
+    qml.QubitUnitary(np.full((2, 2), np.nan), wires=0, unitary_check=False)
+
+
+def _impossible_postselection():
+    qml.PauliX(0)
+    qml.measure(0, postselect=0)
+
+
+BAD_STATES = {
+    "unnormalised StatePrep": (_unnormalised_prep, "2"),
+    "zero StatePrep": (_zero_prep, "0"),
+    "NaN StatePrep": (_nan_prep, "nan"),
+    "non-unitary QubitUnitary": (_non_unitary, "4"),
+    "zero QubitUnitary": (_zero_matrix, "0"),
+    "NaN QubitUnitary": (_nan_matrix, "nan"),
+    "postselection of probability 0": (_impossible_postselection, "nan"),
+}
+"""Ways to a state that cannot be sampled through public API: preparation, squared norm."""
+
+
+@pytest.fixture(params=["cpu", "custatevec"])
+def backend_name(request):
+    """Both backends: the CPU one, and cuStateVec's on its NumPy double."""
+    if request.param == "custatevec":
+        request.getfixturevalue("gpu_double")
+    return request.param
+
+
+@pytest.mark.parametrize("mcm_method", ["deferred", "one-shot"])
+@pytest.mark.parametrize("case", sorted(BAD_STATES))
+def test_sampling_a_state_that_is_not_normalised_raises(backend_name, case, mcm_method):
+    """Counts of a NaN, zero-norm or unnormalised state were drawn (differently on the two
+    backends); now both refuse before sampling, where default.qubit raises (for a NaN state
+    default.qubit returns all-zero samples: a wrong number, refused here too)."""
+    prepare, norm = BAD_STATES[case]
+    if mcm_method == "one-shot" and case == "postselection of probability 0":
+        pytest.skip("one-shot postselection discards shots (dynamic_one_shot): no sampling")
+
+    def circuit():
+        prepare()
+        if mcm_method == "one-shot":  # sampled shot by shot, first at the mid-measurement
+            qml.measure(1)
+        return qml.counts(wires=[0, 1])
+
+    dev = qml.device(DEVICE, wires=3, backend=backend_name, seed=1)
+    node = qml.set_shots(qml.QNode(circuit, dev, mcm_method=mcm_method), shots=100)
+    with pytest.raises(UnnormalisedStateError, match="Cannot sample") as info:
+        node()
+    assert re.search(f"squared norm is {norm}[ ,]", str(info.value))
+    assert isinstance(info.value, ValueError)  # as default.qubit's "probabilities do not sum to 1"
+    if norm != "nan" and mcm_method == "deferred":
+        ref = qml.device("default.qubit", wires=3, seed=1)
+        with pytest.raises(ValueError, match="probabilities do not sum to 1"):
+            qml.set_shots(qml.QNode(circuit, ref, mcm_method=mcm_method), shots=100)()
+
+
+def _backend(name):
+    return CPUBackend() if name == "cpu" else CuStateVecBackend()
+
+
+def test_backend_level_sampling_checks_every_vector(backend_name):
+    """The check sits in front of every backend's sampler (measure.computational_basis_samples):
+    a batch whose second vector is unnormalised is refused, naming the vector; a norm off by
+    round-off is sampled."""
+    backend = _backend(backend_name)
+    tape = qml.tape.QuantumScript([], [qml.counts(wires=[0, 1])])
+    program = compile_tape(tape, qml.wires.Wires([0, 1]))
+    good = np.array([0.6, 0.0, 0.0, 0.8])
+    rng = np.random.default_rng(0)
+    for bad in (good * 1.01, good * 0.0, good * np.nan):
+        state = backend.from_host(np.stack([good, bad]))
+        with pytest.raises(UnnormalisedStateError, match="vector 1 of a batch of 2"):
+            measure.computational_basis_samples(backend, state, program, program.wires, 10, rng)
+    almost = backend.from_host(np.stack([good, good * (1 + 1e-9)]))
+    samples = measure.computational_basis_samples(backend, almost, program, program.wires, 50, rng)
+    assert samples.shape == (2, 50, 2)
+    assert set(map(tuple, samples.reshape(-1, 2))) <= {(0, 0), (1, 1)}
+
+
+@pytest.mark.parametrize(
+    "dtype, off", [(np.complex128, 1e-5), (np.complex64, 1e-2), (np.complex64, 1e-4)]
+)
+def test_norm_tolerance_per_dtype(dtype, off):
+    """default.qubit's cutoff (1e-6) at complex128; float32 round-off grows with depth, so
+    complex64 allows 1e-3."""
+    backend = CPUBackend(dtype)
+    norms = np.array([1.0 + off])
+    if off > simulate.NORM_TOLERANCE[np.dtype(dtype)]:
+        with pytest.raises(UnnormalisedStateError):
+            simulate.require_normalised(backend, norms)
+    else:
+        simulate.require_normalised(backend, norms)
+
 
 # --- item 15: free memory without /proc/meminfo ----------------------------------------------
 
