@@ -12,7 +12,7 @@ import types
 import numpy as np
 import pennylane as qml
 import pytest
-from conftest import DEVICE
+from conftest import DEVICE, assert_allclose_nested
 
 from pennylane_custatevec import measure, simulate
 from pennylane_custatevec.backends import cpu
@@ -21,7 +21,106 @@ from pennylane_custatevec.backends.custatevec import CuStateVecBackend
 from pennylane_custatevec.program import compile_tape
 from pennylane_custatevec.simulate import StateTooLargeError, UnnormalisedStateError
 
-# --- item 9: states that cannot be sampled ----------------------------------------------
+# --- item 9: bad input ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("wires", [0, []])
+def test_device_without_wires_runs_circuits_like_default_qubit(wires):
+    """wires=0 and wires=[] are devices without wires that take each circuit's wires, as
+    default.qubit does (they failed with a bare KeyError on every circuit that named one)."""
+    dev, ref = qml.device(DEVICE, wires=wires, seed=3), qml.device("default.qubit", wires=wires)
+    assert dev.wires == ref.wires == qml.wires.Wires([])
+
+    def circuit(x):
+        qml.RX(x, 0)
+        qml.CNOT([0, "a"])
+        qml.RY(0.4, "a")
+        return qml.expval(qml.Z("a")), qml.probs(wires=[0, "a"]), qml.expval(qml.Z(0) @ qml.X("a"))
+
+    x = qml.numpy.array(0.7, requires_grad=True)
+    expected = qml.QNode(circuit, ref)(x)
+    assert_allclose_nested(qml.QNode(circuit, dev)(x), expected, atol=1e-12)
+
+    def cost(node):
+        return lambda v: qml.math.hstack(node(v))
+
+    expected_jacobian = qml.jacobian(cost(qml.QNode(circuit, ref, diff_method="backprop")))(x)
+    for diff_method in ("adjoint", "parameter-shift"):
+        jacobian = qml.jacobian(cost(qml.QNode(circuit, dev, diff_method=diff_method)))(x)
+        np.testing.assert_allclose(jacobian, expected_jacobian, atol=1e-12, rtol=0)
+
+    def state():
+        qml.Hadamard(1)
+        return qml.state()
+
+    np.testing.assert_allclose(qml.QNode(state, dev)(), qml.QNode(state, ref)(), atol=1e-12)
+    sampled = qml.set_shots(qml.QNode(circuit, dev), shots=4000)(x)
+    assert_allclose_nested(sampled, expected, atol=0.05)
+
+
+@pytest.mark.parametrize("wires", [-1, -3, 2.5, 2.0, np.float64(3.0), True, 1j])
+def test_bad_wires_name_the_option(wires):
+    with pytest.raises(ValueError, match=r"^wires=") as info:
+        qml.device(DEVICE, wires=wires)
+    message = str(info.value)
+    assert "int >= 0" in message and "wire labels" in message and "None" in message
+    if not isinstance(wires, (bool, float, complex)):
+        assert "negative" in message
+
+
+@pytest.mark.parametrize("wires", [np.int64(2), 3, (0, "b"), "ab", range(2)])
+def test_good_wires(wires):
+    assert qml.device(DEVICE, wires=wires).wires == qml.device("default.qubit", wires=wires).wires
+
+
+@pytest.mark.parametrize(
+    "seed", [1.5, -1, True, "bad", [], [-1, 2], [[1]], [1.0], {}, np.bool_(1), np.array(5)]
+)
+def test_bad_seed_values_name_the_option(seed):
+    with pytest.raises(ValueError, match=r"^seed=") as info:
+        qml.device(DEVICE, wires=1, seed=seed)
+    message = str(info.value)
+    assert "int >= 0" in message and "None" in message and "'global'" in message
+    assert "numpy.random.Generator" in message
+
+
+@pytest.mark.parametrize(
+    "seed",
+    [
+        np.int64(4),
+        2**70,
+        [1, 2],
+        (3,),
+        np.array([7, 8]),
+        np.random.SeedSequence(9),
+    ],
+    ids=repr,
+)
+def test_numpy_seeds_seed_as_numpy_does(seed):
+    """Every seed numpy.random.default_rng takes (as default.qubit does) is accepted, and the
+    device's samples are those of a Generator seeded with it."""
+
+    def circuit():
+        qml.Hadamard(0)
+        return qml.sample(wires=0)
+
+    sampled = qml.set_shots(qml.QNode(circuit, qml.device(DEVICE, wires=1, seed=seed)), 64)()
+    again = qml.set_shots(qml.QNode(circuit, qml.device(DEVICE, wires=1, seed=seed)), 64)()
+    np.testing.assert_array_equal(sampled, again)
+    other = qml.set_shots(qml.QNode(circuit, qml.device(DEVICE, wires=1, seed=12345)), 64)()
+    assert not np.array_equal(sampled, other)
+
+
+@pytest.mark.parametrize("c_dtype", ["foo", "complex32", object(), None, "float64"])
+def test_bad_c_dtype_names_the_option(c_dtype):
+    with pytest.raises(ValueError, match=r"^c_dtype=") as info:
+        qml.device(DEVICE, wires=1, c_dtype=c_dtype)
+    assert "numpy.complex128" in str(info.value) and "numpy.complex64" in str(info.value)
+
+
+@pytest.mark.parametrize("c_dtype", ["complex64", "complex128", np.complex64])
+def test_c_dtype_by_name(c_dtype):
+    assert qml.device(DEVICE, wires=1, c_dtype=c_dtype).c_dtype == np.dtype(c_dtype)
 
 
 def _unnormalised_prep():
@@ -139,6 +238,42 @@ def test_norm_tolerance_per_dtype(dtype, off):
             simulate.require_normalised(backend, norms)
     else:
         simulate.require_normalised(backend, norms)
+
+
+# --- item 14: seed="global" -----------------------------------------------------------------
+
+
+def test_rng_global_stream():
+    """Building the device draws from numpy's global stream exactly what default.qubit
+    draws, so a script's later np.random values do not depend on the device."""
+
+    def later_values(name):
+        np.random.seed(42)
+        values = []
+        for _ in range(5):
+            qml.device(name, wires=2)
+            values.append(np.random.rand())
+        return values
+
+    assert later_values(DEVICE) == later_values("default.qubit")
+
+
+def test_global_seed_is_default_qubits_draw():
+    """seed="global" seeds the device with np.random.randint(0, high=10_000_000), as
+    default.qubit does: its samples are those of a device given that seed."""
+
+    def circuit():
+        qml.Hadamard(0)
+        qml.Hadamard(1)
+        return qml.sample(wires=[0, 1])
+
+    np.random.seed(11)
+    drawn = np.random.randint(0, high=10_000_000)
+    np.random.seed(11)
+    global_dev = qml.device(DEVICE, wires=2, seed="global")
+    sampled = qml.set_shots(qml.QNode(circuit, global_dev), shots=50)()
+    expected = qml.set_shots(qml.QNode(circuit, qml.device(DEVICE, wires=2, seed=drawn)), 50)()
+    np.testing.assert_array_equal(sampled, expected)
 
 
 # --- item 15: free memory without /proc/meminfo ----------------------------------------------
