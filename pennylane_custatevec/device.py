@@ -249,12 +249,20 @@ class CuStateVecDevice(Device):
     ) -> bool:
         """Adjoint differentiation. An explicit ``diff_method="adjoint"`` is always taken, so
         that a circuit it cannot serve gets an error naming the reason; ``"best"`` and
-        ``"device"`` take it only for circuits it serves (else PennyLane's parameter-shift)."""
+        ``"device"`` take it only for circuits it serves (else PennyLane's parameter-shift).
+
+        The adjoint method gives first derivatives only: with ``max_diff > 1``
+        (``derivative_order``) "best" declines, so that PennyLane picks parameter-shift and
+        differentiates it again, and "adjoint" or "device" is taken so that
+        ``setup_execution_config`` refuses it by name (rather than a zero Hessian)."""
         if execution_config is None:
             return True
         method = execution_config.gradient_method
-        if method == "adjoint":
+        higher_order = execution_config.derivative_order > 1
+        if method == "adjoint" or (method == "device" and higher_order):
             return True
+        if method == "best" and higher_order:
+            return False
         if method in ("best", "device"):
             return circuit is None or self._adjoint_serves(circuit, execution_config)
         return False
@@ -279,12 +287,19 @@ class CuStateVecDevice(Device):
     ) -> ExecutionConfig:
         """ "best" and "device" become "adjoint", which computes device gradients and VJPs
         (Jacobians on execution) unless the user chose otherwise; the mid-circuit
-        measurement method defaults to "one-shot" with shots, else "deferred"."""
+        measurement method defaults to "one-shot" with shots, else "deferred".
+
+        "best" with ``derivative_order > 1`` stays as it is (PennyLane resolves it to
+        parameter-shift, see ``supports_derivatives``); the adjoint method with
+        ``derivative_order > 1`` raises QuantumFunctionError naming the choices."""
         config = config or ExecutionConfig()
         updates: dict = {}
-        if config.gradient_method in ("best", "device"):
+        if config.gradient_method == "device" or (
+            config.gradient_method == "best" and config.derivative_order == 1
+        ):
             updates["gradient_method"] = "adjoint"
         if updates.get("gradient_method", config.gradient_method) == "adjoint":
+            _require_first_derivatives(config)
             for field in (
                 "use_device_gradient",
                 "use_device_jacobian_product",
@@ -461,6 +476,18 @@ class CuStateVecDevice(Device):
         config = _adjoint_config(execution_config)
         results = self._execute(circuits, config)
         return results, self.compute_vjp(circuits, cotangents, config)
+
+
+def _require_first_derivatives(config: ExecutionConfig) -> None:
+    """The adjoint method gives first derivatives only; PennyLane's own devices return zeros
+    for the higher ones (``max_diff > 1``), this one refuses."""
+    if config.derivative_order > 1:
+        raise QuantumFunctionError(
+            f"diff_method={config.gradient_method!r} (the adjoint method) computes first "
+            f"derivatives only, but max_diff={config.derivative_order} asks for derivatives "
+            "of higher order (a Hessian would be zero). Use diff_method='parameter-shift' "
+            "(or 'best', which picks it when max_diff > 1), or max_diff=1."
+        )
 
 
 def _adjoint_config(config: ExecutionConfig | None) -> ExecutionConfig:

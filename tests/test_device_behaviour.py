@@ -12,7 +12,10 @@ import types
 import numpy as np
 import pennylane as qml
 import pytest
+import torch
 from conftest import DEVICE, assert_allclose_nested
+from pennylane.devices import ExecutionConfig
+from pennylane.exceptions import QuantumFunctionError
 
 from pennylane_custatevec import measure, simulate
 from pennylane_custatevec.backends import cpu
@@ -20,6 +23,87 @@ from pennylane_custatevec.backends.cpu import CPUBackend
 from pennylane_custatevec.backends.custatevec import CuStateVecBackend
 from pennylane_custatevec.program import compile_tape
 from pennylane_custatevec.simulate import StateTooLargeError, UnnormalisedStateError
+
+# --- item 3: Hessians -----------------------------------------------------------------------
+
+
+def _two_parameter_circuit(x):
+    qml.RY(x[0], wires=0)
+    qml.RX(x[1], wires=0)
+    qml.CNOT([0, 1])
+    qml.RZ(x[0] * x[1], wires=1)
+    qml.RX(x[1], wires=1)
+    return qml.expval(qml.Z(0) @ qml.Z(1))
+
+
+def _hessian(device, diff_method, interface):
+    node = qml.QNode(
+        _two_parameter_circuit, device, diff_method=diff_method, max_diff=2, interface=interface
+    )
+    if interface == "torch":
+        x = torch.tensor([1.0, 2.0], requires_grad=True, dtype=torch.float64)
+        return torch.autograd.functional.hessian(node, x).detach().numpy()
+    x = qml.numpy.array([1.0, 2.0], requires_grad=True)
+    return qml.jacobian(qml.grad(node))(x)
+
+
+@pytest.mark.parametrize("interface", ["torch", "autograd"])
+def test_hessian_best(interface):
+    """diff_method="best" with max_diff=2 gave a zero Hessian (adjoint has no second
+    derivatives): now it picks parameter-shift, and the Hessian is default.qubit's."""
+    expected = _hessian(qml.device("default.qubit", wires=2), "best", interface)
+    assert np.abs(expected).max() > 0.1
+    hessian = _hessian(qml.device(DEVICE, wires=2), "best", interface)
+    np.testing.assert_allclose(hessian, expected, atol=1e-10, rtol=0)
+
+
+def test_best_resolves_to_parameter_shift_for_higher_derivatives():
+    """How PennyLane 0.45 resolves "best": supports_derivatives with the QNode's max_diff as
+    derivative_order; declining it for adjoint gives param_shift, and setup_execution_config
+    leaves such a "best" alone (never "adjoint")."""
+    dev = qml.device(DEVICE, wires=1)
+    tape = qml.tape.QuantumScript([qml.RY(0.1, 0)], [qml.expval(qml.Z(0))])
+    best = {
+        order: ExecutionConfig(gradient_method="best", derivative_order=order) for order in (1, 2)
+    }
+    assert dev.supports_derivatives(best[1], tape)
+    assert not dev.supports_derivatives(best[2], tape)
+    assert not dev.supports_derivatives(best[2])
+    assert dev.setup_execution_config(best[1], tape).gradient_method == "adjoint"
+    assert dev.setup_execution_config(best[2], tape).gradient_method == "best"
+
+    def circuit(x):
+        qml.RY(x, 0)
+        return qml.expval(qml.Z(0))
+
+    for max_diff, method in ((1, "adjoint"), (2, qml.gradients.param_shift)):
+        node = qml.QNode(circuit, dev, diff_method="best", max_diff=max_diff)
+        config = qml.workflow.construct_execution_config(node, resolve=True)(qml.numpy.array(0.3))
+        assert config.gradient_method == method
+
+
+@pytest.mark.parametrize("diff_method", ["adjoint", "device"])
+@pytest.mark.parametrize("interface", ["torch", "autograd"])
+def test_explicit_adjoint_hessian_raises(diff_method, interface):
+    """An explicit adjoint method with max_diff > 1 is refused by name (default.qubit and
+    lightning.qubit return a zero Hessian)."""
+    with pytest.raises(QuantumFunctionError, match="first derivatives only") as info:
+        _hessian(qml.device(DEVICE, wires=2), diff_method, interface)
+    message = str(info.value)
+    assert "max_diff=2" in message
+    assert "diff_method='parameter-shift'" in message and "max_diff=1" in message
+
+
+def test_explicit_adjoint_higher_order_raises_in_execute():
+    dev = qml.device(DEVICE, wires=1)
+    x = qml.numpy.array(0.3, requires_grad=True)
+    tape = qml.tape.QuantumScript([qml.RY(x, 0)], [qml.expval(qml.Z(0))])
+    with pytest.raises(QuantumFunctionError, match="first derivatives only"):
+        qml.execute([tape], dev, diff_method="adjoint", max_diff=2)
+    # max_diff=1 is served as before
+    (result,) = qml.execute([tape], dev, diff_method="adjoint", max_diff=1)
+    assert result == pytest.approx(np.cos(0.3))
+
 
 # --- item 9: bad input ----------------------------------------------------------------------
 
