@@ -324,6 +324,111 @@ def test_norm_tolerance_per_dtype(dtype, off):
         simulate.require_normalised(backend, norms)
 
 
+# --- item 12: qml.Tracker -------------------------------------------------------------------
+
+
+def _tracked(dev, action):
+    """(totals, history keys, history) of ``action(dev)``, the results apart (the
+    devices' round-off differs): (their totals, their history)."""
+    with qml.Tracker(dev) as tracker:
+        action(dev)
+    totals = {k: v for k, v in tracker.totals.items() if k != "results"}
+    history = {k: v for k, v in tracker.history.items() if k != "results"}
+    results = (tracker.totals.get("results"), tracker.history.get("results"))
+    return totals, sorted(tracker.history), history, results
+
+
+def _assert_tracked_alike(action, wires=2, atol=1e-10):
+    ours = _tracked(qml.device(DEVICE, wires=wires, seed=5), action)
+    reference = _tracked(qml.device("default.qubit", wires=wires, seed=5), action)
+    assert ours[0] == reference[0]
+    assert ours[1] == reference[1]
+    assert ours[2] == reference[2]
+    (our_total, our_results), (total, results) = ours[3], reference[3]
+    assert (our_total is None) == (total is None)
+    if total is not None:
+        np.testing.assert_allclose(our_total, total, atol=atol)
+    assert (our_results is None) == (results is None)
+    if results is not None:
+        assert_allclose_nested(list(our_results), list(results), atol=atol)
+
+
+@pytest.mark.parametrize("grad_on_execution", [True, False])
+@pytest.mark.parametrize("device_vjp", [True, False])
+def test_tracker_double_count(grad_on_execution, device_vjp):
+    """A torch QNode's forward and backward count as on default.qubit (derivatives and VJPs
+    were counted twice: execute_and_compute_* called the tracked compute_*)."""
+
+    def action(dev):
+        @qml.qnode(
+            dev,
+            diff_method="adjoint",
+            grad_on_execution=grad_on_execution,
+            device_vjp=device_vjp,
+            interface="torch",
+        )
+        def circuit(x):
+            qml.RX(x[0], 0)
+            qml.CNOT([0, 1])
+            qml.RY(x[1], 1)
+            return qml.expval(qml.Z(0)), qml.expval(qml.Z(1))
+
+        x = torch.tensor([0.3, 0.4], requires_grad=True, dtype=torch.float64)
+        first, second = circuit(x)
+        (first + 2 * second).backward()
+
+    _assert_tracked_alike(action)
+
+
+def _tapes():
+    """Parameters as the workflow hands them to a device: numpy, not autograd."""
+    x = 0.3
+    return (
+        qml.tape.QuantumScript(
+            [qml.RX(x, 0), qml.CNOT([0, 1])], [qml.expval(qml.Z(1))], trainable_params=[0]
+        ),
+        qml.tape.QuantumScript(
+            [qml.RY(0.5, 0), qml.RX(x, 1)],
+            [qml.expval(qml.Z(0)), qml.expval(qml.Y(1))],
+            trainable_params=[1],
+        ),
+    )
+
+
+def _adjoint_config(dev):
+    return dev.setup_execution_config(ExecutionConfig(gradient_method="adjoint"))
+
+
+_COTANGENTS = (1.0, (0.5, -1.0))
+
+DEVICE_CALLS = {
+    "execute": lambda dev: dev.execute(_tapes(), _adjoint_config(dev)),
+    "compute_derivatives": lambda dev: dev.compute_derivatives(_tapes(), _adjoint_config(dev)),
+    "compute_vjp": lambda dev: dev.compute_vjp(_tapes(), _COTANGENTS, _adjoint_config(dev)),
+    "execute_and_compute_derivatives": lambda dev: dev.execute_and_compute_derivatives(
+        _tapes(), _adjoint_config(dev)
+    ),
+    "execute_and_compute_vjp": lambda dev: dev.execute_and_compute_vjp(
+        _tapes(), _COTANGENTS, _adjoint_config(dev)
+    ),
+    "execute then compute_vjp": lambda dev: (
+        dev.execute(_tapes(), _adjoint_config(dev)),
+        dev.compute_vjp(_tapes(), _COTANGENTS, _adjoint_config(dev)),
+    ),
+    "one tape": lambda dev: dev.execute_and_compute_derivatives(_tapes()[0], _adjoint_config(dev)),
+    "shots": lambda dev: dev.execute(
+        [qml.tape.QuantumScript(t.operations, t.measurements, shots=(10, 20)) for t in _tapes()]
+    ),
+}
+
+
+@pytest.mark.parametrize("call", sorted(DEVICE_CALLS))
+def test_tracker_counts_every_entry_point_as_default_qubit(call):
+    """totals, history keys and history (batches, executions, derivatives, vjps, resources,
+    shots, ...) of each device entry point equal default.qubit's."""
+    _assert_tracked_alike(DEVICE_CALLS[call], atol=1e-10 if call != "shots" else 1.0)
+
+
 # --- item 14: seed="global" -----------------------------------------------------------------
 
 
