@@ -67,14 +67,74 @@ class UnknownOptionError(ValueError, TypeError):
     """A keyword the device does not take (a TypeError for Python, a ValueError for users)."""
 
 
+GLOBAL_SEED_HIGH = 10_000_000
+"""``seed="global"`` draws ``numpy.random.randint(0, high=GLOBAL_SEED_HIGH)``: default.qubit's
+draw, so that a script's later ``numpy.random`` values do not depend on the device it builds."""
+
+_SEED_CHOICES = (
+    "use an int >= 0 (or a sequence of them), None (a seed from the OS), 'global' (a seed "
+    "drawn from numpy's global random state), or a numpy.random.Generator (or a SeedSequence "
+    "or BitGenerator)"
+)
+
+
 def _rng_from_seed(seed) -> np.random.Generator:
+    """The device's Generator for ``seed``, which is checked first (numpy's own messages do
+    not name the option)."""
     if isinstance(seed, str):
         if seed != "global":
-            raise ValueError(
-                f"seed={seed!r} is not valid: use an int, None, 'global' or a Generator."
-            )
-        seed = np.random.randint(0, 2**31 - 1)
+            raise ValueError(f"seed={seed!r} is not valid; {_SEED_CHOICES}.")
+        return np.random.default_rng(np.random.randint(0, high=GLOBAL_SEED_HIGH))
+    if seed is None or isinstance(
+        seed, (np.random.Generator, np.random.SeedSequence, np.random.BitGenerator)
+    ):
+        return np.random.default_rng(seed)
+    if not (_is_natural(seed) or _is_natural_sequence(seed)):
+        raise ValueError(f"seed={seed!r} is not valid; {_SEED_CHOICES}.")
     return np.random.default_rng(seed)
+
+
+def _is_natural(value) -> bool:
+    """An int >= 0 (numpy's entropy), not a bool."""
+    return (
+        isinstance(value, (int, np.integer))
+        and not isinstance(value, (bool, np.bool_))
+        and value >= 0
+    )
+
+
+def _is_natural_sequence(value) -> bool:
+    """A non-empty flat sequence (list, tuple, 1-d array) of ints >= 0."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist() if value.ndim == 1 else None
+    return isinstance(value, (list, tuple)) and len(value) > 0 and all(map(_is_natural, value))
+
+
+def _validated_dtype(c_dtype) -> np.dtype:
+    """``c_dtype`` as a numpy dtype, one of ``_DTYPE_CHOICES``."""
+    message = f"c_dtype={c_dtype!r} is not supported; choose numpy.complex128 or numpy.complex64."
+    try:
+        dtype = np.dtype(c_dtype)
+    except TypeError:
+        raise ValueError(message) from None
+    if dtype not in {np.dtype(d) for d in _DTYPE_CHOICES}:
+        raise ValueError(message)
+    return dtype
+
+
+def _validate_wires(wires) -> None:
+    """A number of wires must be an int >= 0: PennyLane takes ``range(-1)`` (no wires) and
+    fails on a float with Python's message, which names neither the option nor the choices.
+    No wires (``0`` or ``[]``) is a device that takes each circuit's wires, as with None
+    (default.qubit's behaviour)."""
+    choices = (
+        "use a number of wires (an int >= 0), an iterable of wire labels (ints, strings, any "
+        "hashable), or None (the wires of each circuit)"
+    )
+    if isinstance(wires, (bool, float, complex, np.bool_, np.floating, np.complexfloating)):
+        raise ValueError(f"wires={wires!r} is not valid; {choices}.")
+    if isinstance(wires, (int, np.integer)) and wires < 0:
+        raise ValueError(f"wires={wires!r} is not valid: a negative number of wires; {choices}.")
 
 
 @simulator_tracking
@@ -130,10 +190,8 @@ class CuStateVecDevice(Device):
         settings.validate(grad_accumulation=grad_accumulation)
         if fusion_qubits is not None:
             settings.validate(fusion_qubits=fusion_qubits)
-        if np.dtype(c_dtype) not in {np.dtype(d) for d in _DTYPE_CHOICES}:
-            raise ValueError(
-                f"c_dtype={c_dtype!r} is not supported; choose numpy.complex128 or numpy.complex64."
-            )
+        dtype = _validated_dtype(c_dtype)
+        _validate_wires(wires)
         if backend not in BACKEND_CHOICES:
             raise ValueError(
                 f"backend={backend!r} is not valid; choose one of {', '.join(BACKEND_CHOICES)}."
@@ -148,10 +206,10 @@ class CuStateVecDevice(Device):
                 "(LOCAL_RANK if set, else the current CUDA device)."
             )
         super().__init__(wires=wires, shots=shots)
-        self._backend = select_backend(
-            backend, np.dtype(c_dtype), None if device_id is None else int(device_id)
-        )
         self._rng = _rng_from_seed(seed)
+        self._backend = select_backend(
+            backend, dtype, None if device_id is None else int(device_id)
+        )
         self._final_states = _FinalStates()
         self._options = settings.DifferentiationOptions(
             grad_accumulation=grad_accumulation,
@@ -191,12 +249,20 @@ class CuStateVecDevice(Device):
     ) -> bool:
         """Adjoint differentiation. An explicit ``diff_method="adjoint"`` is always taken, so
         that a circuit it cannot serve gets an error naming the reason; ``"best"`` and
-        ``"device"`` take it only for circuits it serves (else PennyLane's parameter-shift)."""
+        ``"device"`` take it only for circuits it serves (else PennyLane's parameter-shift).
+
+        The adjoint method gives first derivatives only: with ``max_diff > 1``
+        (``derivative_order``) "best" declines, so that PennyLane picks parameter-shift and
+        differentiates it again, and "adjoint" or "device" is taken so that
+        ``setup_execution_config`` refuses it by name (rather than a zero Hessian)."""
         if execution_config is None:
             return True
         method = execution_config.gradient_method
-        if method == "adjoint":
+        higher_order = execution_config.derivative_order > 1
+        if method == "adjoint" or (method == "device" and higher_order):
             return True
+        if method == "best" and higher_order:
+            return False
         if method in ("best", "device"):
             return circuit is None or self._adjoint_serves(circuit, execution_config)
         return False
@@ -221,12 +287,19 @@ class CuStateVecDevice(Device):
     ) -> ExecutionConfig:
         """ "best" and "device" become "adjoint", which computes device gradients and VJPs
         (Jacobians on execution) unless the user chose otherwise; the mid-circuit
-        measurement method defaults to "one-shot" with shots, else "deferred"."""
+        measurement method defaults to "one-shot" with shots, else "deferred".
+
+        "best" with ``derivative_order > 1`` stays as it is (PennyLane resolves it to
+        parameter-shift, see ``supports_derivatives``); the adjoint method with
+        ``derivative_order > 1`` raises QuantumFunctionError naming the choices."""
         config = config or ExecutionConfig()
         updates: dict = {}
-        if config.gradient_method in ("best", "device"):
+        if config.gradient_method == "device" or (
+            config.gradient_method == "best" and config.derivative_order == 1
+        ):
             updates["gradient_method"] = "adjoint"
         if updates.get("gradient_method", config.gradient_method) == "adjoint":
+            _require_first_derivatives(config)
             for field in (
                 "use_device_gradient",
                 "use_device_jacobian_product",
@@ -352,10 +425,20 @@ class CuStateVecDevice(Device):
         self._final_states.replace(circuits, keep or {})
         return results
 
+    # The public entry points are counted by ``simulator_tracking`` (wrapped at class
+    # creation). Each one that executes as well calls the untracked implementations
+    # (``_execute``, ``_compute_derivatives``, ``_compute_vjp``), never another public
+    # method, so that qml.Tracker counts every call once, as default.qubit does.
+
     def compute_derivatives(
         self,
         circuits: Sequence[QuantumScript],
         execution_config: ExecutionConfig | None = None,
+    ):
+        return self._compute_derivatives(circuits, execution_config)
+
+    def _compute_derivatives(
+        self, circuits: Sequence[QuantumScript], execution_config: ExecutionConfig | None
     ):
         in_force = self.options_in_force(execution_config)
         kept = [self._final_states.pop(tape) for tape in circuits]
@@ -375,13 +458,21 @@ class CuStateVecDevice(Device):
     ):
         config = _adjoint_config(execution_config)
         results = self._execute(circuits, config)
-        return results, self.compute_derivatives(circuits, config)
+        return results, self._compute_derivatives(circuits, config)
 
     def compute_vjp(
         self,
         circuits: Sequence[QuantumScript],
         cotangents: Sequence,
         execution_config: ExecutionConfig | None = None,
+    ):
+        return self._compute_vjp(circuits, cotangents, execution_config)
+
+    def _compute_vjp(
+        self,
+        circuits: Sequence[QuantumScript],
+        cotangents: Sequence,
+        execution_config: ExecutionConfig | None,
     ):
         in_force = self.options_in_force(execution_config)
         kept = [self._final_states.pop(tape) for tape in circuits]
@@ -402,7 +493,19 @@ class CuStateVecDevice(Device):
     ):
         config = _adjoint_config(execution_config)
         results = self._execute(circuits, config)
-        return results, self.compute_vjp(circuits, cotangents, config)
+        return results, self._compute_vjp(circuits, cotangents, config)
+
+
+def _require_first_derivatives(config: ExecutionConfig) -> None:
+    """The adjoint method gives first derivatives only; PennyLane's own devices return zeros
+    for the higher ones (``max_diff > 1``), this one refuses."""
+    if config.derivative_order > 1:
+        raise QuantumFunctionError(
+            f"diff_method={config.gradient_method!r} (the adjoint method) computes first "
+            f"derivatives only, but max_diff={config.derivative_order} asks for derivatives "
+            "of higher order (a Hessian would be zero). Use diff_method='parameter-shift' "
+            "(or 'best', which picks it when max_diff > 1), or max_diff=1."
+        )
 
 
 def _adjoint_config(config: ExecutionConfig | None) -> ExecutionConfig:

@@ -33,7 +33,7 @@ from pennylane.wires import Wires
 
 from .backends.base import Backend, StateBatch
 from .program import Program, compile_operation
-from .simulate import apply_instruction
+from .simulate import apply_instruction, require_normalised
 
 DENSE_OBSERVABLE_WIRES = 10
 
@@ -273,7 +273,9 @@ def computational_basis_samples(
     shots: int,
     rng: np.random.Generator,
 ) -> np.ndarray:
-    """``shots`` samples per vector, int64 (B, shots, len(wires)): column j is wire j's bit."""
+    """``shots`` samples per vector, int64 (B, shots, len(wires)): column j is wire j's bit.
+    The states must be normalised (``simulate.require_normalised``: one pass for the norms)."""
+    require_normalised(backend, backend.probabilities(state, ())[:, 0])
     outcomes = backend.sample(state, program.targets(wires), shots, rng)
     shifts = np.arange(len(wires) - 1, -1, -1, dtype=np.int64)
     return (outcomes[..., None] >> shifts) & 1

@@ -187,8 +187,9 @@ def wire_labels(op: Operator) -> Sequence:
 
 
 def register_wires(tape: QuantumScript, device_wires: Wires | None) -> Wires:
-    """The wires the simulation needs, in device order."""
-    if device_wires is None:
+    """The wires the simulation needs, in device order. A device without wires (None, or
+    none given: ``wires=0`` or ``[]``) takes each circuit's, as PennyLane's devices do."""
+    if not device_wires:
         return tape.wires
     used = set(tape.wires)
     return Wires([w for w in device_wires if w in used])

@@ -21,6 +21,37 @@ class StateTooLargeError(DeviceError, MemoryError):
     """The state vectors a run needs do not fit in the backend's free memory."""
 
 
+class UnnormalisedStateError(DeviceError, ValueError):
+    """A state to sample from has a norm other than 1 (NaN, zero, or off by more than
+    round-off): its samples would mean nothing."""
+
+
+NORM_TOLERANCE = {np.dtype(np.complex128): 1e-6, np.dtype(np.complex64): 1e-3}
+"""How far the squared norm of a state to sample may be from 1: default.qubit's cutoff at
+complex128; at complex64 the round-off of float32 amplitudes grows with the circuit's depth
+(about 6e-8 per gate), and an unnormalised input is off by far more."""
+
+
+def require_normalised(backend: Backend, norms: np.ndarray) -> None:
+    """Refuse to sample from states whose squared norms (one per vector of the batch, the
+    sum of all probabilities) are not 1 within ``NORM_TOLERANCE``: default.qubit refuses
+    them too, and each backend would draw different samples from them."""
+    norms = np.asarray(norms, dtype=np.float64).reshape(-1)
+    bad = ~(np.abs(norms - 1.0) <= NORM_TOLERANCE[backend.dtype])  # NaN is bad
+    if not bad.any():
+        return
+    vector = int(np.argmax(bad))
+    where = f" (vector {vector} of a batch of {norms.size})" if norms.size > 1 else ""
+    raise UnnormalisedStateError(
+        f"Cannot sample from a state whose squared norm is {norms[vector]:.6g}{where}, not 1. "
+        "Such states come from a postselected mid-circuit measurement outcome of probability "
+        "0, a non-unitary matrix with its check turned off (QubitUnitary with "
+        "unitary_check=False), or an unnormalised qml.StatePrep(..., normalize=False, "
+        "validate_norm=False): make the circuit's operations unitary and its prepared state "
+        "normalised (or use normalize=True)."
+    )
+
+
 def state_bytes(backend: Backend, num_qubits: int, batch_size: int) -> int:
     """Bytes of ``batch_size`` state vectors of ``num_qubits`` qubits."""
     return batch_size * (2**num_qubits) * backend.dtype.itemsize
@@ -185,6 +216,7 @@ def _measure_mid_circuit(
 ) -> np.ndarray:
     """Sample each vector's outcome, project onto it, renormalise, and reset if asked."""
     probabilities = backend.probabilities(state, instruction.targets)
+    require_normalised(backend, probabilities.sum(axis=1))
     p_one = probabilities[:, 1] / probabilities.sum(axis=1)
     outcome = (rng.random(p_one.shape[0]) < p_one).astype(np.int64)
     kept = np.where(outcome == 1, p_one, 1.0 - p_one)

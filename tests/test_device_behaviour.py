@@ -1,0 +1,551 @@
+"""Drop-in behaviour of the device against default.qubit (issue 14, items 3, 9, 12, 14, 15):
+Hessians with diff_method="best", bad input, qml.Tracker counts, seed="global", and free
+memory without /proc/meminfo."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import types
+
+import numpy as np
+import pennylane as qml
+import pytest
+import torch
+from conftest import DEVICE, assert_allclose_nested
+from pennylane.devices import ExecutionConfig
+from pennylane.exceptions import QuantumFunctionError
+
+from pennylane_custatevec import measure, simulate
+from pennylane_custatevec.backends import cpu
+from pennylane_custatevec.backends.cpu import CPUBackend
+from pennylane_custatevec.backends.custatevec import CuStateVecBackend
+from pennylane_custatevec.program import compile_tape
+from pennylane_custatevec.simulate import StateTooLargeError, UnnormalisedStateError
+
+# --- item 3: Hessians -----------------------------------------------------------------------
+
+
+def _two_parameter_circuit(x):
+    qml.RY(x[0], wires=0)
+    qml.RX(x[1], wires=0)
+    qml.CNOT([0, 1])
+    qml.RZ(x[0] * x[1], wires=1)
+    qml.RX(x[1], wires=1)
+    return qml.expval(qml.Z(0) @ qml.Z(1))
+
+
+def _hessian(device, diff_method, interface):
+    node = qml.QNode(
+        _two_parameter_circuit, device, diff_method=diff_method, max_diff=2, interface=interface
+    )
+    if interface == "torch":
+        x = torch.tensor([1.0, 2.0], requires_grad=True, dtype=torch.float64)
+        return torch.autograd.functional.hessian(node, x).detach().numpy()
+    x = qml.numpy.array([1.0, 2.0], requires_grad=True)
+    return qml.jacobian(qml.grad(node))(x)
+
+
+@pytest.mark.parametrize("interface", ["torch", "autograd"])
+def test_hessian_best(interface):
+    """diff_method="best" with max_diff=2 gave a zero Hessian (adjoint has no second
+    derivatives): now it picks parameter-shift, and the Hessian is default.qubit's."""
+    expected = _hessian(qml.device("default.qubit", wires=2), "best", interface)
+    assert np.abs(expected).max() > 0.1
+    hessian = _hessian(qml.device(DEVICE, wires=2), "best", interface)
+    np.testing.assert_allclose(hessian, expected, atol=1e-10, rtol=0)
+
+
+def test_best_resolves_to_parameter_shift_for_higher_derivatives():
+    """How PennyLane 0.45 resolves "best": supports_derivatives with the QNode's max_diff as
+    derivative_order; declining it for adjoint gives param_shift, and setup_execution_config
+    leaves such a "best" alone (never "adjoint")."""
+    dev = qml.device(DEVICE, wires=1)
+    tape = qml.tape.QuantumScript([qml.RY(0.1, 0)], [qml.expval(qml.Z(0))])
+    best = {
+        order: ExecutionConfig(gradient_method="best", derivative_order=order) for order in (1, 2)
+    }
+    assert dev.supports_derivatives(best[1], tape)
+    assert not dev.supports_derivatives(best[2], tape)
+    assert not dev.supports_derivatives(best[2])
+    assert dev.setup_execution_config(best[1], tape).gradient_method == "adjoint"
+    assert dev.setup_execution_config(best[2], tape).gradient_method == "best"
+
+    def circuit(x):
+        qml.RY(x, 0)
+        return qml.expval(qml.Z(0))
+
+    for max_diff, method in ((1, "adjoint"), (2, qml.gradients.param_shift)):
+        node = qml.QNode(circuit, dev, diff_method="best", max_diff=max_diff)
+        config = qml.workflow.construct_execution_config(node, resolve=True)(qml.numpy.array(0.3))
+        assert config.gradient_method == method
+
+
+@pytest.mark.parametrize("diff_method", ["adjoint", "device"])
+@pytest.mark.parametrize("interface", ["torch", "autograd"])
+def test_explicit_adjoint_hessian_raises(diff_method, interface):
+    """An explicit adjoint method with max_diff > 1 is refused by name (default.qubit and
+    lightning.qubit return a zero Hessian)."""
+    with pytest.raises(QuantumFunctionError, match="first derivatives only") as info:
+        _hessian(qml.device(DEVICE, wires=2), diff_method, interface)
+    message = str(info.value)
+    assert "max_diff=2" in message
+    assert "diff_method='parameter-shift'" in message and "max_diff=1" in message
+
+
+def test_explicit_adjoint_higher_order_raises_in_execute():
+    dev = qml.device(DEVICE, wires=1)
+    x = qml.numpy.array(0.3, requires_grad=True)
+    tape = qml.tape.QuantumScript([qml.RY(x, 0)], [qml.expval(qml.Z(0))])
+    with pytest.raises(QuantumFunctionError, match="first derivatives only"):
+        qml.execute([tape], dev, diff_method="adjoint", max_diff=2)
+    # max_diff=1 is served as before
+    (result,) = qml.execute([tape], dev, diff_method="adjoint", max_diff=1)
+    assert result == pytest.approx(np.cos(0.3))
+
+
+# --- item 9: bad input ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("wires", [0, []])
+def test_device_without_wires_runs_circuits_like_default_qubit(wires):
+    """wires=0 and wires=[] are devices without wires that take each circuit's wires, as
+    default.qubit does (they failed with a bare KeyError on every circuit that named one)."""
+    dev, ref = qml.device(DEVICE, wires=wires, seed=3), qml.device("default.qubit", wires=wires)
+    assert dev.wires == ref.wires == qml.wires.Wires([])
+
+    def circuit(x):
+        qml.RX(x, 0)
+        qml.CNOT([0, "a"])
+        qml.RY(0.4, "a")
+        return qml.expval(qml.Z("a")), qml.probs(wires=[0, "a"]), qml.expval(qml.Z(0) @ qml.X("a"))
+
+    x = qml.numpy.array(0.7, requires_grad=True)
+    expected = qml.QNode(circuit, ref)(x)
+    assert_allclose_nested(qml.QNode(circuit, dev)(x), expected, atol=1e-12)
+
+    def cost(node):
+        return lambda v: qml.math.hstack(node(v))
+
+    expected_jacobian = qml.jacobian(cost(qml.QNode(circuit, ref, diff_method="backprop")))(x)
+    for diff_method in ("adjoint", "parameter-shift"):
+        jacobian = qml.jacobian(cost(qml.QNode(circuit, dev, diff_method=diff_method)))(x)
+        np.testing.assert_allclose(jacobian, expected_jacobian, atol=1e-12, rtol=0)
+
+    def state():
+        qml.Hadamard(1)
+        return qml.state()
+
+    np.testing.assert_allclose(qml.QNode(state, dev)(), qml.QNode(state, ref)(), atol=1e-12)
+    sampled = qml.set_shots(qml.QNode(circuit, dev), shots=4000)(x)
+    assert_allclose_nested(sampled, expected, atol=0.05)
+
+
+@pytest.mark.parametrize("wires", [-1, -3, 2.5, 2.0, np.float64(3.0), True, 1j])
+def test_bad_wires_name_the_option(wires):
+    with pytest.raises(ValueError, match=r"^wires=") as info:
+        qml.device(DEVICE, wires=wires)
+    message = str(info.value)
+    assert "int >= 0" in message and "wire labels" in message and "None" in message
+    if not isinstance(wires, (bool, float, complex)):
+        assert "negative" in message
+
+
+@pytest.mark.parametrize("wires", [np.int64(2), 3, (0, "b"), "ab", range(2)])
+def test_good_wires(wires):
+    assert qml.device(DEVICE, wires=wires).wires == qml.device("default.qubit", wires=wires).wires
+
+
+@pytest.mark.parametrize(
+    "seed", [1.5, -1, True, "bad", [], [-1, 2], [[1]], [1.0], {}, np.bool_(1), np.array(5)]
+)
+def test_bad_seed_values_name_the_option(seed):
+    with pytest.raises(ValueError, match=r"^seed=") as info:
+        qml.device(DEVICE, wires=1, seed=seed)
+    message = str(info.value)
+    assert "int >= 0" in message and "None" in message and "'global'" in message
+    assert "numpy.random.Generator" in message
+
+
+@pytest.mark.parametrize(
+    "seed",
+    [
+        np.int64(4),
+        2**70,
+        [1, 2],
+        (3,),
+        np.array([7, 8]),
+        np.random.SeedSequence(9),
+    ],
+    ids=repr,
+)
+def test_numpy_seeds_seed_as_numpy_does(seed):
+    """Every seed numpy.random.default_rng takes (as default.qubit does) is accepted, and the
+    device's samples are those of a Generator seeded with it."""
+
+    def circuit():
+        qml.Hadamard(0)
+        return qml.sample(wires=0)
+
+    sampled = qml.set_shots(qml.QNode(circuit, qml.device(DEVICE, wires=1, seed=seed)), 64)()
+    again = qml.set_shots(qml.QNode(circuit, qml.device(DEVICE, wires=1, seed=seed)), 64)()
+    np.testing.assert_array_equal(sampled, again)
+    other = qml.set_shots(qml.QNode(circuit, qml.device(DEVICE, wires=1, seed=12345)), 64)()
+    assert not np.array_equal(sampled, other)
+
+
+@pytest.mark.parametrize("c_dtype", ["foo", "complex32", object(), None, "float64"])
+def test_bad_c_dtype_names_the_option(c_dtype):
+    with pytest.raises(ValueError, match=r"^c_dtype=") as info:
+        qml.device(DEVICE, wires=1, c_dtype=c_dtype)
+    assert "numpy.complex128" in str(info.value) and "numpy.complex64" in str(info.value)
+
+
+@pytest.mark.parametrize("c_dtype", ["complex64", "complex128", np.complex64])
+def test_c_dtype_by_name(c_dtype):
+    assert qml.device(DEVICE, wires=1, c_dtype=c_dtype).c_dtype == np.dtype(c_dtype)
+
+
+def _unnormalised_prep():
+    qml.StatePrep(np.array([1.0, 1.0, 0, 0]), wires=[0, 1], normalize=False, validate_norm=False)
+
+
+def _zero_prep():
+    qml.StatePrep(np.zeros(4), wires=[0, 1], normalize=False, validate_norm=False)
+
+
+def _nan_prep():
+    qml.StatePrep(np.array([np.nan, 0, 0, 0]), wires=[0, 1], normalize=False, validate_norm=False)
+
+
+def _non_unitary():
+    qml.QubitUnitary(np.diag([2.0, 1.0]), wires=0, unitary_check=False)
+    qml.Hadamard(1)
+
+
+def _zero_matrix():
+    qml.Hadamard(1)
+    qml.QubitUnitary(np.zeros((2, 2)), wires=0, unitary_check=False)
+
+
+def _nan_matrix():
+    qml.QubitUnitary(np.full((2, 2), np.nan), wires=0, unitary_check=False)
+
+
+def _impossible_postselection():
+    qml.PauliX(0)
+    qml.measure(0, postselect=0)
+
+
+BAD_STATES = {
+    "unnormalised StatePrep": (_unnormalised_prep, "2"),
+    "zero StatePrep": (_zero_prep, "0"),
+    "NaN StatePrep": (_nan_prep, "nan"),
+    "non-unitary QubitUnitary": (_non_unitary, "4"),
+    "zero QubitUnitary": (_zero_matrix, "0"),
+    "NaN QubitUnitary": (_nan_matrix, "nan"),
+    "postselection of probability 0": (_impossible_postselection, "nan"),
+}
+"""Ways to a state that cannot be sampled through public API: preparation, squared norm."""
+
+
+@pytest.fixture(params=["cpu", "custatevec"])
+def backend_name(request):
+    """Both backends: the CPU one, and cuStateVec's on its NumPy double."""
+    if request.param == "custatevec":
+        request.getfixturevalue("gpu_double")
+    return request.param
+
+
+@pytest.mark.parametrize("mcm_method", ["deferred", "one-shot"])
+@pytest.mark.parametrize("case", sorted(BAD_STATES))
+def test_sampling_a_state_that_is_not_normalised_raises(backend_name, case, mcm_method):
+    """Counts of a NaN, zero-norm or unnormalised state were drawn (differently on the two
+    backends); now both refuse before sampling, where default.qubit raises (for a NaN state
+    default.qubit returns all-zero samples: a wrong number, refused here too)."""
+    prepare, norm = BAD_STATES[case]
+    if mcm_method == "one-shot" and case == "postselection of probability 0":
+        pytest.skip("one-shot postselection discards shots (dynamic_one_shot): no sampling")
+
+    def circuit():
+        prepare()
+        if mcm_method == "one-shot":  # sampled shot by shot, first at the mid-measurement
+            qml.measure(1)
+        return qml.counts(wires=[0, 1])
+
+    dev = qml.device(DEVICE, wires=3, backend=backend_name, seed=1)
+    node = qml.set_shots(qml.QNode(circuit, dev, mcm_method=mcm_method), shots=100)
+    with pytest.raises(UnnormalisedStateError, match="Cannot sample") as info:
+        node()
+    assert re.search(f"squared norm is {norm}[ ,]", str(info.value))
+    assert isinstance(info.value, ValueError)  # as default.qubit's "probabilities do not sum to 1"
+    if norm != "nan" and mcm_method == "deferred":
+        ref = qml.device("default.qubit", wires=3, seed=1)
+        with pytest.raises(ValueError, match="probabilities do not sum to 1"):
+            qml.set_shots(qml.QNode(circuit, ref, mcm_method=mcm_method), shots=100)()
+
+
+def _backend(name):
+    return CPUBackend() if name == "cpu" else CuStateVecBackend()
+
+
+def test_backend_level_sampling_checks_every_vector(backend_name):
+    """The check sits in front of every backend's sampler (measure.computational_basis_samples):
+    a batch whose second vector is unnormalised is refused, naming the vector; a norm off by
+    round-off is sampled."""
+    backend = _backend(backend_name)
+    tape = qml.tape.QuantumScript([], [qml.counts(wires=[0, 1])])
+    program = compile_tape(tape, qml.wires.Wires([0, 1]))
+    good = np.array([0.6, 0.0, 0.0, 0.8])
+    rng = np.random.default_rng(0)
+    for bad in (good * 1.01, good * 0.0, good * np.nan):
+        state = backend.from_host(np.stack([good, bad]))
+        with pytest.raises(UnnormalisedStateError, match="vector 1 of a batch of 2"):
+            measure.computational_basis_samples(backend, state, program, program.wires, 10, rng)
+    almost = backend.from_host(np.stack([good, good * (1 + 1e-9)]))
+    samples = measure.computational_basis_samples(backend, almost, program, program.wires, 50, rng)
+    assert samples.shape == (2, 50, 2)
+    assert set(map(tuple, samples.reshape(-1, 2))) <= {(0, 0), (1, 1)}
+
+
+@pytest.mark.parametrize(
+    "dtype, off", [(np.complex128, 1e-5), (np.complex64, 1e-2), (np.complex64, 1e-4)]
+)
+def test_norm_tolerance_per_dtype(dtype, off):
+    """default.qubit's cutoff (1e-6) at complex128; float32 round-off grows with depth, so
+    complex64 allows 1e-3."""
+    backend = CPUBackend(dtype)
+    norms = np.array([1.0 + off])
+    if off > simulate.NORM_TOLERANCE[np.dtype(dtype)]:
+        with pytest.raises(UnnormalisedStateError):
+            simulate.require_normalised(backend, norms)
+    else:
+        simulate.require_normalised(backend, norms)
+
+
+# --- item 12: qml.Tracker -------------------------------------------------------------------
+
+
+def _tracked(dev, action):
+    """(totals, history keys, history) of ``action(dev)``, the results apart (the
+    devices' round-off differs): (their totals, their history)."""
+    with qml.Tracker(dev) as tracker:
+        action(dev)
+    totals = {k: v for k, v in tracker.totals.items() if k != "results"}
+    history = {k: v for k, v in tracker.history.items() if k != "results"}
+    results = (tracker.totals.get("results"), tracker.history.get("results"))
+    return totals, sorted(tracker.history), history, results
+
+
+def _assert_tracked_alike(action, wires=2, atol=1e-10):
+    ours = _tracked(qml.device(DEVICE, wires=wires, seed=5), action)
+    reference = _tracked(qml.device("default.qubit", wires=wires, seed=5), action)
+    assert ours[0] == reference[0]
+    assert ours[1] == reference[1]
+    assert ours[2] == reference[2]
+    (our_total, our_results), (total, results) = ours[3], reference[3]
+    assert (our_total is None) == (total is None)
+    if total is not None:
+        np.testing.assert_allclose(our_total, total, atol=atol)
+    assert (our_results is None) == (results is None)
+    if results is not None:
+        assert_allclose_nested(list(our_results), list(results), atol=atol)
+
+
+@pytest.mark.parametrize("grad_on_execution", [True, False])
+@pytest.mark.parametrize("device_vjp", [True, False])
+def test_tracker_double_count(grad_on_execution, device_vjp):
+    """A torch QNode's forward and backward count as on default.qubit (derivatives and VJPs
+    were counted twice: execute_and_compute_* called the tracked compute_*)."""
+
+    def action(dev):
+        @qml.qnode(
+            dev,
+            diff_method="adjoint",
+            grad_on_execution=grad_on_execution,
+            device_vjp=device_vjp,
+            interface="torch",
+        )
+        def circuit(x):
+            qml.RX(x[0], 0)
+            qml.CNOT([0, 1])
+            qml.RY(x[1], 1)
+            return qml.expval(qml.Z(0)), qml.expval(qml.Z(1))
+
+        x = torch.tensor([0.3, 0.4], requires_grad=True, dtype=torch.float64)
+        first, second = circuit(x)
+        (first + 2 * second).backward()
+
+    _assert_tracked_alike(action)
+
+
+def _tapes():
+    """Parameters as the workflow hands them to a device: numpy, not autograd."""
+    x = 0.3
+    return (
+        qml.tape.QuantumScript(
+            [qml.RX(x, 0), qml.CNOT([0, 1])], [qml.expval(qml.Z(1))], trainable_params=[0]
+        ),
+        qml.tape.QuantumScript(
+            [qml.RY(0.5, 0), qml.RX(x, 1)],
+            [qml.expval(qml.Z(0)), qml.expval(qml.Y(1))],
+            trainable_params=[1],
+        ),
+    )
+
+
+def _adjoint_config(dev):
+    return dev.setup_execution_config(ExecutionConfig(gradient_method="adjoint"))
+
+
+_COTANGENTS = (1.0, (0.5, -1.0))
+
+DEVICE_CALLS = {
+    "execute": lambda dev: dev.execute(_tapes(), _adjoint_config(dev)),
+    "compute_derivatives": lambda dev: dev.compute_derivatives(_tapes(), _adjoint_config(dev)),
+    "compute_vjp": lambda dev: dev.compute_vjp(_tapes(), _COTANGENTS, _adjoint_config(dev)),
+    "execute_and_compute_derivatives": lambda dev: dev.execute_and_compute_derivatives(
+        _tapes(), _adjoint_config(dev)
+    ),
+    "execute_and_compute_vjp": lambda dev: dev.execute_and_compute_vjp(
+        _tapes(), _COTANGENTS, _adjoint_config(dev)
+    ),
+    "execute then compute_vjp": lambda dev: (
+        dev.execute(_tapes(), _adjoint_config(dev)),
+        dev.compute_vjp(_tapes(), _COTANGENTS, _adjoint_config(dev)),
+    ),
+    "one tape": lambda dev: dev.execute_and_compute_derivatives(_tapes()[0], _adjoint_config(dev)),
+    "shots": lambda dev: dev.execute(
+        [qml.tape.QuantumScript(t.operations, t.measurements, shots=(10, 20)) for t in _tapes()]
+    ),
+}
+
+
+@pytest.mark.parametrize("call", sorted(DEVICE_CALLS))
+def test_tracker_counts_every_entry_point_as_default_qubit(call):
+    """totals, history keys and history (batches, executions, derivatives, vjps, resources,
+    shots, ...) of each device entry point equal default.qubit's."""
+    _assert_tracked_alike(DEVICE_CALLS[call], atol=1e-10 if call != "shots" else 1.0)
+
+
+# --- item 14: seed="global" -----------------------------------------------------------------
+
+
+def test_rng_global_stream():
+    """Building the device draws from numpy's global stream exactly what default.qubit
+    draws, so a script's later np.random values do not depend on the device."""
+
+    def later_values(name):
+        np.random.seed(42)
+        values = []
+        for _ in range(5):
+            qml.device(name, wires=2)
+            values.append(np.random.rand())
+        return values
+
+    assert later_values(DEVICE) == later_values("default.qubit")
+
+
+def test_global_seed_is_default_qubits_draw():
+    """seed="global" seeds the device with np.random.randint(0, high=10_000_000), as
+    default.qubit does: its samples are those of a device given that seed."""
+
+    def circuit():
+        qml.Hadamard(0)
+        qml.Hadamard(1)
+        return qml.sample(wires=[0, 1])
+
+    np.random.seed(11)
+    drawn = np.random.randint(0, high=10_000_000)
+    np.random.seed(11)
+    global_dev = qml.device(DEVICE, wires=2, seed="global")
+    sampled = qml.set_shots(qml.QNode(circuit, global_dev), shots=50)()
+    expected = qml.set_shots(qml.QNode(circuit, qml.device(DEVICE, wires=2, seed=drawn)), 50)()
+    np.testing.assert_array_equal(sampled, expected)
+
+
+# --- item 15: free memory without /proc/meminfo ----------------------------------------------
+
+
+@pytest.fixture
+def no_meminfo(monkeypatch, tmp_path):
+    """A platform without /proc/meminfo (macOS, Windows) and without psutil."""
+    monkeypatch.setattr(cpu, "MEMINFO_PATH", str(tmp_path / "no-meminfo"))
+    monkeypatch.setitem(sys.modules, "psutil", None)  # import psutil raises ImportError
+
+
+def _fake_sysconf(monkeypatch, values: dict):
+    names = {name: i for i, name in enumerate(values)}
+    calls = []
+
+    def sysconf(name):
+        calls.append(name)
+        return values[name]
+
+    monkeypatch.setattr(os, "sysconf_names", names, raising=False)
+    monkeypatch.setattr(os, "sysconf", sysconf, raising=False)
+    return calls
+
+
+def test_available_bytes_reads_proc_meminfo_where_it_exists(monkeypatch, tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:  999 kB\nMemFree:  5 kB\nMemAvailable:   1234 kB\n")
+    monkeypatch.setattr(cpu, "MEMINFO_PATH", str(meminfo))
+    assert CPUBackend().available_bytes() == 1234 * 1024
+
+
+def test_available_bytes_without_proc_meminfo_uses_sysconf(no_meminfo, monkeypatch):
+    calls = _fake_sysconf(monkeypatch, {"SC_PAGE_SIZE": 4096, "SC_AVPHYS_PAGES": 1000})
+    available = CPUBackend().available_bytes()
+    assert type(available) is int and available == 4096 * 1000
+    assert "SC_AVPHYS_PAGES" in calls
+
+
+def test_available_bytes_without_free_page_count_takes_half_the_memory(no_meminfo, monkeypatch):
+    """macOS: os.sysconf knows the physical pages, not the free ones."""
+    _fake_sysconf(monkeypatch, {"SC_PAGE_SIZE": 16384, "SC_PHYS_PAGES": 1 << 20})
+    assert CPUBackend().available_bytes() == 16384 * (1 << 20) // 2
+
+
+def test_available_bytes_without_sysconf_is_the_documented_default(no_meminfo, monkeypatch):
+    """Windows without psutil: no os.sysconf."""
+    monkeypatch.setattr(os, "sysconf_names", {}, raising=False)
+    available = CPUBackend().available_bytes()
+    assert available == cpu.UNKNOWN_PLATFORM_BYTES > 0
+
+
+def test_available_bytes_without_proc_meminfo_uses_psutil(monkeypatch, tmp_path):
+    monkeypatch.setattr(cpu, "MEMINFO_PATH", str(tmp_path / "no-meminfo"))
+    fake = types.SimpleNamespace(
+        virtual_memory=lambda: types.SimpleNamespace(available=7 * 2**30, total=16 * 2**30)
+    )
+    monkeypatch.setitem(sys.modules, "psutil", fake)
+    assert CPUBackend().available_bytes() == 7 * 2**30
+
+
+def test_too_large_circuit_refused_without_proc_meminfo(no_meminfo, monkeypatch):
+    """With the fallback's figure (here 1 MiB free), a 21-qubit circuit (32 MiB) is refused
+    before any state is allocated."""
+    _fake_sysconf(monkeypatch, {"SC_PAGE_SIZE": 4096, "SC_AVPHYS_PAGES": 256})
+    allocations = []
+    for method in ("zero_state", "product_state", "from_host"):
+        original = getattr(CPUBackend, method)
+
+        def spy(self, *args, _original=original, **kwargs):
+            allocations.append(args)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(CPUBackend, method, spy)
+    dev = qml.device(DEVICE, wires=21, backend="cpu")
+
+    @qml.qnode(dev)
+    def circuit():
+        for wire in range(21):
+            qml.Hadamard(wire)
+        return qml.expval(qml.Z(0))
+
+    message = r"needs 33,554,432 bytes of cpu memory; 1,048,576 bytes are available"
+    with pytest.raises(StateTooLargeError, match=message):
+        circuit()
+    assert allocations == []
