@@ -52,7 +52,7 @@ from .adjoint import (
     state_derivatives,
 )
 from .backends.base import Backend, StateBatch
-from .exact import generator_key, value_key
+from .exact import generator_key
 from .execution import chunks
 from .pauli import pauli_word_matrix
 from .program import Instruction, Program, Steps, flatten, inverse, merge, plain_rotation
@@ -89,7 +89,7 @@ class SweepKey:
     data shapes."""
     steps: tuple
     """Per step: the operation's ``generator_key``, and per instruction whether it is
-    compiled from the operation itself and its condition."""
+    compiled from the operation itself (``plain_rotation``)."""
     columns: tuple
     """The trainable steps with their columns, and the number of columns."""
     rows: int
@@ -100,7 +100,7 @@ class SweepKey:
         circuit = task.circuit
         return cls(
             kernels=flatten(*circuit.compiled).structure_key,
-            steps=tuple(_step_key(op, instructions) for op, instructions in circuit.steps),
+            steps=tuple([_step_key(op, instructions) for op, instructions in circuit.steps]),
             columns=(tuple(sorted(circuit.columns.items())), circuit.n_columns),
             rows=len(task.rows[0]),
         )
@@ -119,9 +119,8 @@ class SweepKey:
 
 
 def _step_key(op: Operator, instructions: list[Instruction]) -> tuple:
-    return generator_key(op), tuple(
-        (instruction.source is op, value_key(instruction.condition)) for instruction in instructions
-    )
+    # no condition to compare: the adjoint method refuses conditional operations
+    return generator_key(op), tuple([instruction.source is op for instruction in instructions])
 
 
 def _merge_for_sweep(tasks: list[_Task]) -> tuple[Program, Steps]:

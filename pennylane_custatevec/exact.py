@@ -27,9 +27,8 @@ import scipy.sparse
 from pennylane import math
 from pennylane.measurements import MeasurementProcess
 from pennylane.operation import Operator
+from pennylane.ops.op_math import Controlled
 from pennylane.wires import Wires
-
-from .program import wire_labels
 
 
 class _ExactArray:
@@ -249,6 +248,16 @@ def _same_key(value, _) -> _Same:
 def _operator_key(op: Operator, with_data) -> tuple:
     """(type, wire labels, hyperparameters, data or None)."""
     kind = type(op)
+    build = _OPERATOR_BUILDERS.get(kind)
+    if build is None:
+        build = _OPERATOR_BUILDERS[kind] = (
+            _controlled_key if issubclass(kind, Controlled) else _general_operator_key
+        )
+    return build(op, with_data)
+
+
+def _general_operator_key(op: Operator, with_data) -> tuple:
+    kind = type(op)
     hyperparameters = op.hyperparameters
     nested = (
         tuple([(name, _key(value, with_data)) for name, value in hyperparameters.items()])
@@ -256,8 +265,33 @@ def _operator_key(op: Operator, with_data) -> tuple:
         else ()
     )
     data = tuple([_key(value, _all_data) for value in op.data]) if with_data(kind) else None
-    wires = wire_labels(op)
-    return kind, wires.labels if isinstance(wires, Wires) else tuple(wires), nested, data
+    return kind, op.wires.labels, nested, data
+
+
+_CONTROLLED_HYPERPARAMETERS = frozenset(
+    {"control_wires", "control_values", "work_wires", "work_wire_type", "base"}
+)
+
+
+def _controlled_key(op: Controlled, with_data) -> tuple:
+    """A controlled operation's key without the generic walk through its hyperparameters
+    (most gates of a circuit are controlled ones: CNOT, CRX, ...); its data are its base's,
+    in the base's key."""
+    hyperparameters = op.hyperparameters
+    if hyperparameters.keys() != _CONTROLLED_HYPERPARAMETERS:
+        return _general_operator_key(op, with_data)
+    controls = hyperparameters["control_wires"].labels
+    base = _operator_key(hyperparameters["base"], with_data)
+    nested = (
+        tuple(hyperparameters["control_values"]),
+        hyperparameters["work_wires"].labels,
+        hyperparameters["work_wire_type"],
+        base,
+    )
+    return type(op), controls + base[1], nested, None
+
+
+_OPERATOR_BUILDERS: dict[type, object] = {}
 
 
 def observable_key(obs: Operator) -> tuple:
