@@ -37,11 +37,11 @@ def run_tapes(
 
     Analytic tapes whose programs share a structure and whose measurements are equal
     exactly (``exact.measurements_key``: the batch is measured with the first tape's
-    measurements) (parameter-shift tapes, several QNode calls in one ``qml.execute``) run
-    as one batch
-    of state vectors; the others run one by one. With ``final_states`` given, it receives
-    ``{tape index: (final state, (layout, steps))}`` of every analytic tape: a view into
-    its batch and its compilation (see ``program.compile_steps``), for the derivatives.
+    measurements), such as parameter-shift tapes or several QNode calls in one
+    ``qml.execute``, run as one batch of state vectors; the others run one by one. With
+    ``final_states`` given, it receives ``{tape index: (final state, (layout, steps))}``
+    of every analytic tape: a view into its batch and its compilation (see
+    ``program.compile_steps``), for the derivatives.
     Analytic batches run fused into blocks of at most ``fusion_qubits`` qubits (see
     ``fusion``; 0 or 1: gate by gate).
     """
