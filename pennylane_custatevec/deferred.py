@@ -29,6 +29,7 @@ backend's free memory.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -51,6 +52,7 @@ from .adjoint import (
     state_derivatives,
 )
 from .backends.base import Backend, StateBatch
+from .exact import generator_key
 from .execution import chunks
 from .pauli import pauli_word_matrix
 from .program import Instruction, Program, Steps, flatten, inverse, merge, plain_rotation
@@ -64,6 +66,79 @@ class _Task:
     circuit: Circuit
     state: StateBatch | None
     rows: list[list[tuple]]  # rows[b]: the R cotangent rows of vector b
+
+    @functools.cached_property
+    def sweep_key(self) -> SweepKey:
+        return SweepKey.of(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepKey:
+    """Equal for tasks that may sweep as one batch: everything the sweep reads of a task
+    but the data of its instructions and its cotangents. The merged compilation keeps the
+    first task's operation of every step (``program.merge``), and the sweep reads from it
+    the generators (``_generator``, ``_single_step``), the wires the generator acts on and
+    whether the step is a plain Pauli rotation; so the operations of a step must agree in
+    type, wires, hyperparameters (exactly) and whatever else their generator depends on
+    (``exact.generator_key``), not only in the kernels they compiled to: IsingXY and
+    SingleExcitation are both one 4x4 matrix, PhaseShift and ctrl(GlobalPhase) both one
+    diagonal, with other generators."""
+
+    kernels: tuple
+    """The forward pass's kernel key (``Program.structure_key``): register, kernels, bits,
+    data shapes."""
+    steps: tuple
+    """Per step: the operation's ``generator_key``, and per instruction whether it is
+    compiled from the operation itself (``plain_rotation``)."""
+    columns: tuple
+    """The trainable steps with their columns, and the number of columns."""
+    rows: int
+    """Cotangent rows (bras) per vector."""
+
+    @classmethod
+    def of(cls, task: _Task) -> SweepKey:
+        circuit = task.circuit
+        return cls(
+            kernels=flatten(*circuit.compiled).structure_key,
+            steps=tuple([_step_key(op, instructions) for op, instructions in circuit.steps]),
+            columns=(tuple(sorted(circuit.columns.items())), circuit.n_columns),
+            rows=len(task.rows[0]),
+        )
+
+    def mismatch(self, other: SweepKey, steps: Steps, other_steps: Steps) -> str | None:
+        """What differs between two keys (``steps``: the compilations' steps), or None."""
+        for field in dataclasses.fields(self):
+            mine, theirs = getattr(self, field.name), getattr(other, field.name)
+            if mine == theirs:
+                continue
+            if field.name == "steps" and len(mine) == len(theirs):
+                j = next(j for j, (a, b) in enumerate(zip(mine, theirs, strict=True)) if a != b)
+                return f"step {j}: {steps[j][0]!r} and {other_steps[j][0]!r}"
+            return field.name
+        return None
+
+
+def _step_key(op: Operator, instructions: list[Instruction]) -> tuple:
+    # no condition to compare: the adjoint method refuses conditional operations
+    return generator_key(op), tuple([instruction.source is op for instruction in instructions])
+
+
+def _merge_for_sweep(tasks: list[_Task]) -> tuple[Program, Steps]:
+    """``program.merge`` of the tasks' compilations, refused (an internal error) for tasks
+    whose sweep keys differ: the merge keeps the first task's operations, and a task swept
+    with another's generators would get a wrong gradient, silently."""
+    if len(tasks) > 1:
+        first = tasks[0]
+        for task in tasks[1:]:
+            difference = first.sweep_key.mismatch(
+                task.sweep_key, first.circuit.steps, task.circuit.steps
+            )
+            if difference is not None:
+                raise RuntimeError(
+                    "custatevec.qubit internal error: tapes that the derivative reads "
+                    f"differently were batched into one adjoint sweep ({difference} differ)."
+                )
+    return merge([task.circuit.compiled for task in tasks])
 
 
 def vjps(
@@ -179,19 +254,13 @@ def _state_outputs(backend: Backend, circuit: Circuit, entries: list) -> None:
 
 
 def _run(backend: Backend, tasks: list[_Task], fusion_qubits: int):
-    """(task, gradients (B_task, R, P)) for every task: tasks that share a structure, the
-    same trainable gates and the same number of rows sweep together, in memory chunks."""
+    """(task, gradients (B_task, R, P)) for every task: tasks with equal sweep keys (the
+    same kernels, operations, trainable gates and number of rows) sweep together, in
+    memory chunks."""
     groups: dict = {}
     for task in tasks:
-        circuit = task.circuit
-        key = None  # a single tape is a group of its own: no key to build
-        if len(tasks) > 1:
-            key = (
-                flatten(*circuit.compiled).structure_key,
-                tuple(sorted(circuit.columns.items())),
-                circuit.n_columns,
-                len(task.rows[0]),
-            )
+        # a single tape is a group of its own: no key to build
+        key = task.sweep_key if len(tasks) > 1 else None
         groups.setdefault(key, []).append(task)
     for group in groups.values():
         for chunk in _chunks(backend, group):
@@ -216,7 +285,7 @@ def _chunks(backend: Backend, tasks: list[_Task]):
 
 def _sweep_chunk(backend: Backend, tasks: list[_Task], fusion_qubits: int) -> np.ndarray:
     """The gradients (B, R, P) of the tasks' rows, the tasks' vectors in one batch."""
-    layout, steps = merge([task.circuit.compiled for task in tasks])
+    layout, steps = _merge_for_sweep(tasks)
     states = [
         task.circuit.final_state(backend) if task.state is None else task.state for task in tasks
     ]
@@ -444,7 +513,7 @@ def _generator(layout: Program, step: tuple, targets: tuple[int, ...]) -> np.nda
 
 def _generator_matrix(op: Operator) -> np.ndarray:
     """The generator's matrix on the operation's wires (first wire most significant)."""
-    key = (op.name, len(op.wires), str(op.hyperparameters))
+    key = generator_key(op, with_wire_labels=False)
     matrix = _GENERATORS.get(key)
     if matrix is None:
         matrix = qml.matrix(op.generator(), wire_order=op.wires)
@@ -455,5 +524,6 @@ def _generator_matrix(op: Operator) -> np.ndarray:
 
 _GENERATORS: dict = {}
 _MAX_GENERATORS = 1024
-"""Generator matrices depend on the gate type and hyperparameters, not on the parameter:
-built once (qml.matrix of a generator costs far more than a small block)."""
+"""Generator matrices on the operation's wires, by ``exact.generator_key`` (the gate type,
+its number of wires, its hyperparameters exactly, not its parameter): built once
+(qml.matrix of a generator costs far more than a small block)."""

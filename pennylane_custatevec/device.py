@@ -32,8 +32,9 @@ from pennylane.transforms.core import CompilePipeline
 
 from . import adjoint, deferred, settings
 from .backends import BACKEND_CHOICES, select_backend
+from .exact import gate_key
 from .execution import run_tapes
-from .program import compiles_by_gate, wire_labels
+from .program import compiles_by_gate
 from .rotations import PauliRotations
 from .templates import NATIVE_TEMPLATES, is_native_template
 from .transforms import (
@@ -534,20 +535,24 @@ class _FinalStates:
 
 
 def _key(tape: QuantumScript) -> tuple:
-    """All that a tape's final state depends on: the gates' names, wires and
-    hyperparameters, and their parameters bit for bit (``tape.hash`` rounds every
-    parameter, and costs milliseconds on circuits of a few hundred gates)."""
-    gates = tuple(
-        (op.name, tuple(wire_labels(op)), str(op.hyperparameters) if op.hyperparameters else "")
-        for op in tape.operations
-    )
+    """All that a tape's kept final state and compilation depend on, exactly: the tape's
+    wires, the gates' types, wires and hyperparameters (``exact.gate_key``), and their
+    parameters bit for bit (``tape.hash`` rounds every parameter, and costs milliseconds
+    on circuits of a few hundred gates).
+
+    The wires suffice for what the measurements contribute: the compilation's register
+    (``program.register_wires``: the device's wires that the tape uses, measured wires
+    included) is a function of the tape's wires, and the final state, the batch size and
+    the steps are functions of the register and the operations. The sweep reads the
+    measurements from the tape it differentiates, never from the kept entry."""
+    gates = tuple(map(gate_key, tape.operations))
     parameters = tuple(
         (value.dtype.str, value.shape, value.tobytes())
         for value in map(
             np.asarray, tape.get_parameters(trainable_only=False, operations_only=True)
         )
     )
-    return gates, parameters
+    return tape.wires.labels, gates, parameters
 
 
 _MCM_OPS = frozenset({"MidMeasure", "Conditional"})

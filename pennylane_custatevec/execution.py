@@ -17,6 +17,7 @@ from pennylane.wires import Wires
 
 from . import fusion, measure, simulate
 from .backends.base import Backend
+from .exact import measurements_key
 from .program import Kind, Program, compile_steps, flatten, merge, tape_batch_size
 
 BATCH_BYTES = 1 << 30
@@ -35,10 +36,12 @@ def run_tapes(
     """The results of ``tapes``, in order.
 
     Analytic tapes whose programs share a structure and whose measurements are equal
-    (parameter-shift tapes, several QNode calls in one ``qml.execute``) run as one batch
-    of state vectors; the others run one by one. With ``final_states`` given, it receives
-    ``{tape index: (final state, (layout, steps))}`` of every analytic tape: a view into
-    its batch and its compilation (see ``program.compile_steps``), for the derivatives.
+    exactly (``exact.measurements_key``: the batch is measured with the first tape's
+    measurements), such as parameter-shift tapes or several QNode calls in one
+    ``qml.execute``, run as one batch of state vectors; the others run one by one. With
+    ``final_states`` given, it receives ``{tape index: (final state, (layout, steps))}``
+    of every analytic tape: a view into its batch and its compilation (see
+    ``program.compile_steps``), for the derivatives.
     Analytic batches run fused into blocks of at most ``fusion_qubits`` qubits (see
     ``fusion``; 0 or 1: gate by gate).
     """
@@ -52,7 +55,7 @@ def run_tapes(
         elif len(tapes) == 1:
             groups[None] = [index]
         else:
-            key = (program.structure_key, tuple(mp.hash for mp in tape.measurements))
+            key = (program.structure_key, measurements_key(tape.measurements))
             groups.setdefault(key, []).append(index)
     for indices in groups.values():
         per_vector = simulate.state_bytes(backend, programs[indices[0]].num_qubits, 1)

@@ -32,6 +32,7 @@ from pennylane.operation import Operator
 from pennylane.wires import Wires
 
 from .backends.base import Backend, StateBatch
+from .exact import observable_key
 from .program import Program, compile_operation
 from .simulate import apply_instruction, require_normalised
 
@@ -240,18 +241,19 @@ def rotate_to_eigenbases(
     The device's preprocessing rotates Pauli observables; what remains (Hermitian,
     projectors onto states) is rotated here, once per distinct observable.
     """
-    rotated = []
+    rotated: dict = {}  # {observable_key: observable}: equal observables rotate once
     for mp in measurements:
         if mp.obs is None or not mp.obs.diagonalizing_gates():
             continue
-        if any(qml.equal(mp.obs, done) for done in rotated):
+        key = observable_key(mp.obs)
+        if key in rotated:
             continue
-        if any(set(mp.obs.wires) & set(done.wires) for done in rotated):
+        if any(set(mp.obs.wires) & set(done.wires) for done in rotated.values()):
             raise DeviceError(
-                f"Cannot sample {mp.obs} together with {rotated} on shared wires; "
-                "measure them in separate circuits."
+                f"Cannot sample {mp.obs} together with {list(rotated.values())} on shared "
+                "wires; measure them in separate circuits."
             )
-        rotated.append(mp.obs)
+        rotated[key] = mp.obs
         for gate in mp.obs.diagonalizing_gates():
             apply_operator(backend, state, program, gate)
 

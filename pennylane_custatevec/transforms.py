@@ -13,6 +13,7 @@ from pennylane.transforms import broadcast_expand, diagonalize_measurements, spl
 from pennylane.transforms.core import transform
 
 from .adjoint import unsupported_reason
+from .exact import observable_key
 from .program import is_broadcast, scalar_parameters, tape_batch_size
 from .rotations import ROTATION_GATES, PauliRotations, gate_of
 from .templates import is_native_template
@@ -182,7 +183,8 @@ def _measured_bases(mp, all_wires) -> dict | None:
     if mp.obs is None:
         return {w: "Z" for w in (mp.wires or all_wires)}
     if mp.obs.pauli_rep is None:
-        return {w: ("dense", mp.obs.hash) for w in mp.obs.wires}
+        dense = ("dense", observable_key(mp.obs))
+        return dict.fromkeys(mp.obs.wires, dense)
     bases: dict = {}
     for word in mp.obs.pauli_rep:
         for wire, letter in word.items():
