@@ -30,7 +30,7 @@ from pennylane.tape import QuantumScript
 from pennylane.transforms import defer_measurements, dynamic_one_shot
 from pennylane.transforms.core import CompilePipeline
 
-from . import adjoint, deferred, settings
+from . import adjoint, deferred, jvp, settings
 from .backends import BACKEND_CHOICES, select_backend
 from .execution import run_tapes
 from .program import compiles_by_gate, wire_labels
@@ -204,6 +204,12 @@ class CuStateVecDevice(Device):
     def supports_vjp(
         self, execution_config: ExecutionConfig | None = None, circuit: QuantumScript | None = None
     ) -> bool:
+        return self.supports_derivatives(execution_config, circuit)
+
+    def supports_jvp(
+        self, execution_config: ExecutionConfig | None = None, circuit: QuantumScript | None = None
+    ) -> bool:
+        """As ``supports_derivatives``: the JVP contracts the adjoint Jacobian."""
         return self.supports_derivatives(execution_config, circuit)
 
     def _adjoint_serves(self, circuit: QuantumScript, config: ExecutionConfig) -> bool:
@@ -403,6 +409,63 @@ class CuStateVecDevice(Device):
         config = _adjoint_config(execution_config)
         results = self._execute(circuits, config)
         return results, self.compute_vjp(circuits, cotangents, config)
+
+    def compute_jvp(
+        self,
+        circuits: Sequence[QuantumScript],
+        tangents: Sequence,
+        execution_config: ExecutionConfig | None = None,
+    ):
+        """The Jacobian-vector product of each tape: ``tangents`` holds one tuple per tape,
+        one tangent per trainable parameter (an array of the parameter's shape for a native
+        template's weights; zero or None: not differentiated). Per tape, one JVP per
+        measurement shaped like its result (bare for one measurement),
+        JVP_m = sum_j J_mj t_j with the adjoint Jacobian J of the mode in force
+        (see ``pennylane_custatevec.jvp``)."""
+        return self._compute_jvp(circuits, tangents, execution_config)
+
+    def execute_and_compute_jvp(
+        self,
+        circuits: Sequence[QuantumScript],
+        tangents: Sequence,
+        execution_config: ExecutionConfig | None = None,
+    ):
+        """The results and the JVPs (as ``compute_jvp``); the sweeps start from the final
+        states of this execution."""
+        config = _adjoint_config(execution_config)
+        results = self._execute(circuits, config)
+        return results, self._compute_jvp(circuits, tangents, config)
+
+    def _compute_jvp(
+        self, circuits: Sequence[QuantumScript], tangents: Sequence, config: ExecutionConfig | None
+    ) -> tuple:
+        """``compute_jvp`` without the tracker's count (``execute_and_compute_jvp`` counts
+        its JVPs itself)."""
+        in_force = self.options_in_force(config)
+        batched = in_force.grad_accumulation == "deferred"
+        kept = [self._final_states.pop(tape) for tape in circuits]
+        return jvp.jvps(
+            circuits,
+            tangents,
+            kept,
+            jacobians=lambda tapes, entries: _adjoint_jacobians(
+                self._backend, tapes, self.wires, entries, in_force
+            ),
+            zero_jvp=lambda tape, entry: jvp.zeros(tape, self.wires, entry[1], batched),
+        )
+
+
+def _adjoint_jacobians(
+    backend, tapes: Sequence[QuantumScript], device_wires, kept: Sequence[tuple], in_force
+) -> tuple:
+    """The adjoint Jacobian of each tape by the accumulation mode in force, untracked
+    (``kept[i]``: tape i's final state and compilation, or (None, None))."""
+    if in_force.grad_accumulation == "deferred":
+        return deferred.jacobians(backend, tapes, device_wires, kept, in_force.fusion_qubits)
+    return tuple(
+        adjoint.jacobian(backend, tape, device_wires, *entry)
+        for tape, entry in zip(tapes, kept, strict=True)
+    )
 
 
 def _adjoint_config(config: ExecutionConfig | None) -> ExecutionConfig:
