@@ -20,6 +20,7 @@ from pennylane.devices.preprocess import (
     validate_observables,
 )
 from pennylane.exceptions import DeviceError, QuantumFunctionError
+from pennylane.math import Interface
 from pennylane.measurements import (
     ClassicalShadowMP,
     SampleMeasurement,
@@ -43,6 +44,7 @@ from .transforms import (
     expand_broadcasts,
     gather_rotations,
     rotate_sampled_measurements,
+    split_state_from_real_results,
     validate_adjoint_differentiation,
 )
 
@@ -294,6 +296,8 @@ class CuStateVecDevice(Device):
             pipeline.add_transform(expand_broadcasts, trainable_only=batched)
             pipeline.add_transform(validate_adjoint_differentiation, batched=batched)
             if not config.use_device_jacobian_product:
+                if config.interface in _JAX_INTERFACES:
+                    pipeline.add_transform(split_state_from_real_results)
                 pipeline.add_transform(complex_parameters_for_state)
             return pipeline
         pipeline.add_transform(rotate_sampled_measurements)
@@ -511,6 +515,8 @@ def _key(tape: QuantumScript) -> tuple:
 
 
 _MCM_OPS = frozenset({"MidMeasure", "Conditional"})
+_JAX_INTERFACES = frozenset({Interface.JAX, Interface.JAX_JIT})
+"""Where PennyLane contracts the device Jacobian with tangents (forward mode)."""
 
 
 def _is_sampled_measurement(mp) -> bool:
