@@ -311,8 +311,8 @@ def cotangent_batch(circuit: Circuit, cotangents) -> list[tuple] | None:
 
 def batched_vjp(backend: Backend, circuit: Circuit, rows: Sequence[tuple], state=None) -> tuple:
     """The VJPs of the cotangent ``rows`` (each one value per measurement) in one sweep,
-    stacked on a leading axis: per trainable parameter, (K, *its shape). Rows that are all
-    zero are not swept."""
+    stacked on a leading axis: per trainable parameter, an array of shape
+    ``(K, *parameter_shape)``. Rows that are all zero are not swept."""
     if circuit.n_params == 0:
         return ()
     gradients = np.zeros((len(rows), circuit.n_columns))
@@ -325,8 +325,8 @@ def batched_vjp(backend: Backend, circuit: Circuit, rows: Sequence[tuple], state
 
 
 def stacked_gradients(circuit: Circuit, gradients: np.ndarray) -> tuple:
-    """Per trainable parameter, from the rows of ``gradients`` (K, columns): (K, *its
-    shape); () without trainable parameters."""
+    """Per trainable parameter, from the rows of ``gradients`` ``(K, columns)``: an array
+    of shape ``(K, *parameter_shape)``; ``()`` without trainable parameters."""
     if circuit.n_params == 0:
         return ()
     return tuple(circuit.fold(list(gradients.T)))
