@@ -341,10 +341,11 @@ def checked_cotangents(circuit: Circuit, cotangents) -> tuple:
     for mp, dy in zip(tape.measurements, per_measurement, strict=True):
         expected = output_shape(mp, circuit.program)
         if dy is not None and np.shape(dy) not in (batch + expected, ()):
+            batched = "(K" + "".join(f", {n}" for n in batch + expected) + ")"
             raise DeviceError(
                 f"custatevec.qubit got a cotangent of shape {np.shape(dy)} for {mp}, whose "
-                f"result has shape {batch + expected}; batched cotangents are not supported "
-                "(use one VJP per cotangent, or the device Jacobian)."
+                f"result has shape {batch + expected}; a cotangent has its result's shape, "
+                f"or is a scalar, and a batch of K cotangents has the shape {batched}."
             )
     return per_measurement
 
