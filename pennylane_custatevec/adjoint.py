@@ -260,8 +260,12 @@ def vjp(
 ):
     """The vector-Jacobian product of ``tape`` with ``cotangents`` (PennyLane's per-tape
     cotangent: one value per measurement, not wrapped for a single measurement), a tuple
-    with one entry per trainable parameter. ``state`` and ``compiled`` as in ``jacobian``."""
+    with one entry per trainable parameter. ``state`` and ``compiled`` as in ``jacobian``.
+    A batch of cotangents (``cotangent_batch``) gives a batch of VJPs."""
     circuit = Circuit(tape, device_wires, compiled)
+    rows = cotangent_batch(circuit, cotangents)
+    if rows is not None:
+        return batched_vjp(backend, circuit, rows, state)
     per_measurement = checked_cotangents(circuit, cotangents)
     if circuit.n_params == 0:
         return ()
@@ -273,6 +277,61 @@ def vjp(
     return tuple(circuit.fold(gradients[0]))
 
 
+def cotangent_batch(circuit: Circuit, cotangents) -> list[tuple] | None:
+    """The K cotangents of a batch of cotangents, each as ``checked_cotangents`` gives it,
+    or None for one cotangent. A batch (jax's vmap of a VJP: ``jax.jacobian`` of a QNode
+    with ``device_vjp=True``) has one leading axis of size K on each measurement's
+    cotangent, over its result's shape; a scalar or None serves every row."""
+    tape = circuit.tape
+    per_measurement = (cotangents,) if len(tape.measurements) == 1 else tuple(cotangents)
+    batch = (circuit.program.batch_size,) if circuit.program.broadcast else ()
+    batched, sizes = [], set()
+    for mp, dy in zip(tape.measurements, per_measurement, strict=True):
+        shape = np.shape(dy) if dy is not None else ()
+        expected = batch + output_shape(mp, circuit.program)
+        batched.append(len(shape) == len(expected) + 1 and shape[1:] == expected)
+        if batched[-1]:
+            sizes.add(shape[0])
+    if not sizes:
+        return None
+    if len(sizes) > 1:
+        raise DeviceError(
+            f"custatevec.qubit got batches of cotangents of sizes {sorted(sizes)} for one "
+            "tape; the cotangents of its measurements must batch alike."
+        )
+    rows = []
+    for k in range(sizes.pop()):
+        row = tuple(
+            dy[k] if is_batched else dy
+            for dy, is_batched in zip(per_measurement, batched, strict=True)
+        )
+        rows.append(checked_cotangents(circuit, row if len(row) > 1 else row[0]))
+    return rows
+
+
+def batched_vjp(backend: Backend, circuit: Circuit, rows: Sequence[tuple], state=None) -> tuple:
+    """The VJPs of the cotangent ``rows`` (each one value per measurement) in one sweep,
+    stacked on a leading axis: per trainable parameter, an array of shape
+    ``(K, *parameter_shape)``. Rows that are all zero are not swept."""
+    if circuit.n_params == 0:
+        return ()
+    gradients = np.zeros((len(rows), circuit.n_columns))
+    live = [k for k, row in enumerate(rows) if not all(is_zero(dy) for dy in row)]
+    if live:
+        if state is None:
+            state = circuit.final_state(backend)
+        gradients[live] = _sweep(backend, circuit, state, [rows[k] for k in live])
+    return stacked_gradients(circuit, gradients)
+
+
+def stacked_gradients(circuit: Circuit, gradients: np.ndarray) -> tuple:
+    """Per trainable parameter, from the rows of ``gradients`` ``(K, columns)``: an array
+    of shape ``(K, *parameter_shape)``; ``()`` without trainable parameters."""
+    if circuit.n_params == 0:
+        return ()
+    return tuple(circuit.fold(list(gradients.T)))
+
+
 def checked_cotangents(circuit: Circuit, cotangents) -> tuple:
     """PennyLane's per-tape cotangent as one entry per measurement, each of its result's
     shape (with the batch axis first for a broadcast tape), or a scalar, or None."""
@@ -282,10 +341,11 @@ def checked_cotangents(circuit: Circuit, cotangents) -> tuple:
     for mp, dy in zip(tape.measurements, per_measurement, strict=True):
         expected = output_shape(mp, circuit.program)
         if dy is not None and np.shape(dy) not in (batch + expected, ()):
+            batched = "(K" + "".join(f", {n}" for n in batch + expected) + ")"
             raise DeviceError(
                 f"custatevec.qubit got a cotangent of shape {np.shape(dy)} for {mp}, whose "
-                f"result has shape {batch + expected}; batched cotangents are not supported "
-                "(use one VJP per cotangent, or the device Jacobian)."
+                f"result has shape {batch + expected}; a cotangent has its result's shape, "
+                f"or is a scalar, and a batch of K cotangents has the shape {batched}."
             )
     return per_measurement
 

@@ -44,11 +44,13 @@ from .adjoint import (
     Circuit,
     add_cotangent_terms,
     checked_cotangents,
+    cotangent_batch,
     format_jacobian,
     is_zero,
     one_hot_rows,
     output_shape,
     output_size,
+    stacked_gradients,
     state_derivatives,
 )
 from .backends.base import Backend, StateBatch
@@ -153,9 +155,18 @@ def vjps(
     sweep. ``kept[i]``: (final state or None, compilation or None) of tape i."""
     results: list = [None] * len(tapes)
     tasks = []
+    live_rows: dict[int, tuple] = {}  # a batch of cotangents: (K, the rows swept), by tape
     for index, (tape, dy) in enumerate(zip(tapes, cotangents, strict=True)):
         state, compiled = kept[index]
         circuit = Circuit(tape, device_wires, compiled, batched=True)
+        rows = cotangent_batch(circuit, dy)
+        if rows is not None:
+            live = [k for k, row in enumerate(rows) if not all(is_zero(d) for d in row)]
+            results[index] = stacked_gradients(circuit, np.zeros((len(rows), circuit.n_columns)))
+            if live and circuit.n_params:
+                live_rows[index] = (len(rows), live)
+                tasks.append(_Task(index, circuit, state, _batch_rows(circuit, rows, live)))
+            continue
         per_measurement = checked_cotangents(circuit, dy)
         if circuit.n_params == 0:
             results[index] = ()
@@ -164,7 +175,13 @@ def vjps(
         else:
             tasks.append(_Task(index, circuit, state, _vector_rows(circuit, per_measurement)))
     for task, gradients in _run(backend, tasks, fusion_qubits):
-        results[task.index] = tuple(task.circuit.fold(gradients.sum(axis=(0, 1))))
+        if task.index in live_rows:
+            size, live = live_rows[task.index]
+            stacked = np.zeros((size, task.circuit.n_columns))
+            stacked[live] = gradients.sum(axis=0)  # over the vectors of a broadcast tape
+            results[task.index] = stacked_gradients(task.circuit, stacked)
+        else:
+            results[task.index] = tuple(task.circuit.fold(gradients.sum(axis=(0, 1))))
     return tuple(results)
 
 
@@ -181,6 +198,13 @@ def _vector_rows(circuit: Circuit, per_measurement: tuple) -> list[list[tuple]]:
         for mp, dy in zip(circuit.tape.measurements, per_measurement, strict=True)
     ]
     return [[tuple(entries[b] for entries in split)] for b in range(batch)]
+
+
+def _batch_rows(circuit: Circuit, rows: list[tuple], live: list[int]) -> list[list[tuple]]:
+    """The rows ``live`` of a batch of cotangents, for every vector: rows[b][i] is row
+    live[i] for vector b (a broadcast tape's cotangents split by entry)."""
+    per_row = [_vector_rows(circuit, rows[k]) for k in live]
+    return [[split[b][0] for split in per_row] for b in range(circuit.program.batch_size)]
 
 
 def jacobians(

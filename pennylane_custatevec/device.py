@@ -20,6 +20,7 @@ from pennylane.devices.preprocess import (
     validate_observables,
 )
 from pennylane.exceptions import DeviceError, QuantumFunctionError
+from pennylane.math import Interface
 from pennylane.measurements import (
     ClassicalShadowMP,
     SampleMeasurement,
@@ -30,7 +31,7 @@ from pennylane.tape import QuantumScript
 from pennylane.transforms import defer_measurements, dynamic_one_shot
 from pennylane.transforms.core import CompilePipeline
 
-from . import adjoint, deferred, settings
+from . import adjoint, deferred, jvp, settings
 from .backends import BACKEND_CHOICES, select_backend
 from .exact import gate_key
 from .execution import run_tapes
@@ -44,6 +45,7 @@ from .transforms import (
     expand_broadcasts,
     gather_rotations,
     rotate_sampled_measurements,
+    split_state_from_real_results,
     validate_adjoint_differentiation,
 )
 
@@ -273,6 +275,12 @@ class CuStateVecDevice(Device):
     ) -> bool:
         return self.supports_derivatives(execution_config, circuit)
 
+    def supports_jvp(
+        self, execution_config: ExecutionConfig | None = None, circuit: QuantumScript | None = None
+    ) -> bool:
+        """As ``supports_derivatives``: the JVP contracts the adjoint Jacobian."""
+        return self.supports_derivatives(execution_config, circuit)
+
     def _adjoint_serves(self, circuit: QuantumScript, config: ExecutionConfig) -> bool:
         try:
             config = self.setup_execution_config(
@@ -362,6 +370,8 @@ class CuStateVecDevice(Device):
             pipeline.add_transform(expand_broadcasts, trainable_only=batched)
             pipeline.add_transform(validate_adjoint_differentiation, batched=batched)
             if not config.use_device_jacobian_product:
+                if config.interface in _JAX_INTERFACES:
+                    pipeline.add_transform(split_state_from_real_results)
                 pipeline.add_transform(complex_parameters_for_state)
             return pipeline
         pipeline.add_transform(rotate_sampled_measurements)
@@ -508,6 +518,63 @@ def _require_first_derivatives(config: ExecutionConfig) -> None:
             "(or 'best', which picks it when max_diff > 1), or max_diff=1."
         )
 
+    def compute_jvp(
+        self,
+        circuits: Sequence[QuantumScript],
+        tangents: Sequence,
+        execution_config: ExecutionConfig | None = None,
+    ):
+        """The Jacobian-vector product of each tape: ``tangents`` holds one tuple per tape,
+        one tangent per trainable parameter (an array of the parameter's shape for a native
+        template's weights; zero or None: not differentiated). Per tape, one JVP per
+        measurement shaped like its result (bare for one measurement),
+        JVP_m = sum_j J_mj t_j with the adjoint Jacobian J of the mode in force
+        (see ``pennylane_custatevec.jvp``)."""
+        return self._compute_jvp(circuits, tangents, execution_config)
+
+    def execute_and_compute_jvp(
+        self,
+        circuits: Sequence[QuantumScript],
+        tangents: Sequence,
+        execution_config: ExecutionConfig | None = None,
+    ):
+        """The results and the JVPs (as ``compute_jvp``); the sweeps start from the final
+        states of this execution."""
+        config = _adjoint_config(execution_config)
+        results = self._execute(circuits, config)
+        return results, self._compute_jvp(circuits, tangents, config)
+
+    def _compute_jvp(
+        self, circuits: Sequence[QuantumScript], tangents: Sequence, config: ExecutionConfig | None
+    ) -> tuple:
+        """``compute_jvp`` without the tracker's count (``execute_and_compute_jvp`` counts
+        its JVPs itself)."""
+        in_force = self.options_in_force(config)
+        batched = in_force.grad_accumulation == "deferred"
+        kept = [self._final_states.pop(tape) for tape in circuits]
+        return jvp.jvps(
+            circuits,
+            tangents,
+            kept,
+            jacobians=lambda tapes, entries: _adjoint_jacobians(
+                self._backend, tapes, self.wires, entries, in_force
+            ),
+            zero_jvp=lambda tape, entry: jvp.zeros(tape, self.wires, entry[1], batched),
+        )
+
+
+def _adjoint_jacobians(
+    backend, tapes: Sequence[QuantumScript], device_wires, kept: Sequence[tuple], in_force
+) -> tuple:
+    """The adjoint Jacobian of each tape by the accumulation mode in force, untracked
+    (``kept[i]``: tape i's final state and compilation, or (None, None))."""
+    if in_force.grad_accumulation == "deferred":
+        return deferred.jacobians(backend, tapes, device_wires, kept, in_force.fusion_qubits)
+    return tuple(
+        adjoint.jacobian(backend, tape, device_wires, *entry)
+        for tape, entry in zip(tapes, kept, strict=True)
+    )
+
 
 def _adjoint_config(config: ExecutionConfig | None) -> ExecutionConfig:
     return dataclasses.replace(config or ExecutionConfig(), gradient_method="adjoint")
@@ -556,6 +623,8 @@ def _key(tape: QuantumScript) -> tuple:
 
 
 _MCM_OPS = frozenset({"MidMeasure", "Conditional"})
+_JAX_INTERFACES = frozenset({Interface.JAX, Interface.JAX_JIT})
+"""Where PennyLane contracts the device Jacobian with tangents (forward mode)."""
 
 
 def _is_sampled_measurement(mp) -> bool:

@@ -164,6 +164,31 @@ def complex_parameters_for_state(tape: QuantumScript):
     return (tape.bind_new_parameters(cast, trainable),), _first_result
 
 
+@transform
+def split_state_from_real_results(tape: QuantumScript):
+    """A tape that measures a state and real results (expval, probs) becomes two tapes:
+    the states, and the rest. For jax forward mode, where PennyLane contracts the device
+    Jacobian with the tangents in the tangents' dtype: the state's tangents must be complex
+    (``complex_parameters_for_state``), the real results' tangents real, as their results."""
+    is_state = [isinstance(mp, StateMP) for mp in tape.measurements]
+    if all(is_state) or not any(is_state):
+        return (tape,), _first_result
+    parts = [
+        [i for i, state in enumerate(is_state) if state],
+        [i for i, state in enumerate(is_state) if not state],
+    ]
+    tapes = tuple(tape.copy(measurements=[tape.measurements[i] for i in part]) for part in parts)
+
+    def recombine(results):
+        merged: list = [None] * len(is_state)
+        for part, result in zip(parts, results, strict=True):
+            for i, value in zip(part, (result,) if len(part) == 1 else result, strict=True):
+                merged[i] = value
+        return tuple(merged)
+
+    return tapes, recombine
+
+
 def _flattened(mp):
     """An expectation value or variance of a sum of Pauli words, with its observable as
     one flat LinearCombination: PennyLane's diagonalization drops the coefficients of

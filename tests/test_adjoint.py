@@ -1087,15 +1087,16 @@ def test_supports_derivatives():
     assert config.gradient_method == "adjoint"
 
 
-def test_batched_cotangents_are_refused_with_a_clear_error():
-    """A cotangent with an extra batch axis is refused naming the shapes, never misread."""
+def test_cotangents_of_a_wrong_shape_are_refused_with_a_clear_error():
+    """A cotangent of neither its result's shape nor a batch of it is refused naming the
+    shapes, never misread (batches of cotangents: tests/test_jvp.py)."""
     dev = qml.device("custatevec.qubit", wires=2)
     tape = qml.tape.QuantumScript(
         [qml.RX(0.3, wires=0), qml.CNOT([0, 1])], [qml.expval(qml.Z(1)), qml.probs(wires=[0])]
     )
     tape.trainable_params = [0]
-    with pytest.raises(qml.exceptions.DeviceError, match=r"shape \(3,\).*batched cotangents"):
-        dev.compute_vjp([tape], [(np.ones(3), np.ones(2))])
+    with pytest.raises(qml.exceptions.DeviceError, match=r"shape \(3,\).*shape \(2,\)"):
+        dev.compute_vjp([tape], [(1.0, np.ones(3))])
     (result,) = dev.compute_vjp([tape], [(1.0, np.array([0.5, -0.5]))])
     expected = -np.sin(0.3) + 0.5 * (-np.sin(0.3) / 2) - 0.5 * (np.sin(0.3) / 2)
     assert np.allclose(result, [expected])
