@@ -453,14 +453,7 @@ class CuStateVecDevice(Device):
     ):
         in_force = self.options_in_force(execution_config)
         kept = [self._final_states.pop(tape) for tape in circuits]
-        if in_force.grad_accumulation == "deferred":
-            return deferred.jacobians(
-                self._backend, circuits, self.wires, kept, in_force.fusion_qubits
-            )
-        return tuple(
-            adjoint.jacobian(self._backend, tape, self.wires, *entry)
-            for tape, entry in zip(circuits, kept, strict=True)
-        )
+        return _adjoint_jacobians(self._backend, circuits, self.wires, kept, in_force)
 
     def execute_and_compute_derivatives(
         self,
