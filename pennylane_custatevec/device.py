@@ -499,18 +499,6 @@ class CuStateVecDevice(Device):
         results = self._execute(circuits, config)
         return results, self._compute_vjp(circuits, cotangents, config)
 
-
-def _require_first_derivatives(config: ExecutionConfig) -> None:
-    """The adjoint method gives first derivatives only; PennyLane's own devices return zeros
-    for the higher ones (``max_diff > 1``), this one refuses."""
-    if config.derivative_order > 1:
-        raise QuantumFunctionError(
-            f"diff_method={config.gradient_method!r} (the adjoint method) computes first "
-            f"derivatives only, but max_diff={config.derivative_order} asks for derivatives "
-            "of higher order (a Hessian would be zero). Use diff_method='parameter-shift' "
-            "(or 'best', which picks it when max_diff > 1), or max_diff=1."
-        )
-
     def compute_jvp(
         self,
         circuits: Sequence[QuantumScript],
@@ -553,6 +541,18 @@ def _require_first_derivatives(config: ExecutionConfig) -> None:
                 self._backend, tapes, self.wires, entries, in_force
             ),
             zero_jvp=lambda tape, entry: jvp.zeros(tape, self.wires, entry[1], batched),
+        )
+
+
+def _require_first_derivatives(config: ExecutionConfig) -> None:
+    """The adjoint method gives first derivatives only; PennyLane's own devices return zeros
+    for the higher ones (``max_diff > 1``), this one refuses."""
+    if config.derivative_order > 1:
+        raise QuantumFunctionError(
+            f"diff_method={config.gradient_method!r} (the adjoint method) computes first "
+            f"derivatives only, but max_diff={config.derivative_order} asks for derivatives "
+            "of higher order (a Hessian would be zero). Use diff_method='parameter-shift' "
+            "(or 'best', which picks it when max_diff > 1), or max_diff=1."
         )
 
 
