@@ -138,8 +138,18 @@ class CPUBackend:
     def __init__(self, dtype: np.dtype = np.complex128):
         self.dtype = np.dtype(dtype)
 
+    sample_host_bytes = 24
+    """``sample``: the uniform draws (float64), each vector's outcomes (int64) and their
+    stacked and clipped copies, two of them alive at once."""
+
     def available_bytes(self) -> int:
         return _available_host_bytes()
+
+    def available_host_bytes(self) -> int:
+        return self.available_bytes()  # the states live in host memory too
+
+    def scratch_vectors(self, kets: int, bras: int, reduction: bool) -> int:
+        return 0  # the kernels work in place; their partial sums are far below a vector
 
     def zero_state(self, n_qubits: int, batch_size: int) -> StateBatch:
         state = np.zeros((batch_size, 1 << n_qubits), dtype=self.dtype)
