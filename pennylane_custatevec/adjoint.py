@@ -11,7 +11,8 @@ The sweep starts from phi_N = psi and lambda_N = lambda and walks the gates back
 a trainable gate, one inner product with its generator applied (no temporary vector);
 then U_j^dagger on both vectors. For a Pauli rotation (G = -P/2) the backend does the
 three in one step. The sweep stops at the first trainable gate. Beyond the final state,
-which becomes phi, it holds the bras and at most one temporary vector.
+which becomes phi, it holds the bras and at most one temporary vector; all of it is
+checked against free memory before anything is allocated (``SweepMemory``).
 
 The bra encodes what is differentiated, one cotangent dy per measurement:
 
@@ -26,8 +27,9 @@ instead: d psi/d theta_j = U_N ... U_{j+1} i G_j phi_j, one vector per parameter
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pennylane as qml
@@ -215,6 +217,115 @@ class Circuit:
         return state
 
 
+@dataclasses.dataclass(frozen=True)
+class SweepMemory:
+    """What an adjoint sweep allocates beside the final states it is handed, counted in
+    state vectors of the register (the deferred sweep's reductions in bytes), for the
+    memory check before it allocates anything.
+
+    The final states and the bras live through the whole sweep; the temporaries of
+    building the bras are gone before the first step; the reductions accumulate during
+    the steps, beside the temporaries of one step at a time."""
+
+    states: int
+    """Final states simulated again for the sweep, or copied into one batch."""
+    bras: int
+    """R per state vector (one for a VJP, one per output for a Jacobian)."""
+    build_scratch: int
+    """Temporary vectors while the bras are built (a cotangent term, the backend's)."""
+    step_scratch: int
+    """Temporary vectors of one sweep step (the backend's ``scratch_vectors``)."""
+    reduction_bytes: int = 0
+    """The deferred sweep's reductions, held until the sweep ends (an upper bound)."""
+
+    def bytes(self, backend: Backend, num_qubits: int) -> int:
+        return self._bytes(simulate.state_bytes(backend, num_qubits, 1))
+
+    def _bytes(self, vector: int) -> int:
+        during_steps = vector * self.step_scratch + self.reduction_bytes
+        return vector * (self.states + self.bras) + max(vector * self.build_scratch, during_steps)
+
+    def single_precision(self, backend: Backend, num_qubits: int) -> list[simulate.Alternative]:
+        """``c_dtype=numpy.complex64`` as an alternative: half the bytes per vector (the
+        reductions stay complex128)."""
+        half = self._bytes(simulate.state_bytes(backend, num_qubits, 1) // 2)
+        return simulate.single_precision(backend, half)
+
+    def described(self) -> str:
+        """What the vectors are, for an error message."""
+        parts = [f"{self.bras:,} bra{'s' if self.bras != 1 else ''}"]
+        if self.states:
+            parts.insert(0, f"{self.states:,} final state{'s' if self.states != 1 else ''}")
+        scratch = max(self.build_scratch, self.step_scratch)
+        if scratch:
+            parts.append(f"up to {scratch:,} temporary vector{'s' if scratch != 1 else ''}")
+        if self.reduction_bytes:
+            parts.append(f"{self.reduction_bytes:,} bytes of reductions")
+        return ", ".join(parts)
+
+
+def bra_build_scratch(backend: Backend) -> int:
+    """Temporary vectors while one bra's cotangent terms are added (``add_cotangent_terms``):
+    one term at a time (a copy of psi, O psi, or a state cotangent), and the backend's
+    temporary of adding it."""
+    return 1 + backend.scratch_vectors(1, 1, False)
+
+
+def eager_sweep_memory(backend: Backend, held: bool, rows: int) -> SweepMemory:
+    """The eager sweep of one (not broadcast) tape with ``rows`` bras; ``held``: its final
+    state is handed over (kept from the forward pass), else simulated again."""
+    return SweepMemory(
+        states=0 if held else 1,
+        bras=rows,
+        build_scratch=bra_build_scratch(backend),
+        step_scratch=backend.scratch_vectors(1, rows, False),
+    )
+
+
+def require_sweep_memory(
+    backend: Backend,
+    num_qubits: int,
+    memory: SweepMemory,
+    what: str,
+    alternatives: Sequence[simulate.Alternative] | Callable = (),
+) -> None:
+    """Refuse a sweep whose ``memory`` does not fit, naming the ``alternatives`` (or a
+    function of the available bytes that finds them) and single precision that would."""
+
+    def found(available: int) -> list[simulate.Alternative]:
+        named = alternatives(available) if callable(alternatives) else alternatives
+        return [*named, *memory.single_precision(backend, num_qubits)]
+
+    simulate.require_total(
+        backend,
+        memory.bytes(backend, num_qubits),
+        f"{what} on {num_qubits} qubits ({memory.described()})",
+        found,
+    )
+
+
+def _require_eager_memory(
+    backend: Backend, circuit: Circuit, held: bool, rows: int, kind: str
+) -> None:
+    """Refuse, before allocating, an eager sweep with ``rows`` bras that does not fit,
+    naming device_vjp=True (one bra) for a Jacobian of several outputs. (The deferred
+    mode needs as many bras for one tape: it is no alternative here.)"""
+    if not circuit.columns:
+        return  # no sweep
+    n = circuit.program.num_qubits
+    alternatives = []
+    if rows > 1:
+        alternatives.append(
+            simulate.Alternative(
+                "device_vjp=True",
+                "a VJP sweeps one bra instead of one per output",
+                eager_sweep_memory(backend, held, 1).bytes(backend, n),
+            )
+        )
+    memory = eager_sweep_memory(backend, held, rows)
+    require_sweep_memory(backend, n, memory, f"the eager adjoint {kind} of a circuit", alternatives)
+
+
 def jacobian(
     backend: Backend, tape: QuantumScript, device_wires: Wires | None, state=None, compiled=None
 ):
@@ -226,9 +337,11 @@ def jacobian(
     per_measurement: list = [None] * len(measurements)
     swept = [i for i, mp in enumerate(measurements) if not isinstance(mp, StateMP)]
     if swept:
+        rows = one_hot_rows(circuit, swept)
+        _require_eager_memory(backend, circuit, state is not None, len(rows), "Jacobian")
         if state is None:
             state = circuit.final_state(backend)
-        gradients = _sweep(backend, circuit, state, one_hot_rows(circuit, swept))
+        gradients = _sweep(backend, circuit, state, rows)
         start = 0
         for i in swept:
             mp = measurements[i]
@@ -271,6 +384,7 @@ def vjp(
         return ()
     if all(is_zero(dy) for dy in per_measurement):
         return tuple(circuit.fold(np.zeros(circuit.n_columns)))
+    _require_eager_memory(backend, circuit, state is not None, 1, "VJP")
     if state is None:
         state = circuit.final_state(backend)
     gradients = _sweep(backend, circuit, state, [per_measurement])
@@ -470,7 +584,24 @@ def state_derivatives(backend: Backend, circuit: Circuit) -> list[np.ndarray]:
     """Forward mode: d psi/d theta_j = U_N ... U_{j+1} (i G_j) phi_j for every trainable
     j, as host arrays (B, 2**n), one per column (the Jacobian of a state is that big)."""
     program = circuit.program
-    state = simulate.initial_state(backend, program, program.batch_size)
+    n, batch = program.num_qubits, program.batch_size
+    vectors = (1 + len(circuit.columns)) * batch
+    vjp = eager_sweep_memory(backend, False, 1).bytes(backend, n) * batch
+    simulate.require_total(
+        backend,
+        simulate.state_bytes(backend, n, vectors),
+        f"the adjoint Jacobian of a state on {n} qubits ({vectors:,} state vectors: each "
+        f"state and its derivative by each of {len(circuit.columns):,} trainable gates)",
+        [
+            simulate.Alternative(
+                "device_vjp=True",
+                "a VJP sweeps one bra per state instead of a derivative per gate",
+                vjp,
+            ),
+            *simulate.single_precision(backend, simulate.state_bytes(backend, n, vectors) // 2),
+        ],
+    )
+    state = simulate.initial_state(backend, program, batch)
     derivatives: list[StateBatch | None] = [None] * circuit.n_columns
     for index, (op, instructions) in enumerate(circuit.steps):
         for instruction in instructions:

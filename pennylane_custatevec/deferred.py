@@ -22,8 +22,9 @@ the host at once).
 Batches: tapes that share a structure (and the entries of a broadcast tape) sweep as one
 batch of B state vectors, each with its R bras (R = 1 for a VJP; one per output for a
 Jacobian), so a minibatch or a full Jacobian is one sweep. The bras of vector b are rows
-b*R .. b*R + R - 1 of the bra batch. Tapes are cut into chunks whose vectors fit in the
-backend's free memory.
+b*R .. b*R + R - 1 of the bra batch. Tapes are cut into chunks whose sweeps (final states,
+bras, temporaries and reductions: ``_ChunkTally``) fit in the backend's free memory, and
+a chunk that does not fit alone is refused before anything is allocated.
 """
 
 from __future__ import annotations
@@ -42,20 +43,23 @@ from pennylane.wires import Wires
 from . import fusion, measure, simulate
 from .adjoint import (
     Circuit,
+    SweepMemory,
     add_cotangent_terms,
+    bra_build_scratch,
     checked_cotangents,
     cotangent_batch,
+    eager_sweep_memory,
     format_jacobian,
     is_zero,
     one_hot_rows,
     output_shape,
     output_size,
+    require_sweep_memory,
     stacked_gradients,
     state_derivatives,
 )
 from .backends.base import Backend, StateBatch
 from .exact import generator_key
-from .execution import chunks
 from .pauli import pauli_word_matrix
 from .program import Instruction, Program, Steps, flatten, inverse, merge, plain_rotation
 
@@ -286,36 +290,183 @@ def _run(backend: Backend, tasks: list[_Task], fusion_qubits: int):
         # a single tape is a group of its own: no key to build
         key = task.sweep_key if len(tasks) > 1 else None
         groups.setdefault(key, []).append(task)
-    for group in groups.values():
-        for chunk in _chunks(backend, group):
-            gradients = _sweep_chunk(backend, chunk, fusion_qubits)
-            offset = 0
-            for task in chunk:
-                size = task.circuit.program.batch_size
-                yield task, gradients[offset : offset + size]
-                offset += size
+    planned = [
+        chunk for group in groups.values() for chunk in _chunks(backend, group, fusion_qubits)
+    ]
+    for chunk in planned:  # all of them before the first sweep allocates anything
+        _require_chunk_memory(backend, chunk, fusion_qubits)
+    for chunk in planned:
+        gradients = _sweep_chunk(backend, chunk, fusion_qubits)
+        offset = 0
+        for task in chunk:
+            size = task.circuit.program.batch_size
+            yield task, gradients[offset : offset + size]
+            offset += size
 
 
-def _chunks(backend: Backend, tasks: list[_Task]):
-    """Consecutive tasks whose final states and bras fit in the backend's free memory
-    (a task larger than that runs alone, and the memory check refuses it if it must)."""
+def _chunks(backend: Backend, tasks: list[_Task], fusion_qubits: int) -> list[list[_Task]]:
+    """Consecutive tasks whose sweep (``_ChunkTally``) fits in the backend's free memory,
+    asked once; a task larger than that runs alone, and ``_require_chunk_memory`` refuses
+    it if it must."""
     if len(tasks) == 1:
         return [tasks]
-    program = tasks[0].circuit.program
-    per_vector = simulate.state_bytes(backend, program.num_qubits, 1) * (1 + len(tasks[0].rows[0]))
-    sizes = [per_vector * task.circuit.program.batch_size for task in tasks]
-    return chunks(tasks, sizes, backend.available_bytes())
+    if _ChunkTally.of(backend, tasks, fusion_qubits).bytes() <= simulate.UNCHECKED_BYTES:
+        return [tasks]
+    available = backend.available_bytes()
+    empty = _ChunkTally.empty(backend, tasks[0], fusion_qubits)
+    result: list[list[_Task]] = []
+    chunk: list[_Task] = []
+    tally = empty
+    for task in tasks:
+        grown = tally.add(task)
+        if chunk and grown.bytes() > available:
+            result.append(chunk)
+            chunk, grown = [], empty.add(task)
+        chunk.append(task)
+        tally = grown
+    result.append(chunk)
+    return result
+
+
+@dataclasses.dataclass(frozen=True)
+class _ChunkTally:
+    """What the sweep of a chunk of tasks of one group (same structure, rows and trainable
+    gates) allocates, as ``_sweep_chunk`` runs it: the final states that were not kept,
+    simulated as one batch (or, beside kept ones, each on its own) and, for several
+    tasks, all copied into one batch; R bras per vector; a scratch batch for the bras of a
+    broadcast tape of Pauli expvals, or one cotangent term at a time; the reductions held
+    until the sweep ends: at most 4**k complex128 per bra and trainable gate (k the
+    fusion width), or one per word of a run of commuting rotations."""
+
+    backend: Backend
+    num_qubits: int
+    rows: int
+    reduction_entries: int
+    tasks: int = 0
+    vectors: int = 0
+    missing: int = 0
+    build_scratch: int = 0
+
+    @classmethod
+    def empty(cls, backend: Backend, task: _Task, fusion_qubits: int) -> _ChunkTally:
+        circuit = task.circuit
+        width = min(max(fusion_qubits, 1), circuit.program.num_qubits)
+        entries = len(circuit.columns) * 4**width + len(circuit.steps)
+        return cls(backend, circuit.program.num_qubits, len(task.rows[0]), entries)
+
+    @classmethod
+    def of(cls, backend: Backend, tasks: Sequence[_Task], fusion_qubits: int) -> _ChunkTally:
+        tally = cls.empty(backend, tasks[0], fusion_qubits)
+        for task in tasks:
+            tally = tally.add(task)
+        return tally
+
+    def add(self, task: _Task) -> _ChunkTally:
+        size = len(task.rows)
+        if self.rows == 1 and size > 1 and _pauli_expvals_only(task):
+            build = size + self.backend.scratch_vectors(size, size, False)
+        else:
+            build = bra_build_scratch(self.backend)
+        return dataclasses.replace(
+            self,
+            tasks=self.tasks + 1,
+            vectors=self.vectors + size,
+            missing=self.missing + (size if task.state is None else 0),
+            build_scratch=max(self.build_scratch, build),
+        )
+
+    def resized(self, vectors: int, rows: int) -> _ChunkTally:
+        """The same tasks with ``vectors`` state vectors (a smaller broadcast) and ``rows``
+        bras each, for the alternatives of an error message."""
+        return dataclasses.replace(
+            self, vectors=vectors, rows=rows, missing=min(self.missing, vectors)
+        )
+
+    def memory(self) -> SweepMemory:
+        if self.missing == self.vectors:
+            states = self.vectors  # simulated as one batch
+        elif self.tasks == 1:
+            states = 0  # the kept state itself
+        else:
+            states = self.missing + self.vectors  # the missing ones, then all in one batch
+        bras = self.vectors * self.rows
+        return SweepMemory(
+            states=states,
+            bras=bras,
+            build_scratch=self.build_scratch,
+            step_scratch=max(
+                self.backend.scratch_vectors(self.vectors, bras, True),
+                self.backend.scratch_vectors(1, self.rows, False),
+            ),
+            reduction_bytes=16 * bras * self.reduction_entries,
+        )
+
+    def bytes(self) -> int:
+        return self.memory().bytes(self.backend, self.num_qubits)
+
+
+def _require_chunk_memory(backend: Backend, tasks: list[_Task], fusion_qubits: int) -> None:
+    """Refuse, before allocating, a chunk's sweep that does not fit (``_chunks`` leaves
+    only a lone task that large), naming what would fit: a VJP instead of a Jacobian; for
+    a broadcast tape swept whole, the eager mode (entry by entry) or a smaller broadcast;
+    single precision."""
+    tally = _ChunkTally.of(backend, tasks, fusion_qubits)
+    if tally.bytes() <= simulate.UNCHECKED_BYTES:
+        return
+    n, rows, batch = tally.num_qubits, tally.rows, tally.vectors
+
+    def alternatives(available: int) -> list[simulate.Alternative]:
+        found = []
+        if rows > 1:
+            found.append(
+                simulate.Alternative(
+                    "device_vjp=True",
+                    "a VJP sweeps one bra per state vector instead of one per output",
+                    tally.resized(batch, 1).bytes(),
+                )
+            )
+        if batch > 1:
+            eager = eager_sweep_memory(backend, False, rows).bytes(backend, n)
+            found.append(
+                simulate.Alternative(
+                    'grad_accumulation="eager"', "it sweeps a broadcast entry by entry", eager
+                )
+            )
+            fitting = [b for b in range(1, batch) if tally.resized(b, rows).bytes() <= available]
+            if fitting:
+                found.append(
+                    simulate.Alternative(
+                        f"a broadcast of at most {max(fitting):,} entries",
+                        "the bras scale with the entries",
+                        tally.resized(max(fitting), rows).bytes(),
+                    )
+                )
+        return found
+
+    require_sweep_memory(
+        backend,
+        n,
+        tally.memory(),
+        f"the deferred adjoint sweep of {batch:,} state vector{'s' if batch != 1 else ''} "
+        f"with {rows:,} bra{'s' if rows != 1 else ''} each",
+        alternatives,
+    )
 
 
 def _sweep_chunk(backend: Backend, tasks: list[_Task], fusion_qubits: int) -> np.ndarray:
-    """The gradients (B, R, P) of the tasks' rows, the tasks' vectors in one batch."""
+    """The gradients (B, R, P) of the tasks' rows, the tasks' vectors in one batch (whose
+    memory ``_require_chunk_memory`` checked)."""
     layout, steps = _merge_for_sweep(tasks)
-    states = [
-        task.circuit.final_state(backend) if task.state is None else task.state for task in tasks
-    ]
-    phi = states[0] if len(states) == 1 else backend.concatenate(states)
+    if all(task.state is None for task in tasks):
+        phi, _ = simulate.final_state(backend, flatten(layout, steps))
+    else:
+        states = [
+            task.circuit.final_state(backend) if task.state is None else task.state
+            for task in tasks
+        ]
+        phi = states[0] if len(states) == 1 else backend.concatenate(states)
+        del states  # the states simulated here go once copied (kept ones stay with tasks)
     rows = len(tasks[0].rows[0])
-    simulate.require_memory(backend, layout.num_qubits, layout.batch_size * rows)
     bras = backend.zero_state(layout.num_qubits, layout.batch_size * rows)
     backend.scale(bras, np.zeros(1))
     vector = 0

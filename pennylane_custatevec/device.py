@@ -424,6 +424,9 @@ class CuStateVecDevice(Device):
         """Results; with adjoint differentiation, the final states are kept for the
         derivatives that usually follow (replacing, and so freeing, the previous ones)."""
         keep = {} if config.gradient_method == "adjoint" else None
+        # the previous batch's states go first: the new ones would replace them anyway,
+        # and the memory checks of this run see the memory they held as free
+        self._final_states.replace(circuits, {})
         results = run_tapes(
             self._backend,
             circuits,

@@ -41,7 +41,10 @@ def run_tapes(
     ``qml.execute``, run as one batch of state vectors; the others run one by one. With
     ``final_states`` given, it receives ``{tape index: (final state, (layout, steps))}``
     of every analytic tape: a view into its batch and its compilation (see
-    ``program.compile_steps``), for the derivatives.
+    ``program.compile_steps``), for the derivatives,
+    if the final states of all of them fit in free memory together; otherwise it stays
+    empty (the derivatives simulate them again, in chunks that fit) and the batches run
+    in chunks of at most the free memory, as without ``final_states``.
     Analytic batches run fused into blocks of at most ``fusion_qubits`` qubits (see
     ``fusion``; 0 or 1: gate by gate).
     """
@@ -57,18 +60,40 @@ def run_tapes(
         else:
             key = (program.structure_key, measurements_key(tape.measurements))
             groups.setdefault(key, []).append(index)
-    for indices in groups.values():
+    group_bytes = [
+        sum(
+            simulate.state_bytes(backend, programs[i].num_qubits, programs[i].batch_size)
+            for i in indices
+        )
+        for indices in groups.values()
+    ]
+    keep = final_states is not None and simulate.fits(backend, sum(group_bytes))
+    for indices, total in zip(groups.values(), group_bytes, strict=True):
         per_vector = simulate.state_bytes(backend, programs[indices[0]].num_qubits, 1)
         sizes = [programs[i].batch_size for i in indices]
-        for chunk in chunks(indices, sizes, max(1, BATCH_BYTES // per_vector)):
+        limit = BATCH_BYTES if keep else _chunk_bytes(backend, total)
+        for chunk in chunks(indices, sizes, max(1, limit // per_vector)):
             batch, states = _run_analytic_batch(
-                backend, [tapes[i] for i in chunk], [compiled[i] for i in chunk], fusion_qubits
+                backend,
+                [tapes[i] for i in chunk],
+                [compiled[i] for i in chunk],
+                fusion_qubits,
+                keep,
             )
-            for i, result, state in zip(chunk, batch, states, strict=True):
+            for position, (i, result) in enumerate(zip(chunk, batch, strict=True)):
                 results[i] = result
-                if final_states is not None:
-                    final_states[i] = (state, compiled[i])
+                if keep:
+                    final_states[i] = (states[position], compiled[i])
     return tuple(results)
+
+
+def _chunk_bytes(backend: Backend, total: int) -> int:
+    """The state-vector bytes of one forward chunk whose states are not kept: at most
+    ``BATCH_BYTES``, and at most the free memory (asked only when ``total``, the group's
+    bytes, exceeds ``simulate.UNCHECKED_BYTES``)."""
+    if total <= simulate.UNCHECKED_BYTES:
+        return BATCH_BYTES
+    return min(BATCH_BYTES, backend.available_bytes())
 
 
 def chunks(items: Sequence, sizes: Sequence[int], limit: int):
@@ -86,9 +111,10 @@ def chunks(items: Sequence, sizes: Sequence[int], limit: int):
 
 
 def _run_analytic_batch(
-    backend, tapes: list[QuantumScript], compiled: list, fusion_qubits: int
+    backend, tapes: list[QuantumScript], compiled: list, fusion_qubits: int, keep: bool
 ) -> tuple[list, list]:
-    """Results of tapes that share a structure, and each tape's final states (a view)."""
+    """Results of tapes that share a structure, and with ``keep`` each tape's final states
+    (a view; else none, so that the batch is freed on return)."""
     layout, steps = merge(compiled)
     fusion_qubits = fusion.width(layout, fusion_qubits, backend.min_fused_amplitudes)
     if fusion_qubits > 1:
@@ -103,7 +129,8 @@ def _run_analytic_batch(
     for tape, (tape_layout, _) in zip(tapes, compiled, strict=True):
         rows = slice(offset, offset + tape_layout.batch_size)
         results.append(_nest(tape, [_unbatch(tape_layout, v[rows]) for v in values]))
-        states.append(backend.vectors(state, rows.start, rows.stop))
+        if keep:
+            states.append(backend.vectors(state, rows.start, rows.stop))
         offset += tape_layout.batch_size
     return results, states
 
@@ -126,6 +153,7 @@ def _run_sampled(backend, program: Program, tape: QuantumScript, rng, postselect
         counts = _postselected_shots(program, counts, kept, postselect_mode, rng)
     measure.rotate_to_eigenbases(backend, state, program, tape.measurements)
     wires = measure.sampled_wires(program, tape.measurements)
+    measure.require_sample_memory(backend, program.batch_size, wires, counts, tape.measurements)
     samples = measure.computational_basis_samples(backend, state, program, wires, sum(counts), rng)
     partitions = []
     for lower, upper in _bins(counts):

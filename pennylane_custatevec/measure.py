@@ -31,6 +31,7 @@ from pennylane.measurements import (
 from pennylane.operation import Operator
 from pennylane.wires import Wires
 
+from . import simulate
 from .backends.base import Backend, StateBatch
 from .exact import observable_key
 from .program import Program, compile_operation
@@ -267,6 +268,72 @@ def sampled_wires(program: Program, measurements) -> Wires:
     return Wires([w for w in program.wires if w in used])
 
 
+_SAMPLE_BYTES = 8
+"""Bytes of one sampled bit (int64, the dtype PennyLane's measurement processes take)."""
+
+
+def sampling_bytes(backend: Backend, batch: int, wires: Wires, shots: int, measurements) -> int:
+    """Host bytes that sampling ``shots`` per vector of ``wires`` allocates at most: the
+    backend's outcomes with their temporaries (``sample_host_bytes``); then the outcomes
+    and their bits (``computational_basis_samples``); then the bits and what each
+    measurement process takes of them (an estimate: a copy of its columns, its indices and
+    eigenvalues)."""
+    width = len(wires)
+    processing = sum(len(mp.wires or wires) + 2 for mp in measurements)
+    per_shot = max(
+        backend.sample_host_bytes, _SAMPLE_BYTES * (1 + width), _SAMPLE_BYTES * (width + processing)
+    )
+    return batch * shots * per_shot
+
+
+def require_sample_memory(
+    backend: Backend, batch: int, wires: Wires, counts: list[int], measurements
+) -> None:
+    """Refuse, before sampling, ``sum(counts)`` shots (a shot vector's partitions are
+    sampled together) whose samples would not fit in the host's free memory, naming the
+    largest number of shots that would, and analytic execution where every measurement
+    has an exact value."""
+    shots = sum(counts)
+    needed = sampling_bytes(backend, batch, wires, shots, measurements)
+    per_shot = needed // max(shots, 1)
+
+    def alternatives(available: int) -> list:
+        found = []
+        fitting = available // per_shot if per_shot else 0
+        if fitting:
+            found.append(
+                simulate.Alternative(
+                    f"shots={fitting:,}"
+                    if len(counts) == 1
+                    else f"at most {fitting:,} shots in all",
+                    "fewer samples",
+                    fitting * per_shot,
+                )
+            )
+        if all(isinstance(mp, _EXACT_MEASUREMENTS) for mp in measurements):
+            found.append(
+                simulate.Alternative(
+                    "shots=None", "exact expectation values and probabilities, no samples", 0
+                )
+            )
+        return found
+
+    partitions = (
+        f", a shot vector of {len(counts):,} partitions sampled together" if len(counts) > 1 else ""
+    )
+    simulate.require_total(
+        backend,
+        needed,
+        f"sampling {shots:,} shots of {len(wires):,} wire{'s' if len(wires) != 1 else ''} "
+        f"from {batch:,} state vector{'s' if batch != 1 else ''}{partitions}",
+        alternatives,
+        host=True,
+    )
+
+
+_EXACT_MEASUREMENTS = (ExpectationMP, VarianceMP, ProbabilityMP)
+
+
 def computational_basis_samples(
     backend: Backend,
     state: StateBatch,
@@ -280,4 +347,6 @@ def computational_basis_samples(
     require_normalised(backend, backend.probabilities(state, ())[:, 0])
     outcomes = backend.sample(state, program.targets(wires), shots, rng)
     shifts = np.arange(len(wires) - 1, -1, -1, dtype=np.int64)
-    return (outcomes[..., None] >> shifts) & 1
+    bits = outcomes[..., None] >> shifts
+    bits &= 1  # in place: one array of samples, not two
+    return bits

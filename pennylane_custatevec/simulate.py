@@ -8,6 +8,9 @@ condition holds.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Sequence
+
 import numpy as np
 from pennylane.exceptions import DeviceError
 
@@ -52,6 +55,12 @@ def require_normalised(backend: Backend, norms: np.ndarray) -> None:
     )
 
 
+class RunTooLargeError(StateTooLargeError):
+    """What a run needs in total (the bras of an adjoint sweep beside its final states, the
+    samples of a sampled circuit) does not fit in free memory; the message says what was
+    needed, what is available, and which option would fit."""
+
+
 def state_bytes(backend: Backend, num_qubits: int, batch_size: int) -> int:
     """Bytes of ``batch_size`` state vectors of ``num_qubits`` qubits."""
     return batch_size * (2**num_qubits) * backend.dtype.itemsize
@@ -60,6 +69,77 @@ def state_bytes(backend: Backend, num_qubits: int, batch_size: int) -> int:
 UNCHECKED_BYTES = 1 << 24
 """Requests up to this size (16 MiB, 20 qubits at complex128) skip the free-memory query,
 which costs more than simulating a small circuit."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Alternative:
+    """An option the user could take instead, and the bytes the run would need with it."""
+
+    option: str
+    """What to change, as the user writes it (``device_vjp=True``, ``shots=1000``)."""
+    reason: str
+    """Why it needs less, in a few words."""
+    needed: int
+
+
+def free_bytes(backend: Backend, host: bool = False) -> int:
+    """The backend's free memory, or with ``host`` the host's (where samples live)."""
+    return backend.available_host_bytes() if host else backend.available_bytes()
+
+
+def fits(backend: Backend, needed: int, host: bool = False) -> bool:
+    """Whether ``needed`` bytes fit in free memory; requests up to ``UNCHECKED_BYTES``
+    fit without asking."""
+    return needed <= UNCHECKED_BYTES or needed <= free_bytes(backend, host)
+
+
+def require_total(
+    backend: Backend,
+    needed: int,
+    what: str,
+    alternatives: Sequence[Alternative] | Callable[[int], Sequence[Alternative]] = (),
+    host: bool = False,
+) -> None:
+    """Refuse, before allocating, a run that needs ``needed`` bytes in total for ``what``
+    (a phrase: "the adjoint Jacobian of ..."), naming the ``alternatives`` that fit (or a
+    function of the available bytes that finds them)."""
+    if needed <= UNCHECKED_BYTES:
+        return
+    available = free_bytes(backend, host)
+    if needed <= available:
+        return
+    where = "host" if host else backend.name
+    if callable(alternatives):
+        alternatives = alternatives(available)
+    fitting = [a for a in alternatives if a.needed <= available]
+    if fitting:
+        advice = "These would fit: " + "; ".join(_described(a) for a in fitting) + "."
+    elif alternatives:
+        advice = (
+            "None of the alternatives fits either ("
+            + "; ".join(_described(a) for a in alternatives)
+            + "): use fewer wires."
+        )
+    else:
+        advice = "Use fewer wires."
+    raise RunTooLargeError(
+        f"{what[0].upper()}{what[1:]} needs {needed:,} bytes of {where} memory; "
+        f"{available:,} bytes are available. {advice}"
+    )
+
+
+def _described(alternative: Alternative) -> str:
+    if not alternative.needed:
+        return f"{alternative.option} ({alternative.reason})"
+    return f"{alternative.option} ({alternative.reason}: {alternative.needed:,} bytes)"
+
+
+def single_precision(backend: Backend, needed: int) -> list[Alternative]:
+    """``c_dtype=numpy.complex64`` as an alternative that would need ``needed`` bytes (none
+    where the backend runs complex64 already)."""
+    if backend.dtype != np.complex128:
+        return []
+    return [Alternative("c_dtype=numpy.complex64", "half the bytes per amplitude", needed)]
 
 
 def require_memory(backend: Backend, num_qubits: int, batch_size: int, copies: int = 1) -> None:

@@ -44,6 +44,8 @@ from test_adjoint import (
 import pennylane_custatevec
 import pennylane_custatevec.adjoint
 import pennylane_custatevec.deferred
+from pennylane_custatevec import simulate
+from pennylane_custatevec.simulate import RunTooLargeError
 
 ATOL = 1e-10
 REF_ATOL = 1e-8
@@ -666,28 +668,41 @@ def chunk_tapes(rng):
 
 
 PER_STATE = 16 * 16  # four qubits, complex128
+REDUCTIONS_PER_BRA = 16 * (3 * 4**2 + 6)
+"""The memory check's bound on the reductions a sweep holds per bra (deferred._ChunkTally):
+complex128, 4**k per trainable gate (three, k = 2) and one per operation (six)."""
 
 
 @pytest.mark.parametrize(
     "budget_vectors, expected_sizes",
-    [(100, [6]), (3, [1, 3, 2]), (4, [4, 2]), (1, [1, 3, 1, 1])],
-    ids=["one_chunk", "three", "two", "each_alone"],
+    [(100, [6]), (3, [1, 3, 2]), (4, [4, 2]), (1, None)],
+    ids=["one_chunk", "three", "two", "broadcast_refused"],
 )
 @pytest.mark.parametrize("derivative", ["vjp", "jacobian"])
 def test_memory_chunks(derivative, budget_vectors, expected_sizes, mocker, monkeypatch):
-    """available_bytes fits ``budget_vectors`` vectors (a final state and its bras):
-    consecutive tapes are cut into chunks of at most that many (a broadcast tape of three
-    entries larger than that alone); every chunk gives the eager results."""
+    """available_bytes fits ``budget_vectors`` vectors (a final state, its bras and their
+    reductions): consecutive tapes are cut into chunks of at most that many (a broadcast
+    tape of three entries larger than that alone, and refused before any sweep if it does
+    not fit: ``expected_sizes`` None); every chunk gives the eager results."""
     rng = np.random.default_rng(stable_seed("deferred-chunks"))
     tapes = chunk_tapes(rng)
     dys = cotangents(tapes, rng)
     rows = 1 if derivative == "vjp" else 1 + 2  # one bra, or one per output
     dev = device("deferred", 2, W4)
-    budget = budget_vectors * PER_STATE * (1 + rows)
+    budget = budget_vectors * (PER_STATE * (1 + rows) + REDUCTIONS_PER_BRA * rows)
     monkeypatch.setattr(dev._backend, "available_bytes", lambda: budget)
+    monkeypatch.setattr(simulate, "UNCHECKED_BYTES", 0)  # these vectors are tiny
     sweeps = mocker.spy(pennylane_custatevec.deferred, "sweep")
     eager = device("eager", 2, W4)
     deferred = config("deferred", 2)
+    if expected_sizes is None:
+        with pytest.raises(RunTooLargeError, match='grad_accumulation="eager"'):
+            if derivative == "vjp":
+                dev.compute_vjp(tapes, dys, deferred)
+            else:
+                dev.compute_derivatives(tapes, deferred)
+        assert sweeps.call_args_list == []
+        return
     if derivative == "vjp":
         result = dev.compute_vjp(tapes, dys, deferred)
         expected = eager_vjps(eager, tapes, dys, 2)

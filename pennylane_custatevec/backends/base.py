@@ -47,8 +47,23 @@ class Backend(Protocol):
     gates one by one: there, tabulating the product state costs more host time than the
     kernel passes it saves."""
 
+    sample_host_bytes: int
+    """Host bytes that ``sample`` allocates at most per shot and state vector (its random
+    numbers and outcomes, with their temporaries), for the memory check before sampling."""
+
     def available_bytes(self) -> int:
         """Memory that new state vectors may use now."""
+
+    def available_host_bytes(self) -> int:
+        """Host memory that new host arrays (samples) may use now."""
+
+    def scratch_vectors(self, kets: int, bras: int, reduction: bool) -> int:
+        """The most state vectors the backend allocates as temporaries inside one call on
+        ``kets`` kets and ``bras`` bras, for the memory checks of the adjoint sweeps: an
+        inner product (``inner_pauli``, ``inner_matrix``, ``adjoint_rotation_step``) or
+        ``add_scaled`` (``kets`` its source vectors), or with ``reduction`` one of the
+        deferred sweep's steps (``adjoint_block_step``, ``adjoint_z_rotations_step``,
+        ``adjoint_rotations_step``)."""
 
     def zero_state(self, n_qubits: int, batch_size: int) -> StateBatch:
         """A new batch, every vector |0...0>."""

@@ -114,7 +114,7 @@ UNKNOWN_PLATFORM_BYTES = 4 << 30
 os.sysconf): 4 GiB, up to 28 qubits at complex128. Install psutil for the true figure."""
 
 
-def _available_host_bytes() -> int:
+def free_host_bytes() -> int:
     """Free host memory in bytes, from the first source the platform has:
 
     1. Linux: MemAvailable of /proc/meminfo (free memory plus reclaimable caches);
@@ -180,8 +180,18 @@ class CPUBackend:
     def __init__(self, dtype: np.dtype = np.complex128):
         self.dtype = np.dtype(dtype)
 
+    sample_host_bytes = 24
+    """``sample``: the uniform draws (float64), each vector's outcomes (int64) and their
+    stacked and clipped copies, two of them alive at once."""
+
     def available_bytes(self) -> int:
-        return _available_host_bytes()
+        return free_host_bytes()
+
+    def available_host_bytes(self) -> int:
+        return self.available_bytes()  # the states live in host memory too
+
+    def scratch_vectors(self, kets: int, bras: int, reduction: bool) -> int:
+        return 0  # the kernels work in place; their partial sums are far below a vector
 
     def zero_state(self, n_qubits: int, batch_size: int) -> StateBatch:
         state = np.zeros((batch_size, 1 << n_qubits), dtype=self.dtype)

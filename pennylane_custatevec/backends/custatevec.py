@@ -29,6 +29,7 @@ import numpy as np
 
 from ..pauli import pauli_word_matrix
 from .base import StateBatch
+from .cpu import free_host_bytes
 
 SMALL_BATCHED_TARGETS = 4
 """A batch of vectors with a diagonal, Pauli word or rotation on at most this many targets
@@ -205,6 +206,20 @@ class CuStateVecBackend:
         weakref.finalize(self, _release, cusv, self._device, self._handle, self._stream)
 
     # --- memory ------------------------------------------------------------------------
+
+    sample_host_bytes = 16
+    """``sample``: the uniform draws (float64) and the outcomes (int64), on the host."""
+
+    def available_host_bytes(self) -> int:
+        return free_host_bytes()
+
+    def scratch_vectors(self, kets: int, bras: int, reduction: bool) -> int:
+        # an inner product applies the operator to a copy of the kets (add_scaled's
+        # product is the size of its source); a deferred step copies the bras to reduce
+        # over them (adjoint_block_step, whose view of phi may be a copy too) or holds a
+        # conjugated copy of the bras and two copies of phi as it moves from word to word
+        # (the commuting steps)
+        return bras + 2 * kets if reduction else kets
 
     @_on_device
     def available_bytes(self) -> int:
