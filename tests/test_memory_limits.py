@@ -91,11 +91,11 @@ def limit_memory(dev, monkeypatch, available: int, allocations: Allocations | No
 
 
 def derivatives_allocate_nothing(dev, monkeypatch) -> Allocations:
-    """Follow the allocations of the device's derivatives (compute_derivatives and
-    compute_vjp, also inside execute_and_...): ``live_before`` stays empty if they
-    allocate nothing."""
+    """Follow the allocations of the device's derivatives (the untracked implementations
+    behind compute_derivatives and compute_vjp, which execute_and_... call too):
+    ``live_before`` stays empty if they allocate nothing."""
     allocations = Allocations(dev._backend, monkeypatch)
-    for name in ("compute_derivatives", "compute_vjp"):
+    for name in ("_compute_derivatives", "_compute_vjp"):
         method = getattr(dev, name)
 
         def restarted(*args, method=method, **kwargs):
