@@ -28,12 +28,12 @@ from pennylane.measurements import (
 )
 from pennylane.tape import QuantumScript
 from pennylane.transforms import defer_measurements, dynamic_one_shot
-from pennylane.transforms.core import CompilePipeline
 
 from . import adjoint, deferred, settings
 from .backends import BACKEND_CHOICES, select_backend
 from .execution import run_tapes
 from .program import compiles_by_gate, wire_labels
+from .queuing import PipelineWithoutQueuing
 from .rotations import PauliRotations
 from .templates import NATIVE_TEMPLATES, is_native_template
 from .transforms import (
@@ -254,7 +254,7 @@ class CuStateVecDevice(Device):
         config = execution_config or ExecutionConfig()
         mcm_method = config.mcm_config.mcm_method
         differentiating = config.gradient_method == "adjoint"
-        pipeline = CompilePipeline()
+        pipeline = PipelineWithoutQueuing()  # operators built here are queued nowhere
         if mcm_method == "deferred":
             pipeline.add_transform(defer_measurements, allow_postselect=True)
         pipeline.add_transform(decompose_late_state_preps)

@@ -33,6 +33,7 @@ from pennylane.wires import Wires
 
 from .backends.base import Backend, StateBatch
 from .program import Program, compile_operation
+from .queuing import diagonalizing_gates_of, matrix_of
 from .simulate import apply_instruction
 
 DENSE_OBSERVABLE_WIRES = 10
@@ -52,7 +53,7 @@ def _form(obs: Operator, program: Program) -> _ObservableForm:
     if obs.pauli_rep is not None:
         return _ObservableForm(pauli=obs.pauli_rep)
     if len(obs.wires) <= DENSE_OBSERVABLE_WIRES and not isinstance(obs, qml.SparseHamiltonian):
-        return _ObservableForm(matrix=qml.matrix(obs, wire_order=obs.wires), wires=obs.wires)
+        return _ObservableForm(matrix=matrix_of(obs, wire_order=obs.wires), wires=obs.wires)
     return _ObservableForm(sparse=obs.sparse_matrix(wire_order=program.wires, format="csr"))
 
 
@@ -138,7 +139,7 @@ def probs(backend: Backend, state: StateBatch, program: Program, mp: Probability
     wires = mp.wires if len(mp.wires) else program.wires
     if mp.obs is not None:
         state = backend.copy(state)
-        for gate in mp.obs.diagonalizing_gates():
+        for gate in diagonalizing_gates_of(mp.obs):
             apply_operator(backend, state, program, gate)
     return backend.probabilities(state, program.targets(wires))
 
@@ -242,7 +243,7 @@ def rotate_to_eigenbases(
     """
     rotated = []
     for mp in measurements:
-        if mp.obs is None or not mp.obs.diagonalizing_gates():
+        if mp.obs is None or not diagonalizing_gates_of(mp.obs):
             continue
         if any(qml.equal(mp.obs, done) for done in rotated):
             continue
@@ -252,7 +253,7 @@ def rotate_to_eigenbases(
                 "measure them in separate circuits."
             )
         rotated.append(mp.obs)
-        for gate in mp.obs.diagonalizing_gates():
+        for gate in diagonalizing_gates_of(mp.obs):
             apply_operator(backend, state, program, gate)
 
 

@@ -21,7 +21,10 @@ import pennylane as qml
 from pennylane.exceptions import DeviceError
 from pennylane.operation import Operation, Operator
 from pennylane.ops.functions import bind_new_parameters
+from pennylane.queuing import QueuingManager
 from pennylane.resource import Resources, ResourcesOperation
+
+from .queuing import recording_elsewhere, without_queuing
 
 _FIXED_WORDS = {
     qml.RX: "X",
@@ -79,6 +82,14 @@ class PauliRotations(ResourcesOperation):
     def compute_decomposition(*angles, wires=None, gates=()):  # noqa: ARG004
         return [_build(gate, angle) for gate, angle in zip(gates, angles, strict=True)]
 
+    def queue(self, context=QueuingManager):
+        """Queued only in this thread's own recording. The device builds these operations
+        ``without_queuing``; PennyLane rebuilds them when it converts parameters (its ML
+        interfaces) while another thread may be recording a QNode, which must not get them."""
+        if recording_elsewhere():
+            return self
+        return super().queue(context)
+
     def resources(self) -> Resources:
         gates = self.hyperparameters["gates"]
         return Resources(
@@ -116,4 +127,5 @@ def _depth(gates: tuple[Gate, ...]) -> int:
 def structure(gates: tuple[Gate, ...]) -> tuple[Operation, ...]:
     """One operator per gate of a run, standing for the gate's structure (its name, wires
     and generator) when the run is compiled; the angles live in the instructions."""
-    return tuple(_build(gate, 0.0) for gate in gates)
+    with without_queuing():
+        return tuple(_build(gate, 0.0) for gate in gates)

@@ -32,6 +32,7 @@ import numpy as np
 import pennylane as qml
 from pennylane.operation import Operator
 
+from .queuing import without_queuing
 from .rotations import real_angles
 
 _UNBATCHED_NDIM = {
@@ -68,14 +69,15 @@ def template_gates(op: Operator) -> tuple[Gate, ...]:
     """The gates of the native template ``op``, in the order they act."""
     wires = tuple(op.wires)
     shape = qml.math.shape(op.data[0])
-    if isinstance(op, qml.StronglyEntanglingLayers):
-        hyperparameters = op.hyperparameters
-        return _strongly_entangling(
-            wires, shape[-3], hyperparameters["ranges"], hyperparameters["imprimitive"]
-        )
-    if isinstance(op, qml.BasicEntanglerLayers):
-        return _basic_entangler(wires, shape[-2], op.hyperparameters["rotation"])
-    return _angle_embedding(wires, op.hyperparameters["rotation"])
+    with without_queuing():  # the gates are built once per structure
+        if isinstance(op, qml.StronglyEntanglingLayers):
+            hyperparameters = op.hyperparameters
+            return _strongly_entangling(
+                wires, shape[-3], hyperparameters["ranges"], hyperparameters["imprimitive"]
+            )
+        if isinstance(op, qml.BasicEntanglerLayers):
+            return _basic_entangler(wires, shape[-2], op.hyperparameters["rotation"])
+        return _angle_embedding(wires, op.hyperparameters["rotation"])
 
 
 @functools.lru_cache(maxsize=256)
