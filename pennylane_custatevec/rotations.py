@@ -90,6 +90,16 @@ class PauliRotations(ResourcesOperation):
             return self
         return super().queue(context)
 
+    @property
+    def hash(self) -> int:
+        """The hash of the gates' sequence, each gate hashed by PennyLane as it hashes the
+        gate (``Operator.hash`` rounds the angles of RX, RY and RZ modulo 2 pi to 10
+        digits, and no other gate's): PennyLane's cache then finds a run where it would
+        find its gates. Only PennyLane decides by it; the device compares exact data."""
+        with without_queuing():
+            gates = self.decomposition()
+        return hash((self.name, tuple(gate.hash for gate in gates)))
+
     def resources(self) -> Resources:
         gates = self.hyperparameters["gates"]
         return Resources(

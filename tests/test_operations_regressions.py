@@ -9,6 +9,7 @@ import threading
 
 import numpy as np
 import pennylane as qml
+import pytest
 import torch
 from conftest import DEVICE, assert_allclose_nested
 from pennylane import numpy as pnp
@@ -251,3 +252,63 @@ def test_gathered_rotations_queue_in_their_own_thread():
     with AnnotatedQueue() as queue:
         op = PauliRotations(0.1, 0.2, gates=gates)
     assert queue.queue == [op]
+
+
+# ---------------------------------------------------------------------------------------
+# item 13: PennyLane's cache
+
+
+def _hessian_executions(dev):
+    params = pnp.array([0.1, 0.2], requires_grad=True)
+
+    def cost(x):
+        tape = QuantumScript(
+            [qml.RX(x[0], 0), qml.RY(x[1], 1), qml.CNOT([0, 1])],
+            [qml.var(qml.prod(qml.PauliZ(0), qml.PauliX(1)))],
+        )
+        return qml.execute(
+            [tape], dev, diff_method=qml.gradients.param_shift, cache=True, max_diff=2
+        )[0]
+
+    with qml.Tracker(dev) as tracker:
+        hessian = qml.jacobian(qml.grad(cost))(params)
+    return tracker.totals["executions"], hessian
+
+
+def test_cache_hash():
+    """A parameter-shift Hessian through PennyLane's cache: the shifted tapes whose angles
+    differ by rounding hit the cache as on default.qubit (the same number of executions)
+    and the Hessian is default.qubit's."""
+    ours = _hessian_executions(_cpu_device())
+    expected = _hessian_executions(qml.device("default.qubit"))
+    assert ours[0] == expected[0]
+    np.testing.assert_allclose(ours[1], expected[1], atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "gates, angles, other",
+    [
+        ((qml.RX(0.0, 0), qml.RY(0.0, 1)), (0.1, 0.2), (0.1 + np.pi / 2 - np.pi / 2, 0.2)),
+        ((qml.RZ(0.0, 0), qml.RX(0.0, 0)), (0.3, -0.4), (0.3 + 2 * np.pi, -0.4)),
+        (
+            (qml.IsingXX(0.0, [0, 1]), qml.RX(0.0, 0)),
+            (0.1, 0.2),
+            (0.1 + np.pi / 2 - np.pi / 2, 0.2),
+        ),
+        ((qml.RX(0.0, 0), qml.RY(0.0, 1)), (0.1, 0.2), (0.1, 0.2 + 1e-6)),
+    ],
+)
+def test_gathered_rotations_hash_as_their_gates(gates, angles, other):
+    """Two runs hash alike exactly when their gates do (PennyLane rounds RX, RY and RZ
+    angles modulo 2 pi, and not IsingXX's)."""
+    structure = tuple(gate_of(g) for g in gates)
+
+    def gate_hashes(values):
+        return [type(g)(v, wires=g.wires).hash for g, v in zip(gates, values, strict=True)]
+
+    same_gates = gate_hashes(angles) == gate_hashes(other)
+    same_run = (
+        PauliRotations(*angles, gates=structure).hash
+        == PauliRotations(*other, gates=structure).hash
+    )
+    assert same_run == same_gates
