@@ -258,10 +258,6 @@ class CuStateVecDevice(Device):
         if mcm_method == "deferred":
             pipeline.add_transform(defer_measurements, allow_postselect=True)
         pipeline.add_transform(decompose_late_state_preps)
-        array_gradients = config.gradient_method is None or (
-            differentiating and config.use_device_jacobian_product
-        )
-        pipeline.add_transform(decompose_templates_for_gradients, array_gradients)
         # gathered before decomposing (fewer operations to inspect) and after (runs that
         # decompositions made, e.g. trainable Rot gates)
         pipeline.add_transform(gather_rotations)
@@ -272,6 +268,11 @@ class CuStateVecDevice(Device):
             device_wires=self.wires,
             name=self.name,
         )
+        # after decomposing: a decomposition may make a native template (a subclass's does)
+        array_gradients = config.gradient_method is None or (
+            differentiating and config.use_device_jacobian_product
+        )
+        pipeline.add_transform(decompose_templates_for_gradients, array_gradients)
         pipeline.add_transform(gather_rotations)
         pipeline.add_transform(validate_device_wires, self.wires, name=self.name)
         pipeline.add_transform(
@@ -303,13 +304,22 @@ class CuStateVecDevice(Device):
         return frozenset(self.capabilities.gate_set() | _MCM_OPS)
 
     def _runs_natively(self, op: qml.operation.Operator) -> bool:
+        """Native gates by name; exactly the native templates (a subclass may define
+        other gates: it is decomposed); and a user's subclass of a native gate, which runs
+        as that gate, as default.qubit applies it (PennyLane's own subclasses, such as
+        AmplitudeEmbedding, keep their names' handling)."""
         if isinstance(op, (qml.ops.MidMeasure, qml.ops.Conditional)):
             return True
         if isinstance(op, NATIVE_TEMPLATES):
             return is_native_template(op)
-        if isinstance(op, PauliRotations):
+        if isinstance(op, PauliRotations) or self.capabilities.supports_operation(op):
             return True
-        return self.capabilities.supports_operation(op)
+        cls = type(op)
+        return cls.__module__.partition(".")[0] != "pennylane" and any(
+            self.capabilities.supports_operation(base.__name__)
+            for base in cls.__mro__[1:]
+            if issubclass(base, qml.operation.Operator)
+        )
 
     def _stops_adjoint(self, op: qml.operation.Operator) -> bool:
         """Native, and differentiable as it stands: trainable gates with several parameters

@@ -41,10 +41,14 @@ Gate = tuple[type, tuple, str]
 
 
 def rotation_word(op: Operator) -> str:
-    """The Pauli word P of a rotation gate exp(-i theta/2 P) of ROTATION_GATES."""
+    """The Pauli word P of a rotation gate exp(-i theta/2 P) of ROTATION_GATES, or of a
+    subclass of one (which runs as its gate, as on default.qubit)."""
     word = _FIXED_WORDS.get(type(op))
     if word is not None:
         return word
+    for gate, fixed in _FIXED_WORDS.items():
+        if isinstance(op, gate):
+            return fixed
     if isinstance(op, qml.MultiRZ):
         return "Z" * len(op.wires)
     return op.hyperparameters["pauli_word"]

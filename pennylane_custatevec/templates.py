@@ -50,14 +50,15 @@ Gate = tuple[Operator, int | None]
 
 
 def is_native_template(op: Operator) -> bool:
-    """Whether ``op`` is a template this module compiles: one of NATIVE_TEMPLATES whose
+    """Whether ``op`` is a template this module compiles: exactly one of NATIVE_TEMPLATES
+    (a subclass may define other gates; it is decomposed, as on other devices) whose
     rotations are RX, RY or RZ, whose entangler is CNOT, CZ or CY, and whose parameter is
     broadcast only where PennyLane knows it (its ``batch_size``: for AngleEmbedding, not
     for the layer templates, whose broadcasting PennyLane sees only in their gates)."""
-    if not isinstance(op, NATIVE_TEMPLATES):
+    ndim = _UNBATCHED_NDIM.get(type(op))
+    if ndim is None:
         return False
-    unbatched = qml.math.ndim(op.data[0]) - (op.batch_size is not None)
-    if unbatched != _UNBATCHED_NDIM[type(op)]:
+    if qml.math.ndim(op.data[0]) - (op.batch_size is not None) != ndim:
         return False
     hyperparameters = op.hyperparameters
     if "rotation" in hyperparameters and hyperparameters["rotation"] not in _ROTATIONS:
@@ -78,6 +79,22 @@ def template_gates(op: Operator) -> tuple[Gate, ...]:
         if isinstance(op, qml.BasicEntanglerLayers):
             return _basic_entangler(wires, shape[-2], op.hyperparameters["rotation"])
         return _angle_embedding(wires, op.hyperparameters["rotation"])
+
+
+def template_operations(op: Operator) -> list[Operator]:
+    """The native template ``op`` as the gates it compiles to, each rotation's angle the
+    element of the parameter it reads (indexed in the ML framework, so differentiable as
+    the parameter is): one-parameter gates, as PennyLane's decomposition of the template
+    would become once its Rot gates are decomposed."""
+    parameter = op.data[0]
+    flat = qml.math.reshape(parameter, (op.batch_size, -1) if op.batch_size else (-1,))
+    with without_queuing():
+        return [
+            type(gate)(wires=gate.wires)
+            if element is None
+            else type(gate)(flat[..., element], wires=gate.wires)
+            for gate, element in template_gates(op)
+        ]
 
 
 @functools.lru_cache(maxsize=256)

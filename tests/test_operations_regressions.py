@@ -18,6 +18,7 @@ from pennylane.queuing import AnnotatedQueue, QueuingManager
 from pennylane.tape import QuantumScript
 
 from pennylane_custatevec.rotations import PauliRotations, gate_of
+from pennylane_custatevec.templates import is_native_template
 
 TOL = 1e-10
 WAIT_S = 30
@@ -252,6 +253,130 @@ def test_gathered_rotations_queue_in_their_own_thread():
     with AnnotatedQueue() as queue:
         op = PauliRotations(0.1, 0.2, gates=gates)
     assert queue.queue == [op]
+
+
+# ---------------------------------------------------------------------------------------
+# item 7: subclasses
+
+
+class _ParentDecomposition(qml.StronglyEntanglingLayers):
+    """The reproducer's subclass: its decomposition is the parent template."""
+
+    def decomposition(self):
+        return [qml.StronglyEntanglingLayers(*self.parameters, self.wires)]
+
+
+class _StronglyEntangling(qml.StronglyEntanglingLayers):
+    pass
+
+
+class _BasicEntangler(qml.BasicEntanglerLayers):
+    pass
+
+
+class _AngleEmbedding(qml.AngleEmbedding):
+    pass
+
+
+class _AngleEmbeddingY(qml.AngleEmbedding):
+    """Overrides the decomposition: RY rotations (the parent's would be RX)."""
+
+    def decomposition(self):
+        return [qml.RY(self.data[0][i], w) for i, w in enumerate(self.wires)]
+
+
+_TEMPLATE_SUBCLASSES = {
+    "parent_decomposition": (lambda w: _ParentDecomposition(w.reshape(2, 2, 3), [0, 1]), 12),
+    "strongly_entangling": (lambda w: _StronglyEntangling(w.reshape(1, 2, 3), [0, 1]), 6),
+    "basic_entangler": (lambda w: _BasicEntangler(w.reshape(2, 2), [0, 1]), 4),
+    "angle_embedding": (lambda w: _AngleEmbedding(w, [0, 1]), 2),
+    "angle_embedding_own_decomposition": (lambda w: _AngleEmbeddingY(w, [0, 1]), 2),
+}
+
+_DIFF_METHODS = {
+    "adjoint": {"diff_method": "adjoint"},
+    "adjoint_device_vjp": {"diff_method": "adjoint", "device_vjp": True},
+    "parameter_shift": {"diff_method": "parameter-shift"},
+    "best": {"diff_method": "best"},
+}
+
+
+def _value_and_gradient(dev, body, weights, qnode_kwargs):
+    @qml.qnode(dev, **qnode_kwargs)
+    def circuit(w):
+        qml.Hadamard(1)
+        body(w)
+        qml.CNOT([0, 1])
+        return qml.expval(qml.Z(0) @ qml.X(1) + 0.3 * qml.Y(0))
+
+    return circuit(weights), qml.grad(circuit)(weights)
+
+
+@pytest.mark.parametrize("method", sorted(_DIFF_METHODS))
+@pytest.mark.parametrize("subclass", sorted(_TEMPLATE_SUBCLASSES))
+def test_template_subclass(subclass, method, rng):
+    """A user's subclass of a native template is decomposed, as on other devices (it may
+    define other gates): value and gradient equal default.qubit's."""
+    body, size = _TEMPLATE_SUBCLASSES[subclass]
+    weights = pnp.array(rng.uniform(-1, 1, size), requires_grad=True)
+    kwargs = _DIFF_METHODS[method]
+    reference_kwargs = {k: v for k, v in kwargs.items() if k != "device_vjp"}
+    ours = _value_and_gradient(_cpu_device(wires=2), body, weights, kwargs)
+    expected = _value_and_gradient(
+        qml.device("default.qubit", wires=2), body, weights, reference_kwargs
+    )
+    assert_allclose_nested(ours, expected, atol=TOL)
+
+
+@pytest.mark.parametrize("subclass", sorted(_TEMPLATE_SUBCLASSES))
+def test_template_subclass_is_not_native(subclass, rng):
+    """Only the exact native template classes compile natively; after preprocessing no
+    subclass is left in the tape."""
+    body, size = _TEMPLATE_SUBCLASSES[subclass]
+    with QueuingManager.stop_recording():
+        op = body(rng.uniform(-1, 1, size))
+    assert not is_native_template(op)
+    dev = _cpu_device(wires=2)
+    (tape,), _ = dev.preprocess_transforms()((QuantumScript([op], [qml.expval(qml.Z(0))]),))
+    assert not any(isinstance(o, type(op)) for o in tape.operations)
+
+
+class _PlainRX(qml.RX):
+    pass
+
+
+class _RXOwnDecomposition(qml.RX):
+    def decomposition(self):
+        return [qml.RY(self.data[0], self.wires)]
+
+
+class _RXOwnMatrix(qml.RX):
+    """An RX whose matrix is RX(2 theta): default.qubit applies an RX subclass as RX
+    (its kernels dispatch on the class) except by backpropagation."""
+
+    @staticmethod
+    def compute_matrix(theta):
+        return qml.RX.compute_matrix(2 * theta)
+
+
+@pytest.mark.parametrize("method", ["adjoint", "adjoint_device_vjp", "parameter_shift"])
+@pytest.mark.parametrize("gate", [_PlainRX, _RXOwnDecomposition, _RXOwnMatrix])
+def test_gate_subclass_runs_as_its_gate(gate, method, rng):
+    """A user's subclass of a native gate runs as that gate, as on default.qubit (whose
+    kernels dispatch on the class), instead of being refused as an unknown operation."""
+    weights = pnp.array(rng.uniform(-1, 1, 2), requires_grad=True)
+
+    def body(w):
+        gate(w[0], wires=0)
+        qml.RY(w[1], wires=1)
+
+    kwargs = _DIFF_METHODS[method]
+    reference_kwargs = {k: v for k, v in kwargs.items() if k != "device_vjp"}
+    ours = _value_and_gradient(_cpu_device(wires=2), body, weights, kwargs)
+    expected = _value_and_gradient(
+        qml.device("default.qubit", wires=2), body, weights, reference_kwargs
+    )
+    assert_allclose_nested(ours, expected, atol=TOL)
 
 
 # ---------------------------------------------------------------------------------------
