@@ -52,13 +52,18 @@ Gate = tuple[Operator, int | None]
 def is_native_template(op: Operator) -> bool:
     """Whether ``op`` is a template this module compiles: exactly one of NATIVE_TEMPLATES
     (a subclass may define other gates; it is decomposed, as on other devices) whose
-    rotations are RX, RY or RZ, whose entangler is CNOT, CZ or CY, and whose parameter is
-    broadcast only where PennyLane knows it (its ``batch_size``: for AngleEmbedding, not
+    rotations are RX, RY or RZ, whose entangler is CNOT, CZ or CY, whose parameter is one
+    array of numbers (not an array of objects: a sequence of separately trainable scalars
+    holds the ML framework's objects, each needing its own gradient), and whose parameter
+    is broadcast only where PennyLane knows it (its ``batch_size``: for AngleEmbedding, not
     for the layer templates, whose broadcasting PennyLane sees only in their gates)."""
     ndim = _UNBATCHED_NDIM.get(type(op))
     if ndim is None:
         return False
-    if qml.math.ndim(op.data[0]) - (op.batch_size is not None) != ndim:
+    parameter = op.data[0]
+    if isinstance(parameter, np.ndarray) and parameter.dtype == np.dtype(object):
+        return False
+    if qml.math.ndim(parameter) - (op.batch_size is not None) != ndim:
         return False
     hyperparameters = op.hyperparameters
     if "rotation" in hyperparameters and hyperparameters["rotation"] not in _ROTATIONS:

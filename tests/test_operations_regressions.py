@@ -380,6 +380,71 @@ def test_gate_subclass_runs_as_its_gate(gate, method, rng):
 
 
 # ---------------------------------------------------------------------------------------
+# item 8: a tuple of trainable scalars
+
+
+@pytest.mark.parametrize("method", sorted(_DIFF_METHODS))
+@pytest.mark.parametrize("container", [tuple, list])
+def test_angle_tuple(container, method):
+    """``qml.AngleEmbedding((a, b), ...)`` with trainable autograd scalars: numpy makes
+    an array of autograd values, which PennyLane does not take for autograd's; results
+    and gradients equal default.qubit's."""
+
+    def run(dev, kwargs):
+        @qml.qnode(dev, **kwargs)
+        def circuit(a, b):
+            qml.AngleEmbedding(container((a, b)), wires=[0, 1])
+            qml.StronglyEntanglingLayers(container([[[a, b, a], [b, 0.3, a]]]), wires=[0, 1])
+            return qml.expval(qml.Z(0) @ qml.Z(1))
+
+        a = pnp.array(0.3, requires_grad=True)
+        b = pnp.array(0.7, requires_grad=True)
+        return circuit(a, b), qml.grad(circuit)(a, b)
+
+    kwargs = _DIFF_METHODS[method]
+    reference_kwargs = {k: v for k, v in kwargs.items() if k != "device_vjp"}
+    ours = run(_cpu_device(wires=2), kwargs)
+    expected = run(qml.device("default.qubit", wires=2), reference_kwargs)
+    assert_allclose_nested(ours, expected, atol=TOL)
+
+
+def test_angle_tuple_torch_refused_as_on_default_qubit():
+    """Trainable torch scalars in a tuple: PennyLane's operator refuses them on every
+    device (numpy cannot convert a tensor that requires grad), before the device runs."""
+    messages = []
+    for dev in (_cpu_device(wires=2), qml.device("default.qubit", wires=2)):
+
+        @qml.qnode(dev, interface="torch", diff_method="parameter-shift")
+        def circuit(a, b):
+            qml.AngleEmbedding((a, b), wires=[0, 1])
+            return qml.expval(qml.Z(0))
+
+        with pytest.raises(RuntimeError) as error:
+            circuit(torch.tensor(0.3, requires_grad=True), torch.tensor(0.7, requires_grad=True))
+        messages.append(str(error.value))
+    assert messages[0] == messages[1]
+
+
+def test_angle_tuple_one_shot_refused():
+    """With one-shot mid-circuit measurements the device cannot run such a circuit
+    through PennyLane's autograd interface again (its tapes are already expanded per
+    shot): a clear error naming the way out (default.qubit fails with numpy's message)."""
+    dev = _cpu_device(wires=2, seed=1)
+
+    @qml.set_shots(50)
+    @qml.qnode(dev, diff_method="parameter-shift", mcm_method="one-shot")
+    def circuit(a, b):
+        qml.AngleEmbedding((a, b), wires=[0, 1])
+        qml.cond(qml.measure(0), qml.RX)(0.4, 1)
+        return qml.expval(qml.Z(1))
+
+    a = pnp.array(0.3, requires_grad=True)
+    b = pnp.array(0.7, requires_grad=True)
+    with pytest.raises(qml.exceptions.DeviceError, match="qml.numpy.stack"):
+        qml.grad(circuit)(a, b)
+
+
+# ---------------------------------------------------------------------------------------
 # item 13: PennyLane's cache
 
 
