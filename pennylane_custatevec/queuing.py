@@ -17,9 +17,7 @@ locks are re-entrant: a thread that records and calls the device does not wait o
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Iterator
 
 import pennylane as qml
 from pennylane.operation import Operator
@@ -31,18 +29,28 @@ _RECORDING_QUEUES = (AnnotatedQueue, QuantumTape)
 """The queue classes whose ``_lock`` a recording holds (QuantumTape has its own)."""
 
 
-@contextlib.contextmanager
-def without_queuing() -> Iterator[None]:
+class without_queuing:  # lower case: used as a function, ``with without_queuing():``
     """Operators constructed inside are queued nowhere: no other thread is recording
-    (its recording ends first), and this thread's recording is paused."""
-    locks = [queue._lock for queue in _RECORDING_QUEUES]  # looked up now: tests swap them
-    _acquire_all(locks)
-    try:
-        with QueuingManager.stop_recording():
-            yield
-    finally:
-        for lock in reversed(locks):
-            lock.release()
+    (its recording ends first), and this thread's recording, if any, is paused. A class
+    rather than a generator: it runs around every transform of the preprocessing."""
+
+    __slots__ = ("_locks", "_paused")
+
+    def __enter__(self) -> None:
+        self._locks = [queue._lock for queue in _RECORDING_QUEUES]  # now: tests swap them
+        _acquire_all(self._locks)
+        # with the locks held no other thread records: only this thread's can be active
+        self._paused = QueuingManager.stop_recording() if QueuingManager.recording() else None
+        if self._paused is not None:
+            self._paused.__enter__()
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if self._paused is not None:
+                self._paused.__exit__(*exc)
+        finally:
+            for lock in reversed(self._locks):
+                lock.release()
 
 
 def recording_elsewhere() -> bool:
