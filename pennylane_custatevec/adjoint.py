@@ -58,6 +58,7 @@ from .program import (
     plain_rotation,
     tape_batch_size,
 )
+from .queuing import generator_of
 
 
 def unsupported_reason(
@@ -522,7 +523,7 @@ def _sweep(backend: Backend, circuit: Circuit, state: StateBatch, rows: Sequence
             gradients[:, column] = np.real(1j * products)
             continue
         if column is not None:
-            products = measure.transition(backend, bras, phi, circuit.program, op.generator())
+            products = measure.transition(backend, bras, phi, circuit.program, generator_of(op))
             gradients[:, column] = np.real(1j * products)
         if index == first:
             break
@@ -611,7 +612,7 @@ def state_derivatives(backend: Backend, circuit: Circuit) -> list[np.ndarray]:
                     simulate.apply_instruction(backend, d, instruction)
         column = circuit.columns.get(index)
         if column is not None:
-            derivative = measure.applied_observable(backend, state, program, op.generator())
+            derivative = measure.applied_observable(backend, state, program, generator_of(op))
             backend.scale(derivative, np.full(1, 1j))
             derivatives[column] = derivative
     return [backend.to_host(d) for d in derivatives]

@@ -62,6 +62,7 @@ from .backends.base import Backend, StateBatch
 from .exact import generator_key
 from .pauli import pauli_word_matrix
 from .program import Instruction, Program, Steps, flatten, inverse, merge, plain_rotation
+from .queuing import generator_of
 
 
 @dataclasses.dataclass
@@ -640,7 +641,7 @@ def _single_step(
             )
             products[b] = -0.5 * step_products
             continue
-        products[b] = measure.transition(backend, bras_b, phi_b, layout, op.generator())
+        products[b] = measure.transition(backend, bras_b, phi_b, layout, generator_of(op))
         for instruction in reversed(instructions):
             undo = inverse(instruction)
             if undo.data is not None:
@@ -691,7 +692,7 @@ def _generator_matrix(op: Operator) -> np.ndarray:
     key = generator_key(op, with_wire_labels=False)
     matrix = _GENERATORS.get(key)
     if matrix is None:
-        matrix = qml.matrix(op.generator(), wire_order=op.wires)
+        matrix = qml.matrix(generator_of(op), wire_order=op.wires)
         if len(_GENERATORS) < _MAX_GENERATORS:
             _GENERATORS[key] = matrix
     return matrix

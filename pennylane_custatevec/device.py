@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pennylane as qml
+from autograd.tracer import Box
 from pennylane import math
 from pennylane.devices import Device, ExecutionConfig
 from pennylane.devices.capabilities import validate_mcm_method
@@ -29,13 +30,13 @@ from pennylane.measurements import (
 )
 from pennylane.tape import QuantumScript
 from pennylane.transforms import defer_measurements, dynamic_one_shot
-from pennylane.transforms.core import CompilePipeline
 
 from . import adjoint, deferred, jvp, settings
 from .backends import BACKEND_CHOICES, select_backend
 from .exact import gate_key
 from .execution import run_tapes
 from .program import compiles_by_gate
+from .queuing import PipelineWithoutQueuing, without_queuing
 from .rotations import PauliRotations
 from .templates import NATIVE_TEMPLATES, is_native_template
 from .transforms import (
@@ -336,14 +337,10 @@ class CuStateVecDevice(Device):
         config = execution_config or ExecutionConfig()
         mcm_method = config.mcm_config.mcm_method
         differentiating = config.gradient_method == "adjoint"
-        pipeline = CompilePipeline()
+        pipeline = PipelineWithoutQueuing()  # operators built here are queued nowhere
         if mcm_method == "deferred":
             pipeline.add_transform(defer_measurements, allow_postselect=True)
         pipeline.add_transform(decompose_late_state_preps)
-        array_gradients = config.gradient_method is None or (
-            differentiating and config.use_device_jacobian_product
-        )
-        pipeline.add_transform(decompose_templates_for_gradients, array_gradients)
         # gathered before decomposing (fewer operations to inspect) and after (runs that
         # decompositions made, e.g. trainable Rot gates)
         pipeline.add_transform(gather_rotations)
@@ -354,6 +351,11 @@ class CuStateVecDevice(Device):
             device_wires=self.wires,
             name=self.name,
         )
+        # after decomposing: a decomposition may make a native template (a subclass's does)
+        array_gradients = config.gradient_method is None or (
+            differentiating and config.use_device_jacobian_product
+        )
+        pipeline.add_transform(decompose_templates_for_gradients, array_gradients)
         pipeline.add_transform(gather_rotations)
         pipeline.add_transform(validate_device_wires, self.wires, name=self.name)
         pipeline.add_transform(
@@ -387,13 +389,22 @@ class CuStateVecDevice(Device):
         return frozenset(self.capabilities.gate_set() | _MCM_OPS)
 
     def _runs_natively(self, op: qml.operation.Operator) -> bool:
+        """Native gates by name; exactly the native templates (a subclass may define
+        other gates: it is decomposed); and a user's subclass of a native gate, which runs
+        as that gate, as default.qubit applies it (PennyLane's own subclasses, such as
+        AmplitudeEmbedding, keep their names' handling)."""
         if isinstance(op, (qml.ops.MidMeasure, qml.ops.Conditional)):
             return True
         if isinstance(op, NATIVE_TEMPLATES):
             return is_native_template(op)
-        if isinstance(op, PauliRotations):
+        if isinstance(op, PauliRotations) or self.capabilities.supports_operation(op):
             return True
-        return self.capabilities.supports_operation(op)
+        cls = type(op)
+        return cls.__module__.partition(".")[0] != "pennylane" and any(
+            self.capabilities.supports_operation(base.__name__)
+            for base in cls.__mro__[1:]
+            if issubclass(base, qml.operation.Operator)
+        )
 
     def _stops_adjoint(self, op: qml.operation.Operator) -> bool:
         """Native, and differentiable as it stands: trainable gates with several parameters
@@ -418,7 +429,42 @@ class CuStateVecDevice(Device):
         circuits: Sequence[QuantumScript],
         execution_config: ExecutionConfig | None = None,
     ):
-        return self._execute(circuits, execution_config or ExecutionConfig())
+        config = execution_config or ExecutionConfig()
+        if _holds_autograd_values(circuits):
+            return self._execute_through_autograd(circuits, config)
+        return self._execute(circuits, config)
+
+    def _execute_through_autograd(self, circuits: Sequence[QuantumScript], config):
+        """Circuits whose parameters hold autograd values (``_holds_autograd_values``)
+        that PennyLane gave the device without its autograd interface (default.qubit is
+        traced by autograd; this device is not): executed again through PennyLane's
+        workflow, which now finds their interface, so that autograd differentiates them
+        by the gradient method of ``config``. The tracker counts them once; other threads'
+        recordings wait for this execution (``without_queuing``)."""
+        if config.mcm_config.mcm_method == "one-shot" and any(
+            isinstance(op, qml.ops.MidMeasure) for c in circuits for op in c.operations
+        ):
+            raise DeviceError(
+                "custatevec.qubit cannot differentiate a circuit whose parameter is an array "
+                "of autograd values (e.g. a tuple of trainable scalars) with "
+                "mcm_method='one-shot'; stack them into one array (qml.numpy.stack) or use "
+                "mcm_method='deferred'."
+            )
+        tracking, self.tracker.active = self.tracker.active, False
+        try:
+            with without_queuing():  # a rare path: PennyLane's workflow builds operators
+                return qml.execute(
+                    [_with_autograd_parameters(circuit) for circuit in circuits],
+                    self,
+                    diff_method=config.gradient_method or "best",
+                    device_vjp=bool(config.use_device_jacobian_product),
+                    max_diff=config.derivative_order,
+                    gradient_kwargs=config.gradient_keyword_arguments,
+                    postselect_mode=config.mcm_config.postselect_mode,
+                    mcm_method=config.mcm_config.mcm_method,
+                )
+        finally:
+            self.tracker.active = tracking
 
     def _execute(self, circuits: Sequence[QuantumScript], config: ExecutionConfig):
         """Results; with adjoint differentiation, the final states are kept for the
@@ -574,6 +620,52 @@ def _adjoint_jacobians(
 
 def _adjoint_config(config: ExecutionConfig | None) -> ExecutionConfig:
     return dataclasses.replace(config or ExecutionConfig(), gradient_method="adjoint")
+
+
+def _holds_autograd_values(circuits: Sequence[QuantumScript]) -> bool:
+    """Whether a parameter of ``circuits`` is, or is a numpy array of objects holding, an
+    autograd value. PennyLane hands the device numpy values, but for a circuit whose
+    interface it takes for numpy while autograd traces it: one whose parameter is a numpy
+    array of autograd values, such as ``qml.AngleEmbedding((a, b), ...)`` with trainable
+    scalars a and b under ``qml.grad`` (numpy builds an array of objects, and the gates of
+    its decomposition get elements of it)."""
+    return any(
+        _autograd_items(value) is not None
+        for circuit in circuits
+        for op in circuit.operations
+        for value in op.data
+    )
+
+
+def _autograd_items(value) -> list | None:
+    """``[value]`` for an autograd value, the elements of a numpy array of objects that
+    holds one, else None."""
+    if isinstance(value, Box):
+        return [value]
+    if isinstance(value, np.ndarray) and value.dtype == np.dtype(object):
+        items = list(value.flat)
+        if any(isinstance(item, Box) for item in items):
+            return items
+    return None
+
+
+def _with_autograd_parameters(circuit: QuantumScript) -> QuantumScript:
+    """``circuit`` with each numpy array of objects that holds autograd values as one
+    autograd array (so that PennyLane finds the interface), and those parameters marked
+    trainable."""
+    parameters = circuit.get_parameters(trainable_only=False)
+    trainable = []
+    for index, value in enumerate(parameters):
+        items = _autograd_items(value)
+        if items is None:
+            continue
+        trainable.append(index)
+        if not isinstance(value, Box):
+            stacked = math.stack([math.asarray(item, like="autograd") for item in items])
+            parameters[index] = math.reshape(stacked, value.shape)
+    return circuit.bind_new_parameters(parameters, list(range(len(parameters)))).copy(
+        trainable_params=trainable
+    )
 
 
 class _FinalStates:

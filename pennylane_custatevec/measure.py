@@ -35,6 +35,7 @@ from . import simulate
 from .backends.base import Backend, StateBatch
 from .exact import observable_key
 from .program import Program, compile_operation
+from .queuing import diagonalizing_gates_of, matrix_of
 from .simulate import apply_instruction, require_normalised
 
 DENSE_OBSERVABLE_WIRES = 10
@@ -54,7 +55,7 @@ def _form(obs: Operator, program: Program) -> _ObservableForm:
     if obs.pauli_rep is not None:
         return _ObservableForm(pauli=obs.pauli_rep)
     if len(obs.wires) <= DENSE_OBSERVABLE_WIRES and not isinstance(obs, qml.SparseHamiltonian):
-        return _ObservableForm(matrix=qml.matrix(obs, wire_order=obs.wires), wires=obs.wires)
+        return _ObservableForm(matrix=matrix_of(obs, wire_order=obs.wires), wires=obs.wires)
     return _ObservableForm(sparse=obs.sparse_matrix(wire_order=program.wires, format="csr"))
 
 
@@ -140,7 +141,7 @@ def probs(backend: Backend, state: StateBatch, program: Program, mp: Probability
     wires = mp.wires if len(mp.wires) else program.wires
     if mp.obs is not None:
         state = backend.copy(state)
-        for gate in mp.obs.diagonalizing_gates():
+        for gate in diagonalizing_gates_of(mp.obs):
             apply_operator(backend, state, program, gate)
     return backend.probabilities(state, program.targets(wires))
 
@@ -244,7 +245,7 @@ def rotate_to_eigenbases(
     """
     rotated: dict = {}  # {observable_key: observable}: equal observables rotate once
     for mp in measurements:
-        if mp.obs is None or not mp.obs.diagonalizing_gates():
+        if mp.obs is None or not diagonalizing_gates_of(mp.obs):
             continue
         key = observable_key(mp.obs)
         if key in rotated:
@@ -255,7 +256,7 @@ def rotate_to_eigenbases(
                 "wires; measure them in separate circuits."
             )
         rotated[key] = mp.obs
-        for gate in mp.obs.diagonalizing_gates():
+        for gate in diagonalizing_gates_of(mp.obs):
             apply_operator(backend, state, program, gate)
 
 

@@ -32,6 +32,7 @@ from pennylane.ops.op_math import Adjoint, Controlled
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
+from .queuing import matrix_of, without_queuing
 from .rotations import PauliRotations, real_angles, rotation_word, structure
 from .templates import angles_by_element, is_native_template, template_gates
 
@@ -251,15 +252,16 @@ def compile_steps(tape: QuantumScript, device_wires: Wires | None) -> tuple[Prog
         first = 1
     steps: Steps = []
     origins = []
-    for index in range(first, len(operations)):
-        op = operations[index]
-        if compiles_by_gate(op):
-            for instruction, position, element in _gate_instructions(op, layout):
-                steps.append((instruction.source, [instruction]))
-                origins.append((index, position, element))
-        else:
-            steps.append((op, compile_operation(op, layout)))
-            origins.append((index, 0, 0))
+    with without_queuing():  # decompositions and matrices may build operators
+        for index in range(first, len(operations)):
+            op = operations[index]
+            if compiles_by_gate(op):
+                for instruction, position, element in _gate_instructions(op, layout):
+                    steps.append((instruction.source, [instruction]))
+                    origins.append((index, position, element))
+            else:
+                steps.append((op, compile_operation(op, layout)))
+                origins.append((index, 0, 0))
     layout = dataclasses.replace(layout, initial_state=initial_state, origins=tuple(origins))
     return layout, steps
 
@@ -319,7 +321,7 @@ def compile_operation(op: Operator, layout: Program) -> list[Instruction]:
 def _matrix_instruction(op: Operator, layout: Program) -> Instruction:
     # op.matrix() skips qml.matrix's wire-order handling, which costs more than the
     # matrix of a small gate; qml.matrix also covers operators defined by a decomposition
-    matrix = op.matrix() if op.has_matrix else qml.matrix(op, wire_order=op.wires)
+    matrix = op.matrix() if op.has_matrix else matrix_of(op, wire_order=op.wires)
     return Instruction(
         Kind.MATRIX, targets=layout.targets(op.wires), data=_batched(matrix, 2), source=op
     )

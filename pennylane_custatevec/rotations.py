@@ -21,7 +21,10 @@ import pennylane as qml
 from pennylane.exceptions import DeviceError
 from pennylane.operation import Operation, Operator
 from pennylane.ops.functions import bind_new_parameters
+from pennylane.queuing import QueuingManager
 from pennylane.resource import Resources, ResourcesOperation
+
+from .queuing import recording_elsewhere, without_queuing
 
 _FIXED_WORDS = {
     qml.RX: "X",
@@ -38,10 +41,14 @@ Gate = tuple[type, tuple, str]
 
 
 def rotation_word(op: Operator) -> str:
-    """The Pauli word P of a rotation gate exp(-i theta/2 P) of ROTATION_GATES."""
+    """The Pauli word P of a rotation gate exp(-i theta/2 P) of ROTATION_GATES, or of a
+    subclass of one (which runs as its gate, as on default.qubit)."""
     word = _FIXED_WORDS.get(type(op))
     if word is not None:
         return word
+    for gate, fixed in _FIXED_WORDS.items():
+        if isinstance(op, gate):
+            return fixed
     if isinstance(op, qml.MultiRZ):
         return "Z" * len(op.wires)
     return op.hyperparameters["pauli_word"]
@@ -78,6 +85,24 @@ class PauliRotations(ResourcesOperation):
     @staticmethod
     def compute_decomposition(*angles, wires=None, gates=()):  # noqa: ARG004
         return [_build(gate, angle) for gate, angle in zip(gates, angles, strict=True)]
+
+    def queue(self, context=QueuingManager):
+        """Queued only in this thread's own recording. The device builds these operations
+        ``without_queuing``; PennyLane rebuilds them when it converts parameters (its ML
+        interfaces) while another thread may be recording a QNode, which must not get them."""
+        if recording_elsewhere():
+            return self
+        return super().queue(context)
+
+    @property
+    def hash(self) -> int:
+        """The hash of the gates' sequence, each gate hashed by PennyLane as it hashes the
+        gate (``Operator.hash`` rounds the angles of RX, RY and RZ modulo 2 pi to 10
+        digits, and no other gate's): PennyLane's cache then finds a run where it would
+        find its gates. Only PennyLane decides by it; the device compares exact data."""
+        with without_queuing():
+            gates = self.decomposition()
+        return hash((self.name, tuple(gate.hash for gate in gates)))
 
     def resources(self) -> Resources:
         gates = self.hyperparameters["gates"]
@@ -116,4 +141,5 @@ def _depth(gates: tuple[Gate, ...]) -> int:
 def structure(gates: tuple[Gate, ...]) -> tuple[Operation, ...]:
     """One operator per gate of a run, standing for the gate's structure (its name, wires
     and generator) when the run is compiled; the angles live in the instructions."""
-    return tuple(_build(gate, 0.0) for gate in gates)
+    with without_queuing():
+        return tuple(_build(gate, 0.0) for gate in gates)

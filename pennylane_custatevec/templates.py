@@ -32,6 +32,7 @@ import numpy as np
 import pennylane as qml
 from pennylane.operation import Operator
 
+from .queuing import without_queuing
 from .rotations import real_angles
 
 _UNBATCHED_NDIM = {
@@ -49,14 +50,20 @@ Gate = tuple[Operator, int | None]
 
 
 def is_native_template(op: Operator) -> bool:
-    """Whether ``op`` is a template this module compiles: one of NATIVE_TEMPLATES whose
-    rotations are RX, RY or RZ, whose entangler is CNOT, CZ or CY, and whose parameter is
-    broadcast only where PennyLane knows it (its ``batch_size``: for AngleEmbedding, not
+    """Whether ``op`` is a template this module compiles: exactly one of NATIVE_TEMPLATES
+    (a subclass may define other gates; it is decomposed, as on other devices) whose
+    rotations are RX, RY or RZ, whose entangler is CNOT, CZ or CY, whose parameter is one
+    array of numbers (not an array of objects: a sequence of separately trainable scalars
+    holds the ML framework's objects, each needing its own gradient), and whose parameter
+    is broadcast only where PennyLane knows it (its ``batch_size``: for AngleEmbedding, not
     for the layer templates, whose broadcasting PennyLane sees only in their gates)."""
-    if not isinstance(op, NATIVE_TEMPLATES):
+    ndim = _UNBATCHED_NDIM.get(type(op))
+    if ndim is None:
         return False
-    unbatched = qml.math.ndim(op.data[0]) - (op.batch_size is not None)
-    if unbatched != _UNBATCHED_NDIM[type(op)]:
+    parameter = op.data[0]
+    if isinstance(parameter, np.ndarray) and parameter.dtype == np.dtype(object):
+        return False
+    if qml.math.ndim(parameter) - (op.batch_size is not None) != ndim:
         return False
     hyperparameters = op.hyperparameters
     if "rotation" in hyperparameters and hyperparameters["rotation"] not in _ROTATIONS:
@@ -68,14 +75,31 @@ def template_gates(op: Operator) -> tuple[Gate, ...]:
     """The gates of the native template ``op``, in the order they act."""
     wires = tuple(op.wires)
     shape = qml.math.shape(op.data[0])
-    if isinstance(op, qml.StronglyEntanglingLayers):
-        hyperparameters = op.hyperparameters
-        return _strongly_entangling(
-            wires, shape[-3], hyperparameters["ranges"], hyperparameters["imprimitive"]
-        )
-    if isinstance(op, qml.BasicEntanglerLayers):
-        return _basic_entangler(wires, shape[-2], op.hyperparameters["rotation"])
-    return _angle_embedding(wires, op.hyperparameters["rotation"])
+    with without_queuing():  # the gates are built once per structure
+        if isinstance(op, qml.StronglyEntanglingLayers):
+            hyperparameters = op.hyperparameters
+            return _strongly_entangling(
+                wires, shape[-3], hyperparameters["ranges"], hyperparameters["imprimitive"]
+            )
+        if isinstance(op, qml.BasicEntanglerLayers):
+            return _basic_entangler(wires, shape[-2], op.hyperparameters["rotation"])
+        return _angle_embedding(wires, op.hyperparameters["rotation"])
+
+
+def template_operations(op: Operator) -> list[Operator]:
+    """The native template ``op`` as the gates it compiles to, each rotation's angle the
+    element of the parameter it reads (indexed in the ML framework, so differentiable as
+    the parameter is): one-parameter gates, as PennyLane's decomposition of the template
+    would become once its Rot gates are decomposed."""
+    parameter = op.data[0]
+    flat = qml.math.reshape(parameter, (op.batch_size, -1) if op.batch_size else (-1,))
+    with without_queuing():
+        return [
+            type(gate)(wires=gate.wires)
+            if element is None
+            else type(gate)(flat[..., element], wires=gate.wires)
+            for gate, element in template_gates(op)
+        ]
 
 
 @functools.lru_cache(maxsize=256)

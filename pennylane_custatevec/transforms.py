@@ -16,7 +16,7 @@ from .adjoint import unsupported_reason
 from .exact import observable_key
 from .program import is_broadcast, scalar_parameters, tape_batch_size
 from .rotations import ROTATION_GATES, PauliRotations, gate_of
-from .templates import is_native_template
+from .templates import is_native_template, template_operations
 
 
 def _first_result(results):
@@ -51,6 +51,8 @@ def decompose_templates_for_gradients(tape: QuantumScript, array_gradients: bool
     its other gradient methods expect one entry per scalar, and its torch interface
     stacks a tape's VJPs, which needs every trainable parameter to have one shape. Other
     tapes keep their templates; the decomposed ones run gate by gate, as on other devices.
+    It runs after the device's decomposition (which may make native templates) and
+    decomposes a template straight to its native gates (``templates.template_operations``).
     """
     parameters = tape.get_parameters(trainable_only=False)
     trainable = [i for i, value in enumerate(parameters) if math.requires_grad(value)]
@@ -65,7 +67,7 @@ def decompose_templates_for_gradients(tape: QuantumScript, array_gradients: bool
     operations = []
     for position, op in enumerate(tape.operations):
         if position in templates:
-            operations.extend(op.decomposition())
+            operations.extend(template_operations(op))
         else:
             operations.append(op)
     return (tape.copy(operations=operations),), _first_result
