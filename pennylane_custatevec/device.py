@@ -42,6 +42,7 @@ from .transforms import (
     decompose_templates_for_gradients,
     expand_broadcasts,
     gather_rotations,
+    measure_through_state,
     rotate_sampled_measurements,
     validate_adjoint_differentiation,
 )
@@ -285,6 +286,10 @@ class CuStateVecDevice(Device):
         )
         if differentiating:
             batched = self.options_in_force(config).grad_accumulation == "deferred"
+            # before the state's complex parameters, which it may call for
+            pipeline.add_transform(
+                measure_through_state, self.wires, bool(config.use_device_jacobian_product)
+            )
             pipeline.add_transform(expand_broadcasts, trainable_only=batched)
             pipeline.add_transform(validate_adjoint_differentiation, batched=batched)
             if not config.use_device_jacobian_product:
