@@ -34,7 +34,7 @@ instead: d psi/d theta_j = U_N ... U_{j+1} i G_j phi_j, one vector per parameter
 Trainable observable data (tape parameters after the operations' ones) needs no sweep:
 its derivative is read off the final state psi, before the sweep consumes it
 (``ObservableColumns``). Sums, scalar products and products of observables are linear in
-each of their data entries separately (``observable_derivative``), so for a scalar
+each of their data entries separately (``observable_derivatives``), so for a scalar
 coefficient x with dO/dx = D (an observable itself),
 
     d<O>/dx  = <D>                                  (a coefficient c_k: <O_k>)
@@ -53,6 +53,7 @@ a real parameter is real); a complex one keeps both parts, as autograd's.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -125,19 +126,23 @@ def unsupported_reason(
             )
     n_ops = len(tape.operations)
     trainable_ops = set()
+    observed = False
     for index in trainable:
-        info = tape.par_info[index]
-        if info["op_idx"] >= n_ops:
-            derivative = observable_derivative(info["op"], info["p_idx"])
-            if isinstance(derivative, str):
-                return (
-                    f"{derivative}; it differentiates gate parameters, scalar coefficients "
-                    "of observables and Hermitian matrices (QNodes get other trainable "
-                    "observables from the state through the device's preprocessing; or "
-                    "make the observable's data non-trainable)"
-                )
-            continue
-        trainable_ops.add(info["op_idx"])
+        op_index = tape.par_info[index]["op_idx"]
+        if op_index < n_ops:
+            trainable_ops.add(op_index)
+        else:
+            observed = True
+    if observed:
+        for derivatives in observable_data_derivatives(tape, trainable).values():
+            for derivative in derivatives.values():
+                if isinstance(derivative, str):
+                    return (
+                        f"{derivative}; it differentiates gate parameters, scalar "
+                        "coefficients of observables and Hermitian matrices (QNodes get "
+                        "other trainable observables from the state through the device's "
+                        "preprocessing; or make the observable's data non-trainable)"
+                    )
     for position, op in enumerate(tape.operations):
         reason = _operation_reason(op, position in trainable_ops)
         if reason:
@@ -209,49 +214,82 @@ class MatrixDerivative:
 ObservableDerivative = CoefficientDerivative | MatrixDerivative
 
 
-def observable_derivative(obs: Operator, index: int) -> ObservableDerivative | str:
-    """The derivative of ``obs`` by its data entry ``index`` (``obs.data[index]``), or the
-    reason (a phrase) why the adjoint method has none.
+def observable_derivatives(
+    obs: Operator, indices: Sequence[int]
+) -> dict[int, ObservableDerivative | str]:
+    """The derivative of ``obs`` by each of its data entries ``indices`` (into
+    ``obs.data``), or the reason (a phrase) why the adjoint method has none.
 
     Sums (Hamiltonians and LinearCombinations among them) and products hold their
     operands' data in order, a scalar product its scalar and then its base's data: the
-    walk goes down to the operand that holds the entry. An observable is linear in each
-    entry separately there: d(sum_k O_k) = dO_j, d(c B)/dc = B, d(c B) = c dB,
-    d(A_1 ... A_n) = A_1 ... dA_j ... A_n."""
+    walk goes down to the operands that hold the entries, once for all of them (a
+    composite's ``data`` is rebuilt on every access: one walk per entry would cost
+    K**2 for K terms). An observable is linear in each entry separately there:
+    d(sum_k O_k) = dO_j, d(c B)/dc = B, d(c B) = c dB, d(A_1 ... A_n) = A_1 ... dA_j ... A_n.
+    """
     with QueuingManager.stop_recording():
-        return _derivative(obs, index, None)
+        return _derivatives(obs, list(indices), None)
 
 
-def _derivative(obs: Operator, index: int, weight) -> ObservableDerivative | str:
+def observable_data_derivatives(tape: QuantumScript, trainable) -> dict[int, dict]:
+    """{measurement index: ``observable_derivatives`` of its observable's entries} for the
+    trainable observable data among ``trainable`` (indices into the tape's parameters)."""
+    n_ops = len(tape.operations)
+    entries: dict[int, list[int]] = {}
+    for index in sorted(trainable):
+        info = tape.par_info[index]
+        if info["op_idx"] >= n_ops:
+            entries.setdefault(info["op_idx"] - n_ops, []).append(info["p_idx"])
+    return {
+        m: observable_derivatives(tape.measurements[m].obs, indices)
+        for m, indices in entries.items()
+    }
+
+
+def _derivatives(obs: Operator, indices: list[int], weight) -> dict:
     if isinstance(obs, SProd):
-        if index == 0:
-            if qml.math.shape(obs.scalar) != ():
-                return f"the coefficient of {obs.name} is trainable and not a scalar"
-            return CoefficientDerivative(_weighted(obs.base, weight))
-        scale = obs.scalar if weight is None else weight * obs.scalar
-        return _derivative(obs.base, index - 1, scale)
+        found = {}
+        if 0 in indices:
+            found[0] = (
+                f"the coefficient of {obs.name} is trainable and not a scalar"
+                if qml.math.shape(obs.scalar) != ()
+                else CoefficientDerivative(_weighted(obs.base, weight))
+            )
+        inner = [i - 1 for i in indices if i > 0]
+        if inner:
+            scale = obs.scalar if weight is None else weight * obs.scalar
+            found.update((i + 1, d) for i, d in _derivatives(obs.base, inner, scale).items())
+        return found
     if isinstance(obs, (Sum, Prod)):
-        sizes = [len(operand.data) for operand in obs.operands]
-        if sum(sizes) != len(obs.data):
-            return f"the data of {obs.name} is not its operands' data"
-        position, start = 0, 0
-        while index >= start + sizes[position]:
-            start += sizes[position]
-            position += 1
-        operand = obs.operands[position]
-        if isinstance(obs, Sum):
-            return _derivative(operand, index - start, weight)
-        inner = _derivative(operand, index - start, None)
-        if isinstance(inner, MatrixDerivative):
-            return "a Hermitian matrix in a product of observables is trainable"
-        if isinstance(inner, str):
-            return inner
-        factors = list(obs.operands)
-        factors[position] = inner.operator
-        return CoefficientDerivative(_weighted(qml.prod(*factors), weight))
-    if isinstance(obs, Hermitian) and index == 0:
-        return MatrixDerivative(weight, obs.wires)
-    return f"a parameter of the observable {obs.name} is trainable"
+        operands = obs.operands
+        starts = [0]
+        for operand in operands:
+            starts.append(starts[-1] + len(operand.data))
+        if starts[-1] != len(obs.data):
+            return {i: f"the data of {obs.name} is not its operands' data" for i in indices}
+        by_operand: dict[int, list[int]] = {}
+        for i in indices:
+            position = bisect.bisect_right(starts, i) - 1
+            by_operand.setdefault(position, []).append(i - starts[position])
+        found = {}
+        for position, local in by_operand.items():
+            start = starts[position]
+            if isinstance(obs, Sum):
+                inner = _derivatives(operands[position], local, weight)
+                found.update((start + i, d) for i, d in inner.items())
+                continue
+            for i, d in _derivatives(operands[position], local, None).items():
+                if isinstance(d, CoefficientDerivative):
+                    factors = list(operands)
+                    factors[position] = d.operator
+                    d = CoefficientDerivative(_weighted(qml.prod(*factors), weight))
+                elif isinstance(d, MatrixDerivative):
+                    d = "a Hermitian matrix in a product of observables is trainable"
+                found[start + i] = d
+        return found
+    if isinstance(obs, Hermitian) and indices == [0]:
+        return {0: MatrixDerivative(weight, obs.wires)}
+    return {i: f"a parameter of the observable {obs.name} is trainable" for i in indices}
 
 
 def _weighted(op: Operator, weight) -> Operator:
@@ -360,7 +398,10 @@ class Circuit:
         self.tape = tape
         self.compiled = compiled or compile_steps(tape, device_wires)
         self.program, self.steps = self.compiled
-        parameters = tape.get_parameters()
+        # all of them, then the trainable: with trainable_only, PennyLane rebuilds an
+        # observable's data for each of its entries (K**2 for a sum of K terms)
+        every = tape.get_parameters(trainable_only=False)
+        parameters = [every[index] for index in tape.trainable_params]
         self.n_params = len(parameters)
         self.shapes = [getattr(value, "shape", ()) for value in parameters]
         starts = [0]
@@ -370,22 +411,26 @@ class Circuit:
         self._starts = starts
         n_ops = len(tape.operations)
         trainable = {}
-        observable_columns = []
+        observed = []
         for p, index in enumerate(tape.trainable_params):
             info = tape.par_info[index]
             if info["op_idx"] < n_ops:
                 trainable[info["op_idx"], info["p_idx"]] = p
-                continue
-            observable_columns.append(
+            else:
+                observed.append((p, info["op_idx"] - n_ops, info["p_idx"]))
+        self.observable_columns: tuple[ObservableColumns, ...] = ()
+        if observed:
+            derivatives = observable_data_derivatives(tape, tape.trainable_params)
+            self.observable_columns = tuple(
                 ObservableColumns(
-                    measurement=info["op_idx"] - n_ops,
+                    measurement=m,
                     start=starts[p],
                     stop=starts[p + 1],
-                    derivative=observable_derivative(info["op"], info["p_idx"]),
+                    derivative=derivatives[m][entry],
                     complex_gradient=bool(np.iscomplexobj(parameters[p])),
                 )
+                for p, m, entry in observed
             )
-        self.observable_columns: tuple[ObservableColumns, ...] = tuple(observable_columns)
         self.columns = {
             step: starts[trainable[index, position]] + element
             for step, (index, position, element) in enumerate(self.program.origins)

@@ -21,7 +21,12 @@ from pennylane.transforms import broadcast_expand, diagonalize_measurements, spl
 from pennylane.transforms.core import transform
 from pennylane.wires import Wires
 
-from .adjoint import SWEPT_MEASUREMENTS, MatrixDerivative, observable_derivative, unsupported_reason
+from .adjoint import (
+    SWEPT_MEASUREMENTS,
+    MatrixDerivative,
+    observable_derivatives,
+    unsupported_reason,
+)
 from .measure import DENSE_OBSERVABLE_WIRES
 from .program import is_broadcast, scalar_parameters, tape_batch_size
 from .rotations import ROTATION_GATES, PauliRotations, gate_of
@@ -177,7 +182,7 @@ def measure_through_state(
       in the form PennyLane needs, as Re tr(rho O) and Re tr(rho O^2) - <O>^2 with rho the
       reduced density matrix on O's wires and O = ``qml.matrix(obs)`` of the framework's
       data: data that is neither a scalar coefficient nor a Hermitian matrix
-      (``adjoint.observable_derivative``); or a Hermitian matrix when the device's
+      (``adjoint.observable_derivatives``); or a Hermitian matrix when the device's
       gradient cannot be a matrix: with device Jacobians (PennyLane's Jacobian
       contraction takes one entry per scalar), with device VJPs when the trainable
       parameters differ in shape (PennyLane's torch interface stacks a tape's VJPs, as
@@ -228,15 +233,16 @@ def _observables_through_state(
     matrices = []
     for i in observed:
         obs = tape.measurements[i].obs
+        data = obs.data
+        trainable = [position for position, value in enumerate(data) if math.requires_grad(value)]
+        if not trainable:
+            continue
         served = True
-        for position, value in enumerate(obs.data):
-            if not math.requires_grad(value):
-                continue
-            derivative = observable_derivative(obs, position)
+        for position, derivative in observable_derivatives(obs, trainable).items():
             if isinstance(derivative, str):
                 served = False
             elif isinstance(derivative, MatrixDerivative):
-                matrices.append((i, value))
+                matrices.append((i, data[position]))
         if not served and len(obs.wires) <= DENSE_OBSERVABLE_WIRES:
             through_state.append(i)
     if matrices:
@@ -269,12 +275,17 @@ def _from_state(measurements, derived: list[int], wires: Wires):
 
 
 def _result_from_state(mp, state, wires: Wires):
-    """``mp``'s result from the state on ``wires``, differentiable by the ML framework."""
-    if not isinstance(mp, _OBSERVABLE_MEASUREMENTS):
-        return mp.process_state(state, wire_order=wires)
-    obs = mp.obs
+    """``mp``'s result from the state on ``wires``, differentiable by the ML framework.
+    Measured on the wires' positions (as default.qubit does): some measurements' (as
+    ``vn_entropy``'s) ``process_state`` take their wire labels for positions."""
+    positions = {wire: position for position, wire in enumerate(wires)}
+    standard = Wires(range(len(wires)))
     with QueuingManager.stop_recording():
-        rho = DensityMatrixMP(wires=obs.wires).process_state(state, wire_order=wires)
+        if not isinstance(mp, _OBSERVABLE_MEASUREMENTS):
+            return mp.map_wires(positions).process_state(state, wire_order=standard)
+        obs = mp.obs
+        on_positions = [positions[w] for w in obs.wires]
+        rho = DensityMatrixMP(wires=on_positions).process_state(state, wire_order=standard)
         matrix = qml.matrix(obs, wire_order=obs.wires)
     matrix = math.cast_like(matrix, rho)
     mean = math.real(math.einsum("...ab,ba->...", rho, matrix))
