@@ -42,7 +42,6 @@ from .transforms import (
     decompose_templates_for_gradients,
     expand_broadcasts,
     gather_rotations,
-    measure_through_state,
     rotate_sampled_measurements,
     validate_adjoint_differentiation,
 )
@@ -286,12 +285,16 @@ class CuStateVecDevice(Device):
         )
         if differentiating:
             batched = self.options_in_force(config).grad_accumulation == "deferred"
-            # before the state's complex parameters, which it may call for
-            pipeline.add_transform(
-                measure_through_state, self.wires, bool(config.use_device_jacobian_product)
-            )
             pipeline.add_transform(expand_broadcasts, trainable_only=batched)
-            pipeline.add_transform(validate_adjoint_differentiation, batched=batched)
+            # measures through the state what the sweep does not differentiate (before
+            # the state's complex parameters, which that may call for), then validates
+            pipeline.add_transform(
+                validate_adjoint_differentiation,
+                batched=batched,
+                through_state=True,
+                device_wires=self.wires,
+                array_gradients=bool(config.use_device_jacobian_product),
+            )
             if not config.use_device_jacobian_product:
                 pipeline.add_transform(complex_parameters_for_state)
             return pipeline

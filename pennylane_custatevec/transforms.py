@@ -115,11 +115,33 @@ _GATHERED = frozenset(ROTATION_GATES)
 
 
 @transform
-def validate_adjoint_differentiation(tape: QuantumScript, batched: bool = False):
+def validate_adjoint_differentiation(
+    tape: QuantumScript,
+    batched: bool = False,
+    through_state: bool = False,
+    device_wires: Wires | None = None,
+    array_gradients: bool = False,
+):
     """Refuse, naming the reason, a circuit the adjoint method cannot differentiate.
     Trainable parameters are those that require a gradient in the ML framework. Runs after
     ``broadcast_expand`` (the tape is not broadcast) or, with ``batched`` (the deferred
-    mode), after ``expand_broadcasts(trainable_only=True)``."""
+    mode), after ``expand_broadcasts(trainable_only=True)``.
+
+    With ``through_state`` it first rewrites the tape as ``measure_through_state`` (with
+    ``device_wires`` and ``array_gradients``) and validates what will run: the device's
+    preprocessing does both in one transform, so that a tape which passes unchanged (the
+    common one) pays no second transform call."""
+    if through_state:
+        converted = _measured_through_state(tape, device_wires, array_gradients)
+        if converted is not None:
+            new_tape, postprocess = converted
+            _require_adjoint_serves(new_tape, batched)
+            return (new_tape,), postprocess
+    _require_adjoint_serves(tape, batched)
+    return (tape,), _first_result
+
+
+def _require_adjoint_serves(tape: QuantumScript, batched: bool) -> None:
     trainable = {
         index
         for index, value in enumerate(tape.get_parameters(trainable_only=False))
@@ -131,7 +153,6 @@ def validate_adjoint_differentiation(tape: QuantumScript, batched: bool = False)
         raise DeviceError(
             f"custatevec.qubit cannot differentiate this circuit by adjoint: {reason}."
         )
-    return (tape,), _first_result
 
 
 @transform
@@ -193,30 +214,47 @@ def measure_through_state(
     ``array_gradients``: the device computes VJPs (``device_vjp=True``). Tapes with only
     expval, var, probs and state measurements and no trainable observable data, and
     tapes with shots (refused later: the adjoint method is analytic) pass unchanged.
+    (The device's preprocessing applies it inside ``validate_adjoint_differentiation``.)
     """
+    converted = _measured_through_state(tape, device_wires, array_gradients)
+    if converted is None:
+        return (tape,), _first_result
+    new_tape, postprocess = converted
+    return (new_tape,), postprocess
+
+
+def _measured_through_state(tape: QuantumScript, device_wires, array_gradients: bool):
+    """(the converted tape, its post-processing) of ``measure_through_state``, or None
+    where the tape passes unchanged."""
     derived = [
         i
         for i, mp in enumerate(tape.measurements)
         if type(mp) not in SWEPT_MEASUREMENTS and isinstance(mp, StateMeasurement)
     ]
+    # the data of an observable with a Pauli form are its coefficients, which the device
+    # differentiates: only the others may need the state (and asking a composite for its
+    # data rebuilds them)
     observed = [
         i
         for i, mp in enumerate(tape.measurements)
-        if type(mp) in _OBSERVABLE_MEASUREMENTS and mp.obs is not None and mp.obs.data
+        if type(mp) in _OBSERVABLE_MEASUREMENTS
+        and mp.obs is not None
+        and mp.obs.pauli_rep is None
+        and mp.obs.data
     ]
     if (not derived and not observed) or tape.shots:
-        return (tape,), _first_result
+        return None
     if observed:
         derived += _observables_through_state(tape, observed, array_gradients)
     if not derived:
-        return (tape,), _first_result
+        return None
     derived = sorted(derived)
     wires = Wires(device_wires) if device_wires is not None else tape.wires
     kept = [mp for i, mp in enumerate(tape.measurements) if i not in derived]
     with QueuingManager.stop_recording():
         state = StateMP(wires=wires)
     converted = tape.copy(measurements=[*kept, state])
-    return (converted,), _from_state(tape.measurements, derived, wires)
+    return converted, _from_state(tape.measurements, derived, wires)
 
 
 _OBSERVABLE_MEASUREMENTS = (ExpectationMP, VarianceMP)
