@@ -87,9 +87,12 @@ from .program import (
     tape_batch_size,
 )
 
-SWEPT_MEASUREMENTS = (ExpectationMP, VarianceMP, ProbabilityMP, StateMP)
-"""What the sweep differentiates (a ``DensityMatrixMP`` is a ``StateMP`` but is not one of
-them: the device's preprocessing measures the state for it, see transforms.py)."""
+
+def is_swept(mp: MeasurementProcess) -> bool:
+    """Whether the sweep differentiates ``mp``'s kind: expval, var, probs, or the state
+    itself (a ``DensityMatrixMP`` is a ``StateMP`` but not the state: the device's
+    preprocessing measures the state for it, see transforms.py)."""
+    return isinstance(mp, (ExpectationMP, VarianceMP, ProbabilityMP)) or type(mp) is StateMP
 
 
 def unsupported_reason(
@@ -152,7 +155,7 @@ def unsupported_reason(
 
 def _measurement_reason(mp: MeasurementProcess) -> str | None:
     supported = "it supports expval, var, probs (of wires) and state"
-    if type(mp) not in SWEPT_MEASUREMENTS:
+    if not is_swept(mp):
         return (
             f"{supported}, not {type(mp).__name__} (QNodes get density_matrix, purity, "
             "vn_entropy, mutual_info and the other measurements of the state from the "

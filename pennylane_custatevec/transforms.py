@@ -22,8 +22,8 @@ from pennylane.transforms.core import transform
 from pennylane.wires import Wires
 
 from .adjoint import (
-    SWEPT_MEASUREMENTS,
     MatrixDerivative,
+    is_swept,
     observable_derivatives,
     unsupported_reason,
 )
@@ -229,7 +229,7 @@ def _measured_through_state(tape: QuantumScript, device_wires, array_gradients: 
     derived = [
         i
         for i, mp in enumerate(tape.measurements)
-        if type(mp) not in SWEPT_MEASUREMENTS and isinstance(mp, StateMeasurement)
+        if isinstance(mp, StateMeasurement) and not is_swept(mp)
     ]
     # the data of an observable with a Pauli form are its coefficients, which the device
     # differentiates: only the others may need the state (and asking a composite for its
@@ -237,7 +237,7 @@ def _measured_through_state(tape: QuantumScript, device_wires, array_gradients: 
     observed = [
         i
         for i, mp in enumerate(tape.measurements)
-        if type(mp) in _OBSERVABLE_MEASUREMENTS
+        if isinstance(mp, _OBSERVABLE_MEASUREMENTS)
         and mp.obs is not None
         and mp.obs.pauli_rep is None
         and mp.obs.data

@@ -400,6 +400,8 @@ def test_tapes_the_sweep_serves_pass_unchanged(device_vjp):
     ):
         (out,), _ = measure_through_state((tape,), Wires(WIRES), device_vjp)
         assert out is tape
+        (run,), _ = _preprocessed(tape, device_vjp)  # the device's preprocessing
+        assert [type(m) for m in run.measurements] == [type(m) for m in tape.measurements]
 
 
 @VJP
