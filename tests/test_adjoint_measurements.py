@@ -475,6 +475,37 @@ def test_trainable_coefficients_torch(kind, statistic, device_vjp):
 
 
 @VJP
+def test_trainable_coefficients_with_state_measurements(device_vjp):
+    """Trainable coefficients in a tape that the preprocessing also measures through the
+    state (with device Jacobians its parameters, the coefficients among them, become
+    complex), with a var: torch gradients as default.qubit's backprop."""
+
+    def circuit(x, c):
+        gates(x, 0.3)
+        hamiltonian = qml.Hamiltonian(c, [qml.Z("a") @ qml.X(3), qml.Y("q1")])
+        return (
+            qml.expval(hamiltonian),
+            qml.density_matrix(wires=[3]),
+            qml.var(qml.s_prod(c[0], qml.X("a"))),
+        )
+
+    def grads(device, **kwargs):
+        x, c = _torch(0.4), _torch([0.5, -1.2])
+        out = qml.QNode(circuit, device, **kwargs)(x, c)
+        rho = out[1]
+        loss = out[0] + 0.7 * torch.real(rho[0, 1]) + 0.3 * torch.imag(rho[0, 1]) + out[2]
+        loss.backward()
+        return [x.grad, c.grad]
+
+    ours = grads(
+        qml.device("custatevec.qubit", wires=WIRES), diff_method="adjoint", device_vjp=device_vjp
+    )
+    expected = grads(qml.device("default.qubit", wires=WIRES), diff_method="backprop")
+    assert_allclose_nested(_numpy(ours), _numpy(expected), atol=ATOL)
+    assert float(expected[1].abs().max()) > 1e-2
+
+
+@VJP
 def test_trainable_coefficients_autograd(device_vjp):
     def circuit(x, coefficients):
         gates(x, 0.3)
