@@ -340,12 +340,10 @@ def observable_values(
     for c, column in enumerate(columns):
         mp = measurements[column.measurement]
         derivative = column.derivative
-        if isinstance(mp, VarianceMP) or isinstance(derivative, MatrixDerivative):
-            if column.measurement not in means:
-                means[column.measurement] = measure.expval(backend, psi, program, mp.obs)
-            mean = means[column.measurement]
-        if isinstance(mp, VarianceMP) and column.measurement not in applied:
+        if isinstance(mp, VarianceMP) and column.measurement not in means:
+            means[column.measurement] = measure.expval(backend, psi, program, mp.obs)
             applied[column.measurement] = measure.applied_observable(backend, psi, program, mp.obs)
+        mean = means.get(column.measurement)
         if isinstance(derivative, CoefficientDerivative):
             if isinstance(mp, VarianceMP):
                 cross = measure.transition(
