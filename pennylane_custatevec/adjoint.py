@@ -17,16 +17,44 @@ checked against free memory before anything is allocated (``SweepMemory``).
 The bra encodes what is differentiated, one cotangent dy per measurement:
 
     expval(O):     lambda += 2 dy O psi           (d<O> = 2 Re <O psi | d psi>)
+    var(O):        lambda += 2 dy (O^2 - 2<O> O) psi
     probs(wires):  lambda += 2 D psi, D = diag(dy) on the wires (sum_x dy_x dp_x)
     state():       lambda += conj(dy)             (Re sum_i dy_i d psi_i)
+
+The variance term: var = <O^2> - <O>^2, so d var = d<O^2> - 2<O> d<O>, and each
+expectation contributes as expval does, with <O> a number taken from the final state
+before the sweep (it does not depend on where in the circuit the sweep is). For a Pauli
+word O^2 = I, whose <I> = 1 has no derivative: the term is -4 dy <O> O psi. Otherwise
+O^2 psi is O applied twice (never O^2 built as an operator: a sum of K words would
+square into K^2 products).
 
 A VJP is one bra. A Jacobian is one bra per output (one-hot cotangents) in one batch, so
 one sweep serves every output. The Jacobian of a state output is computed forward
 instead: d psi/d theta_j = U_N ... U_{j+1} i G_j phi_j, one vector per parameter.
+
+Trainable observable data (tape parameters after the operations' ones) needs no sweep:
+its derivative is read off the final state psi, before the sweep consumes it
+(``ObservableColumns``). Sums, scalar products and products of observables are linear in
+each of their data entries separately (``observable_derivatives``), so for a scalar
+coefficient x with dO/dx = D (an observable itself),
+
+    d<O>/dx  = <D>                                  (a coefficient c_k: <O_k>)
+    d var/dx = <D O + O D> - 2<O><D> = 2 Re <O psi|D|psi> - 2<O><D>.
+
+For a Hermitian matrix M weighted by w in O, dO/dM_ab = w |a><b| on M's wires, so with
+the reduced products R(u, v)[c, d] = sum_r u[c, r] conj(v[d, r]) on those wires
+(rho = R(psi, psi), the reduced density matrix)
+
+    d<O>/dM_ab  = w rho_ba                                   (w rho^T)
+    d var/dM_ab = w (R(psi, O psi) + R(psi, O psi)^dagger - 2<O> rho)_ba.
+
+For a real matrix the gradient is the real part (PennyLane's convention: the gradient of
+a real parameter is real); a complex one keeps both parts, as autograd's.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
@@ -35,14 +63,15 @@ import numpy as np
 import pennylane as qml
 from pennylane.exceptions import DeviceError
 from pennylane.measurements import (
-    DensityMatrixMP,
     ExpectationMP,
     MeasurementProcess,
     ProbabilityMP,
     StateMP,
+    VarianceMP,
 )
 from pennylane.operation import Operator, StatePrepBase
-from pennylane.ops import Conditional, MidMeasure, Projector
+from pennylane.ops import Conditional, Hermitian, MidMeasure, Prod, Projector, SProd, Sum
+from pennylane.queuing import QueuingManager
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
@@ -59,6 +88,13 @@ from .program import (
     tape_batch_size,
 )
 from .queuing import generator_of
+
+
+def is_swept(mp: MeasurementProcess) -> bool:
+    """Whether the sweep differentiates ``mp``'s kind: expval, var, probs, or the state
+    itself (a ``DensityMatrixMP`` is a ``StateMP`` but not the state: the device's
+    preprocessing measures the state for it, see transforms.py)."""
+    return isinstance(mp, (ExpectationMP, VarianceMP, ProbabilityMP)) or type(mp) is StateMP
 
 
 def unsupported_reason(
@@ -95,15 +131,23 @@ def unsupported_reason(
             )
     n_ops = len(tape.operations)
     trainable_ops = set()
+    observed = False
     for index in trainable:
-        info = tape.par_info[index]
-        if info["op_idx"] >= n_ops:
-            return (
-                f"a parameter of the observable {info['op'].name} is trainable; the adjoint "
-                "method differentiates gate parameters only (make the observable's "
-                "coefficients non-trainable, or use diff_method='parameter-shift')"
-            )
-        trainable_ops.add(info["op_idx"])
+        op_index = tape.par_info[index]["op_idx"]
+        if op_index < n_ops:
+            trainable_ops.add(op_index)
+        else:
+            observed = True
+    if observed:
+        for derivatives in observable_data_derivatives(tape, trainable).values():
+            for derivative in derivatives.values():
+                if isinstance(derivative, str):
+                    return (
+                        f"{derivative}; it differentiates gate parameters, scalar "
+                        "coefficients of observables and Hermitian matrices (QNodes get "
+                        "other trainable observables from the state through the device's "
+                        "preprocessing; or make the observable's data non-trainable)"
+                    )
     for position, op in enumerate(tape.operations):
         reason = _operation_reason(op, position in trainable_ops)
         if reason:
@@ -112,11 +156,13 @@ def unsupported_reason(
 
 
 def _measurement_reason(mp: MeasurementProcess) -> str | None:
-    supported = "it supports expval, probs (of wires) and state"
-    if isinstance(mp, DensityMatrixMP) or not isinstance(
-        mp, (ExpectationMP, ProbabilityMP, StateMP)
-    ):
-        return f"{supported}, not {type(mp).__name__}"
+    supported = "it supports expval, var, probs (of wires) and state"
+    if not is_swept(mp):
+        return (
+            f"{supported}, not {type(mp).__name__} (QNodes get density_matrix, purity, "
+            "vn_entropy, mutual_info and the other measurements of the state from the "
+            "state, through the device's preprocessing)"
+        )
     if mp.mv is not None:
         return f"{supported}, not measurements of mid-circuit measurement values"
     if isinstance(mp, ProbabilityMP) and mp.obs is not None:
@@ -149,16 +195,182 @@ def _operation_reason(op: Operator, trainable: bool) -> str | None:
     return None
 
 
-def _trainable_positions(tape: QuantumScript) -> dict[tuple[int, int], int]:
-    """{(operation index, parameter position): parameter column} of the trainable
-    parameters of the operations."""
+# ---------------------------------------------------------------------------------------
+# Trainable observable data
+
+
+@dataclasses.dataclass(frozen=True)
+class CoefficientDerivative:
+    """dO/dx = ``operator`` for a scalar coefficient x of the observable O (an SProd's
+    scalar, a Hamiltonian's coefficient), on which O depends linearly."""
+
+    operator: Operator
+
+
+@dataclasses.dataclass(frozen=True)
+class MatrixDerivative:
+    """dO/dM_ab = ``weight`` |a><b| on ``wires`` for the matrix M of a Hermitian in O
+    (``weight``: the product of the scalars above it in O; None for 1)."""
+
+    weight: complex | None
+    wires: Wires
+
+
+ObservableDerivative = CoefficientDerivative | MatrixDerivative
+
+
+def observable_derivatives(
+    obs: Operator, indices: Sequence[int]
+) -> dict[int, ObservableDerivative | str]:
+    """The derivative of ``obs`` by each of its data entries ``indices`` (into
+    ``obs.data``), or the reason (a phrase) why the adjoint method has none.
+
+    Sums (Hamiltonians and LinearCombinations among them) and products hold their
+    operands' data in order, a scalar product its scalar and then its base's data: the
+    walk goes down to the operands that hold the entries, once for all of them (a
+    composite's ``data`` is rebuilt on every access: one walk per entry would cost
+    K**2 for K terms). An observable is linear in each entry separately there:
+    d(sum_k O_k) = dO_j, d(c B)/dc = B, d(c B) = c dB, d(A_1 ... A_n) = A_1 ... dA_j ... A_n.
+    """
+    with QueuingManager.stop_recording():
+        return _derivatives(obs, list(indices), None)
+
+
+def observable_data_derivatives(tape: QuantumScript, trainable) -> dict[int, dict]:
+    """{measurement index: ``observable_derivatives`` of its observable's entries} for the
+    trainable observable data among ``trainable`` (indices into the tape's parameters)."""
     n_ops = len(tape.operations)
-    positions = {}
-    for column, index in enumerate(tape.trainable_params):
+    entries: dict[int, list[int]] = {}
+    for index in sorted(trainable):
         info = tape.par_info[index]
-        if info["op_idx"] < n_ops:
-            positions[info["op_idx"], info["p_idx"]] = column
-    return positions
+        if info["op_idx"] >= n_ops:
+            entries.setdefault(info["op_idx"] - n_ops, []).append(info["p_idx"])
+    return {
+        m: observable_derivatives(tape.measurements[m].obs, indices)
+        for m, indices in entries.items()
+    }
+
+
+def _derivatives(obs: Operator, indices: list[int], weight) -> dict:
+    if isinstance(obs, SProd):
+        found = {}
+        if 0 in indices:
+            found[0] = (
+                f"the coefficient of {obs.name} is trainable and not a scalar"
+                if qml.math.shape(obs.scalar) != ()
+                else CoefficientDerivative(_weighted(obs.base, weight))
+            )
+        inner = [i - 1 for i in indices if i > 0]
+        if inner:
+            scale = obs.scalar if weight is None else weight * obs.scalar
+            found.update((i + 1, d) for i, d in _derivatives(obs.base, inner, scale).items())
+        return found
+    if isinstance(obs, (Sum, Prod)):
+        operands = obs.operands
+        starts = [0]
+        for operand in operands:
+            starts.append(starts[-1] + len(operand.data))
+        if starts[-1] != len(obs.data):
+            return {i: f"the data of {obs.name} is not its operands' data" for i in indices}
+        by_operand: dict[int, list[int]] = {}
+        for i in indices:
+            position = bisect.bisect_right(starts, i) - 1
+            by_operand.setdefault(position, []).append(i - starts[position])
+        found = {}
+        for position, local in by_operand.items():
+            start = starts[position]
+            if isinstance(obs, Sum):
+                inner = _derivatives(operands[position], local, weight)
+                found.update((start + i, d) for i, d in inner.items())
+                continue
+            for i, d in _derivatives(operands[position], local, None).items():
+                if isinstance(d, CoefficientDerivative):
+                    factors = list(operands)
+                    factors[position] = d.operator
+                    d = CoefficientDerivative(_weighted(qml.prod(*factors), weight))
+                elif isinstance(d, MatrixDerivative):
+                    d = "a Hermitian matrix in a product of observables is trainable"
+                found[start + i] = d
+        return found
+    if isinstance(obs, Hermitian) and indices == [0]:
+        return {0: MatrixDerivative(weight, obs.wires)}
+    return {i: f"a parameter of the observable {obs.name} is trainable" for i in indices}
+
+
+def _weighted(op: Operator, weight) -> Operator:
+    return op if weight is None else qml.s_prod(weight, op)
+
+
+@dataclasses.dataclass(frozen=True)
+class ObservableColumns:
+    """The columns ``start`` .. ``stop`` of a trainable data entry of the observable of
+    measurement ``measurement`` (an expval or var): one column for a coefficient, one per
+    entry of a matrix (flattened in C order). ``complex_gradient``: the parameter is
+    complex and its gradient keeps its imaginary part."""
+
+    measurement: int
+    start: int
+    stop: int
+    derivative: ObservableDerivative
+    complex_gradient: bool
+
+
+def observable_values(
+    backend: Backend,
+    psi: StateBatch,
+    program: Program,
+    measurements: Sequence[MeasurementProcess],
+    columns: Sequence[ObservableColumns],
+) -> list[np.ndarray]:
+    """d(result of its measurement)/d(entry) of each of ``columns`` (module docstring), for
+    each of the B vectors of the final states ``psi`` (unchanged): (B, stop - start) each.
+    Each measurement's <O> and O psi are computed once, and every Pauli derivative of the
+    expectation values in one backend call."""
+    values: list = [None] * len(columns)
+    means: dict[int, np.ndarray] = {}
+    applied: dict[int, StateBatch] = {}
+    coefficients = [
+        c
+        for c, column in enumerate(columns)
+        if isinstance(column.derivative, CoefficientDerivative)
+    ]
+    derivative_means = measure.expvals(
+        backend, psi, program, [columns[c].derivative.operator for c in coefficients]
+    )
+    for c, mean_of_derivative in zip(coefficients, derivative_means, strict=True):
+        values[c] = mean_of_derivative
+    for c, column in enumerate(columns):
+        mp = measurements[column.measurement]
+        derivative = column.derivative
+        if isinstance(mp, VarianceMP) and column.measurement not in means:
+            means[column.measurement] = measure.expval(backend, psi, program, mp.obs)
+            applied[column.measurement] = measure.applied_observable(backend, psi, program, mp.obs)
+        mean = means.get(column.measurement)
+        if isinstance(derivative, CoefficientDerivative):
+            if isinstance(mp, VarianceMP):
+                cross = measure.transition(
+                    backend, applied[column.measurement], psi, program, derivative.operator
+                )
+                values[c] = 2.0 * np.real(cross) - 2.0 * mean * values[c]
+            values[c] = np.asarray(values[c], dtype=np.float64)[:, None]
+            continue
+        rho = measure.reduced_products(backend, psi, psi, program, derivative.wires)
+        if isinstance(mp, VarianceMP):
+            cross = measure.reduced_products(
+                backend, psi, applied[column.measurement], program, derivative.wires
+            )
+            rho = cross + np.conj(np.swapaxes(cross, -1, -2)) - 2.0 * mean[:, None, None] * rho
+        gradient = np.swapaxes(rho, -1, -2)
+        if derivative.weight is not None:
+            gradient = complex(derivative.weight) * gradient
+        if not column.complex_gradient:
+            gradient = np.real(gradient)
+        values[c] = gradient.reshape(gradient.shape[0], -1)
+    return values
+
+
+# ---------------------------------------------------------------------------------------
+# The circuit and the sweep
 
 
 def _require_supported(tape: QuantumScript, broadcast: bool | None, batched: bool) -> None:
@@ -173,9 +385,13 @@ class Circuit:
     """A tape compiled for the sweep: its program, its gates, its trainable gates.
     ``batched``: a broadcast tape is differentiated as one batch (the deferred mode).
 
-    The sweeps differentiate by gate: ``columns`` maps each trainable step to its column,
-    one per scalar parameter and one per element of a native template's parameter
-    (``n_columns`` in all); ``fold`` turns per-column values into per-parameter ones."""
+    One column per scalar of the trainable parameters (``n_columns`` in all), in
+    ``tape.trainable_params`` order: a scalar parameter has one, an array parameter (a
+    native template's weights, a Hermitian's matrix) one per element. The sweeps
+    differentiate by gate: ``columns`` maps each trainable step to its column. The
+    trainable data of observables, which come after the operations' parameters, have
+    ``observable_columns``, read off the final state (``observable_gradients``). ``fold``
+    turns per-column values into per-parameter ones."""
 
     def __init__(
         self, tape: QuantumScript, device_wires: Wires | None, compiled=None, batched=False
@@ -185,7 +401,10 @@ class Circuit:
         self.tape = tape
         self.compiled = compiled or compile_steps(tape, device_wires)
         self.program, self.steps = self.compiled
-        parameters = tape.get_parameters()
+        # all of them, then the trainable: with trainable_only, PennyLane rebuilds an
+        # observable's data for each of its entries (K**2 for a sum of K terms)
+        every = tape.get_parameters(trainable_only=False)
+        parameters = [every[index] for index in tape.trainable_params]
         self.n_params = len(parameters)
         self.shapes = [getattr(value, "shape", ()) for value in parameters]
         starts = [0]
@@ -193,7 +412,28 @@ class Circuit:
             starts.append(starts[-1] + math.prod(shape))
         self.n_columns = starts[-1]
         self._starts = starts
-        trainable = _trainable_positions(tape)
+        n_ops = len(tape.operations)
+        trainable = {}
+        observed = []
+        for p, index in enumerate(tape.trainable_params):
+            info = tape.par_info[index]
+            if info["op_idx"] < n_ops:
+                trainable[info["op_idx"], info["p_idx"]] = p
+            else:
+                observed.append((p, info["op_idx"] - n_ops, info["p_idx"]))
+        self.observable_columns: tuple[ObservableColumns, ...] = ()
+        if observed:
+            derivatives = observable_data_derivatives(tape, tape.trainable_params)
+            self.observable_columns = tuple(
+                ObservableColumns(
+                    measurement=m,
+                    start=starts[p],
+                    stop=starts[p + 1],
+                    derivative=derivatives[m][entry],
+                    complex_gradient=bool(np.iscomplexobj(parameters[p])),
+                )
+                for p, m, entry in observed
+            )
         self.columns = {
             step: starts[trainable[index, position]] + element
             for step, (index, position, element) in enumerate(self.program.origins)
@@ -216,6 +456,31 @@ class Circuit:
     def final_state(self, backend: Backend) -> StateBatch:
         state, _ = simulate.final_state(backend, flatten(self.program, self.steps))
         return state
+
+    def observable_gradients(
+        self, backend: Backend, psi: StateBatch, rows: Sequence[Sequence[tuple]]
+    ) -> np.ndarray | None:
+        """The observable columns' part of the gradients of ``rows`` (rows[b]: the R
+        cotangent rows of vector b of the final states ``psi``, which stay unchanged), as
+        (B, R, n_columns), zero in the gate columns; None without observable columns.
+        Called before the sweep, which consumes ``psi``."""
+        if not self.observable_columns:
+            return None
+        values = observable_values(
+            backend, psi, self.program, self.tape.measurements, self.observable_columns
+        )
+        complex_gradient = any(c.complex_gradient for c in self.observable_columns)
+        gradients = np.zeros(
+            (len(rows), len(rows[0]), self.n_columns),
+            dtype=np.complex128 if complex_gradient else np.float64,
+        )
+        for column, value in zip(self.observable_columns, values, strict=True):
+            for b, vector_rows in enumerate(rows):
+                for r, row in enumerate(vector_rows):
+                    dy = row[column.measurement]
+                    if not is_zero(dy):
+                        gradients[b, r, column.start : column.stop] += float(dy) * value[b]
+        return gradients
 
 
 @dataclasses.dataclass(frozen=True)
@@ -342,7 +607,10 @@ def jacobian(
         _require_eager_memory(backend, circuit, state is not None, len(rows), "Jacobian")
         if state is None:
             state = circuit.final_state(backend)
+        observable = circuit.observable_gradients(backend, state, [rows])
         gradients = _sweep(backend, circuit, state, rows)
+        if observable is not None:
+            gradients = gradients + observable[0]
         start = 0
         for i in swept:
             mp = measurements[i]
@@ -388,7 +656,10 @@ def vjp(
     _require_eager_memory(backend, circuit, state is not None, 1, "VJP")
     if state is None:
         state = circuit.final_state(backend)
+    observable = circuit.observable_gradients(backend, state, [[per_measurement]])
     gradients = _sweep(backend, circuit, state, [per_measurement])
+    if observable is not None:
+        gradients = gradients + observable[0]
     return tuple(circuit.fold(gradients[0]))
 
 
@@ -430,12 +701,20 @@ def batched_vjp(backend: Backend, circuit: Circuit, rows: Sequence[tuple], state
     ``(K, *parameter_shape)``. Rows that are all zero are not swept."""
     if circuit.n_params == 0:
         return ()
-    gradients = np.zeros((len(rows), circuit.n_columns))
     live = [k for k, row in enumerate(rows) if not all(is_zero(dy) for dy in row)]
-    if live:
-        if state is None:
-            state = circuit.final_state(backend)
-        gradients[live] = _sweep(backend, circuit, state, [rows[k] for k in live])
+    if not live:
+        return stacked_gradients(circuit, np.zeros((len(rows), circuit.n_columns)))
+    live_rows = [rows[k] for k in live]
+    _require_eager_memory(backend, circuit, state is not None, len(live_rows), "VJP")
+    if state is None:
+        state = circuit.final_state(backend)
+    # the observables' trainable data read the final state before the sweep consumes it
+    observable = circuit.observable_gradients(backend, state, [live_rows])
+    swept = _sweep(backend, circuit, state, live_rows)
+    if observable is not None:
+        swept = swept + observable[0]
+    gradients = np.zeros((len(rows), circuit.n_columns), dtype=swept.dtype)
+    gradients[live] = swept
     return stacked_gradients(circuit, gradients)
 
 
@@ -477,7 +756,7 @@ def output_size(mp: MeasurementProcess, program: Program) -> int:
 
 def output_shape(mp: MeasurementProcess, program: Program) -> tuple:
     """The shape of one (not broadcast) result of ``mp``."""
-    return () if isinstance(mp, ExpectationMP) else (output_size(mp, program),)
+    return () if isinstance(mp, (ExpectationMP, VarianceMP)) else (output_size(mp, program),)
 
 
 def one_hot_rows(circuit: Circuit, measured: list[int]) -> list[tuple]:
@@ -489,7 +768,8 @@ def one_hot_rows(circuit: Circuit, measured: list[int]) -> list[tuple]:
         size = output_size(measurements[i], circuit.program)
         for output in range(size):
             row: list = [None] * len(measurements)
-            row[i] = 1.0 if isinstance(measurements[i], ExpectationMP) else np.eye(size)[output]
+            scalar = isinstance(measurements[i], (ExpectationMP, VarianceMP))
+            row[i] = 1.0 if scalar else np.eye(size)[output]
             rows.append(tuple(row))
     return rows
 
@@ -551,7 +831,7 @@ def add_cotangent_terms(
     rows: Sequence[tuple],
 ) -> None:
     """bras[r] += the sum over measurements of each cotangent's term of row r (module
-    docstring), for the final state ``psi`` (one vector)."""
+    docstring), for the final state ``psi`` (one vector, unchanged)."""
     for r, row in enumerate(rows):
         bra = backend.vectors(bras, r, r + 1)
         # the Pauli observables' terms as one sum: one backend call however many there are
@@ -561,10 +841,33 @@ def add_cotangent_terms(
                 continue
             if isinstance(mp, ExpectationMP) and mp.obs.pauli_rep is not None:
                 paulis += (2.0 * float(dy)) * mp.obs.pauli_rep
+            elif isinstance(mp, VarianceMP):
+                paulis += _add_variance_term(backend, bra, psi, program, mp.obs, float(dy))
             else:
                 _add_term(backend, bra, psi, program, mp, dy)
         if paulis:
             measure.add_pauli_sentence(backend, bra, psi, program, paulis)
+
+
+def _add_variance_term(
+    backend, bra, psi, program: Program, obs: Operator, dy: float
+) -> qml.pauli.PauliSentence:
+    """bra += 2 dy (O^2 - 2<O> O) psi (module docstring), but for the part that is a
+    Pauli sentence times psi, returned to join the other Pauli terms of the bra: all of
+    it for a Pauli word (O^2 = c^2 I, whose term vanishes), -4 dy <O> O for a sum."""
+    mean = float(measure.expval(backend, psi, program, obs)[0])
+    sentence = obs.pauli_rep
+    if sentence is not None and len(sentence) == 1:
+        (coefficient,) = sentence.values()
+        if np.imag(coefficient) == 0:
+            return (-4.0 * dy * mean) * sentence
+    applied = measure.applied_observable(backend, psi, program, obs)
+    if sentence is not None:
+        measure.add_pauli_sentence(backend, bra, applied, program, sentence, 2.0 * dy)
+        return (-4.0 * dy * mean) * sentence
+    backend.add_scaled(bra, measure.applied_observable(backend, applied, program, obs), [2 * dy])
+    backend.add_scaled(bra, applied, [-4.0 * dy * mean])
+    return qml.pauli.PauliSentence()
 
 
 def _add_term(backend, bra, psi, program: Program, mp: MeasurementProcess, dy) -> None:
@@ -615,4 +918,6 @@ def state_derivatives(backend: Backend, circuit: Circuit) -> list[np.ndarray]:
             derivative = measure.applied_observable(backend, state, program, generator_of(op))
             backend.scale(derivative, np.full(1, 1j))
             derivatives[column] = derivative
-    return [backend.to_host(d) for d in derivatives]
+    # the columns of observable data: the state does not depend on them
+    zero = np.zeros((program.batch_size, 2**program.num_qubits), dtype=np.complex128)
+    return [zero if d is None else backend.to_host(d) for d in derivatives]

@@ -67,12 +67,29 @@ from .queuing import generator_of
 
 @dataclasses.dataclass
 class _Task:
-    """One tape's part of a batched sweep: its rows of cotangents per vector."""
+    """One tape's part of a batched sweep: its rows of cotangents per vector, and the part
+    of its gradients that the observables' trainable data take from the final state
+    (``Circuit.observable_gradients``; None without such data)."""
 
     index: int
     circuit: Circuit
     state: StateBatch | None
     rows: list[list[tuple]]  # rows[b]: the R cotangent rows of vector b
+    observable: np.ndarray | None = None
+
+    @classmethod
+    def make(cls, backend: Backend, index: int, circuit: Circuit, state, rows) -> _Task:
+        """The task, with its observable part taken from the final state before any
+        sweep consumes it (the state is computed here for such a task if not kept)."""
+        if not circuit.observable_columns:
+            return cls(index, circuit, state, rows)
+        if state is None:
+            state = circuit.final_state(backend)
+        return cls(index, circuit, state, rows, circuit.observable_gradients(backend, state, rows))
+
+    def gradients(self, swept: np.ndarray) -> np.ndarray:
+        """(B, R, P): the sweep's gradients of the task and its observable part."""
+        return swept if self.observable is None else swept + self.observable
 
     @functools.cached_property
     def sweep_key(self) -> SweepKey:
@@ -170,7 +187,9 @@ def vjps(
             results[index] = stacked_gradients(circuit, np.zeros((len(rows), circuit.n_columns)))
             if live and circuit.n_params:
                 live_rows[index] = (len(rows), live)
-                tasks.append(_Task(index, circuit, state, _batch_rows(circuit, rows, live)))
+                tasks.append(
+                    _Task.make(backend, index, circuit, state, _batch_rows(circuit, rows, live))
+                )
             continue
         per_measurement = checked_cotangents(circuit, dy)
         if circuit.n_params == 0:
@@ -178,11 +197,13 @@ def vjps(
         elif all(is_zero(d) for d in per_measurement):
             results[index] = tuple(circuit.fold(np.zeros(circuit.n_columns)))
         else:
-            tasks.append(_Task(index, circuit, state, _vector_rows(circuit, per_measurement)))
+            rows = _vector_rows(circuit, per_measurement)
+            tasks.append(_Task.make(backend, index, circuit, state, rows))
     for task, gradients in _run(backend, tasks, fusion_qubits):
+        gradients = task.gradients(gradients)
         if task.index in live_rows:
             size, live = live_rows[task.index]
-            stacked = np.zeros((size, task.circuit.n_columns))
+            stacked = np.zeros((size, task.circuit.n_columns), dtype=gradients.dtype)
             stacked[live] = gradients.sum(axis=0)  # over the vectors of a broadcast tape
             results[task.index] = stacked_gradients(task.circuit, stacked)
         else:
@@ -230,9 +251,10 @@ def jacobians(
         swept = [i for i, mp in enumerate(tape.measurements) if not isinstance(mp, StateMP)]
         if swept and circuit.n_params:
             rows = one_hot_rows(circuit, swept)
-            tasks.append(_Task(index, circuit, state, [rows] * circuit.program.batch_size))
+            vector_rows = [rows] * circuit.program.batch_size
+            tasks.append(_Task.make(backend, index, circuit, state, vector_rows))
     for task, gradients in _run(backend, tasks, fusion_qubits):
-        _split_outputs(task.circuit, gradients, per_measurement[task.index])
+        _split_outputs(task.circuit, task.gradients(gradients), per_measurement[task.index])
     for circuit, entries in zip(circuits, per_measurement, strict=True):
         if circuit.n_params and any(isinstance(mp, StateMP) for mp in circuit.tape.measurements):
             _state_outputs(backend, circuit, entries)

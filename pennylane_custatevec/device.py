@@ -370,7 +370,15 @@ class CuStateVecDevice(Device):
         if differentiating:
             batched = self.options_in_force(config).grad_accumulation == "deferred"
             pipeline.add_transform(expand_broadcasts, trainable_only=batched)
-            pipeline.add_transform(validate_adjoint_differentiation, batched=batched)
+            # measures through the state what the sweep does not differentiate (before
+            # the state's complex parameters, which that may call for), then validates
+            pipeline.add_transform(
+                validate_adjoint_differentiation,
+                batched=batched,
+                through_state=True,
+                device_wires=self.wires,
+                array_gradients=bool(config.use_device_jacobian_product),
+            )
             if not config.use_device_jacobian_product:
                 if config.interface in _JAX_INTERFACES:
                     pipeline.add_transform(split_state_from_real_results)

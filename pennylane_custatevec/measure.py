@@ -129,6 +129,45 @@ def expval(backend: Backend, state: StateBatch, program: Program, obs: Operator)
     return _expectation(backend, state, program, _form(obs, program))
 
 
+def expvals(
+    backend: Backend, state: StateBatch, program: Program, observables: list[Operator]
+) -> list[np.ndarray]:
+    """<O> of each observable for each vector, float64 (B,) each: the Pauli ones' words
+    in one backend call."""
+    results: list = [None] * len(observables)
+    paulis = [i for i, obs in enumerate(observables) if obs.pauli_rep is not None]
+    if paulis:
+        sentences = [observables[i].pauli_rep for i in paulis]
+        values = _pauli_expectations(backend, state, program, sentences)
+        for i, value in zip(paulis, values, strict=True):
+            results[i] = value
+    for i, obs in enumerate(observables):
+        if results[i] is None:
+            results[i] = expval(backend, state, program, obs)
+    return results
+
+
+def reduced_products(
+    backend: Backend, kets: StateBatch, bras: StateBatch, program: Program, wires: Wires
+) -> np.ndarray:
+    """R_b[c, d] = sum_r ket_b[c, r] conj(bra_b[d, r]) on ``wires``, complex (B, 2**k,
+    2**k): c and d index the values of ``wires`` (the first most significant), r those of
+    every other wire. With bra = ket = psi it is the reduced density matrix of psi. On
+    the host: the vectors come back whole."""
+    positions = [program.wires.index(w) for w in wires]
+    others = [p for p in range(len(program.wires)) if p not in positions]
+    dimension = 2 ** len(positions)
+
+    def grouped(state):
+        vectors = backend.to_host(state)
+        batch = vectors.shape[0]
+        tensor = vectors.reshape((batch,) + (2,) * len(program.wires))
+        order = [0] + [1 + p for p in positions] + [1 + p for p in others]
+        return tensor.transpose(order).reshape(batch, dimension, -1)
+
+    return np.einsum("bcr,bdr->bcd", grouped(kets), grouped(bras).conj())
+
+
 def var(backend: Backend, state: StateBatch, program: Program, obs: Operator) -> np.ndarray:
     """<O^2> - <O>^2 for each vector of the batch."""
     form = _form(obs, program)
