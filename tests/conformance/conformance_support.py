@@ -19,6 +19,7 @@ import numpy as np
 import pennylane as qml
 import pytest
 import torch
+from autograd.builtins import SequenceBox
 from autograd.tracer import getval
 from conftest import DEVICE, assert_allclose_nested
 from pennylane import numpy as pnp
@@ -119,7 +120,7 @@ def flat_real(result):
     leaves = []
 
     def collect(part):
-        if isinstance(part, (tuple, list)):
+        if isinstance(part, (tuple, list, SequenceBox)):  # autograd boxes tuples it traces
             for p in part:
                 collect(p)
             return
@@ -284,12 +285,25 @@ def assert_same_derivatives(derivatives, expected, atol: float = ATOL):
         np.testing.assert_allclose(d, e, atol=atol, rtol=0, err_msg=f"derivative {i}")
 
 
-def assert_qnode_conforms(ours, ref, iface: Interface, values: Sequence, trainable=None, atol=ATOL):
+_REFERENCE_JACOBIANS: dict = {}
+"""default.qubit's Jacobians by ``reference_key`` (with the interface, values and
+trainability they were taken for): one parametrized test's cases share them."""
+
+
+def _values_key(values: Sequence) -> tuple:
+    return tuple((np.asarray(v).dtype.str, np.shape(v), np.asarray(v).tobytes()) for v in values)
+
+
+def assert_qnode_conforms(
+    ours, ref, iface: Interface, values: Sequence, trainable=None, atol=ATOL, reference_key=None
+):
     """``ours(*args)`` and ``ref(*args)`` (QNodes, or functions of QNodes) give the same
     result (types, dtypes, shapes, values) and the same Jacobian by each trainable
     argument. ``trainable``: which of ``values`` are trainable (default: all); the others
     are passed as constants of the interface. ``ref`` must accept the arguments of
-    ``iface.for_reference_derivatives()`` too (see ``reference_qnode``)."""
+    ``iface.for_reference_derivatives()`` too (see ``reference_qnode``).
+    ``reference_key``: names ``ref``'s function, so that its Jacobian is taken once for
+    all the cases of a parametrized test that share it (None: not kept)."""
     trainable = list(trainable) if trainable is not None else [True] * len(values)
 
     def all_args(trainable_args, of_iface):
@@ -308,7 +322,9 @@ def assert_qnode_conforms(ours, ref, iface: Interface, values: Sequence, trainab
     assert_same_result(result, expected, atol=atol)
     jacobian = iface.jacobian(of_trainable(ours, iface), iface.args(trainable_values))
     ref_iface = iface.for_reference_derivatives()
-    expected_jacobian = ref_iface.jacobian(
-        of_trainable(ref, ref_iface), ref_iface.args(trainable_values)
-    )
-    assert_same_derivatives(jacobian, expected_jacobian, atol=atol)
+    key = (reference_key, ref_iface.name, tuple(trainable), _values_key(values))
+    if reference_key is None or key not in _REFERENCE_JACOBIANS:
+        _REFERENCE_JACOBIANS[key] = ref_iface.jacobian(
+            of_trainable(ref, ref_iface), ref_iface.args(trainable_values)
+        )
+    assert_same_derivatives(jacobian, _REFERENCE_JACOBIANS[key], atol=atol)

@@ -84,9 +84,8 @@ def test_chained_qnodes(interface_name, config, mode, one_device):
         qml.QNode(second_circuit, second_dev, **kwargs),
     )
     ref = chained(reference_qnode(first_circuit, 2), reference_qnode(second_circuit, 2))
-    assert_qnode_conforms(
-        ours, ref, iface, [np.array([0.4, -1.1]), np.array([0.8, -1.6, 0.3, 0.7, -0.2])]
-    )
+    values = [np.array([0.4, -1.1]), np.array([0.8, -1.6, 0.3, 0.7, -0.2])]
+    assert_qnode_conforms(ours, ref, iface, values, reference_key="chained")
 
 
 # ---------------------------------------------------------------------------------------
@@ -106,15 +105,25 @@ def test_templates(interface_name, config, mode):
     """Every template's arguments trainable."""
     iface = interface(interface_name)
     ours, ref = qnode_pair(templates_circuit, iface, config, mode)
-    assert_qnode_conforms(ours, ref, iface, [FEATURES, SEL_WEIGHTS, BEL_WEIGHTS])
+    assert_qnode_conforms(
+        ours, ref, iface, [FEATURES, SEL_WEIGHTS, BEL_WEIGHTS], reference_key="templates"
+    )
 
 
 BATCH_CONFIGS = [ADJOINT_JACOBIAN, ADJOINT_VJP, PARAMETER_SHIFT, BEST]
 
 
-@pytest.mark.parametrize("features_trainable", [False, True], ids=["data", "trainable"])
+MINIBATCH_CASES = [
+    pytest.param(*param.values, features_trainable, id=f"{param.id}-{label}")
+    for features_trainable, label in ((False, "data"), (True, "trainable"))
+    for param in interface_config_params(configs=BATCH_CONFIGS)
+    # PennyLane's parameter-shift rule refuses trainable broadcast parameters: see below
+    if not (features_trainable and param.values[1] is PARAMETER_SHIFT)
+]
+
+
 @pytest.mark.parametrize(
-    ("interface_name", "config", "mode"), interface_config_params(configs=BATCH_CONFIGS)
+    ("interface_name", "config", "mode", "features_trainable"), MINIBATCH_CASES
 )
 def test_templates_feature_minibatch(interface_name, config, mode, features_trainable):
     """AngleEmbedding of a broadcast minibatch of features (a batch of 3): one result
@@ -127,7 +136,18 @@ def test_templates_feature_minibatch(interface_name, config, mode, features_trai
         iface,
         [FEATURE_BATCH, SEL_WEIGHTS, BEL_WEIGHTS],
         trainable=[features_trainable, True, True],
+        reference_key="minibatch",
     )
+
+
+def test_trainable_feature_minibatch_refused_by_parameter_shift():
+    """Parameter-shift with a trainable broadcast minibatch: PennyLane's error, as on
+    default.qubit."""
+    iface = interface("torch")
+    for dev in (custatevec_device(3), qml.device("default.qubit", wires=3)):
+        qnode = qml.QNode(templates_circuit, dev, diff_method="parameter-shift")
+        with pytest.raises(NotImplementedError, match="broadcasted parameters"):
+            iface.jacobian(qnode, iface.args([FEATURE_BATCH, SEL_WEIGHTS, BEL_WEIGHTS]))
 
 
 class StronglyEntanglingSubclass(qml.StronglyEntanglingLayers):
@@ -165,7 +185,9 @@ def test_template_subclasses(interface_name, config, mode):
     decompositions), forward and differentiated."""
     iface = interface(interface_name)
     ours, ref = qnode_pair(subclasses_circuit, iface, config, mode)
-    assert_qnode_conforms(ours, ref, iface, [FEATURES, SEL_WEIGHTS, BEL_WEIGHTS])
+    assert_qnode_conforms(
+        ours, ref, iface, [FEATURES, SEL_WEIGHTS, BEL_WEIGHTS], reference_key="subclasses"
+    )
 
 
 @pytest.mark.parametrize(
@@ -181,4 +203,4 @@ def test_angle_embedding_of_trainable_scalars(interface_name, config, mode):
 
     iface = interface(interface_name)
     ours, ref = qnode_pair(circuit, iface, config, mode, wires=2)
-    assert_qnode_conforms(ours, ref, iface, [0.3, 0.7])
+    assert_qnode_conforms(ours, ref, iface, [0.3, 0.7], reference_key="angle_tuple")

@@ -49,9 +49,15 @@ def circuit_returning(returns: str):
     return circuit
 
 
-def hessians(circuit, iface, config, mode, postprocess=None):
+REFERENCE_HESSIANS: dict = {}
+"""default.qubit's Hessians by (test case key, interface): one parametrized test's cases
+share them."""
+
+
+def hessians(circuit, iface, config, mode, postprocess=None, reference_key=None):
     """(custatevec's Hessian with ``config``, ``max_diff=2``; default.qubit's backprop
-    Hessian) of ``circuit`` at ``X``, with ``postprocess`` applied to the QNode's output."""
+    Hessian) of ``circuit`` at ``X``, with ``postprocess`` applied to the QNode's output.
+    ``reference_key``: names the case, so that default.qubit's Hessian is taken once."""
     ours = qml.QNode(
         circuit,
         custatevec_device(2, mode),
@@ -63,7 +69,10 @@ def hessians(circuit, iface, config, mode, postprocess=None):
     if postprocess is not None:
         ours, ref = postprocess(ours), postprocess(ref)
     ref_iface = iface.for_reference_derivatives()
-    return iface.hessian(ours, iface.trainable(X)), ref_iface.hessian(ref, ref_iface.trainable(X))
+    key = (reference_key, ref_iface.name)
+    if reference_key is None or key not in REFERENCE_HESSIANS:
+        REFERENCE_HESSIANS[key] = ref_iface.hessian(ref, ref_iface.trainable(X))
+    return iface.hessian(ours, iface.trainable(X)), REFERENCE_HESSIANS[key]
 
 
 @pytest.mark.parametrize("returns", RETURNS)
@@ -72,9 +81,9 @@ def hessians(circuit, iface, config, mode, postprocess=None):
     interface_config_params(configs=[PARAMETER_SHIFT, BEST]),
 )
 def test_hessian(interface_name, config, mode, returns):
-    hessian, expected = hessians(
-        circuit_returning(returns), interface(interface_name), config, mode
-    )
+    iface = interface(interface_name)
+    circuit = circuit_returning(returns)
+    hessian, expected = hessians(circuit, iface, config, mode, reference_key=returns)
     assert hessian.shape == expected.shape
     np.testing.assert_allclose(hessian, expected, atol=ATOL, rtol=0)
 
@@ -115,9 +124,8 @@ def test_hessian_of_postprocessed_outputs(interface_name, config, mode):
 
         return cost
 
-    hessian, expected = hessians(
-        circuit_returning("probs"), interface(interface_name), config, mode, postprocess
-    )
+    circuit, iface = circuit_returning("probs"), interface(interface_name)
+    hessian, expected = hessians(circuit, iface, config, mode, postprocess, "postprocessed")
     assert hessian.shape == expected.shape
     np.testing.assert_allclose(hessian, expected, atol=ATOL, rtol=0)
 

@@ -109,7 +109,7 @@ def test_qnode_returns_and_jacobian(interface_name, config, mode, returns):
     if config is PARAMETER_SHIFT and returns == "state":
         assert_state_refused_by_parameter_shift(ours, ref, iface, interface_name)
         return
-    assert_qnode_conforms(ours, ref, iface, [X, Y])
+    assert_qnode_conforms(ours, ref, iface, [X, Y], reference_key=("returns", returns))
 
 
 def assert_state_refused_by_parameter_shift(ours, ref, iface, interface_name):
@@ -190,7 +190,9 @@ def test_classical_processing(interface_name, config, mode):
 
         return cost
 
-    assert_qnode_conforms(processed(ours), processed(ref), iface, [X, Y])
+    assert_qnode_conforms(
+        processed(ours), processed(ref), iface, [X, Y], reference_key="classical_processing"
+    )
 
 
 @pytest.mark.parametrize(("interface_name", "config", "mode"), interface_config_params())
@@ -209,7 +211,14 @@ def test_untrainable_arguments(interface_name, config, mode):
     unitary = qml.matrix(qml.Rot(0.2, -0.9, 1.3, 0) @ qml.IsingXY(0.7, [0, 1]), wire_order=[0, 1])
     iface = interface(interface_name)
     ours, ref = qnodes(circuit, interface_name, config, mode, wires=2)
-    assert_qnode_conforms(ours, ref, iface, [X, Y, unitary], trainable=[True, False, False])
+    assert_qnode_conforms(
+        ours,
+        ref,
+        iface,
+        [X, Y, unitary],
+        trainable=[True, False, False],
+        reference_key="untrainable",
+    )
 
 
 @pytest.mark.parametrize(("interface_name", "config", "mode"), interface_config_params())
@@ -251,7 +260,7 @@ def test_gates_decomposed_for_differentiation(interface_name, config, mode):
 
     iface = interface(interface_name)
     ours, ref = qnodes(circuit, interface_name, config, mode, wires=2)
-    assert_qnode_conforms(ours, ref, iface, [X, Y])
+    assert_qnode_conforms(ours, ref, iface, [X, Y], reference_key="decomposed")
 
 
 def observable_data_circuit(x, coefficients, matrix):
@@ -276,7 +285,9 @@ def test_trainable_observable_data(interface_name, config, mode):
     transposed)."""
     iface = interface(interface_name)
     ours, ref = qnodes(observable_data_circuit, interface_name, config, mode, wires=2)
-    assert_qnode_conforms(ours, ref, iface, [X, COEFFICIENTS, MATRIX])
+    assert_qnode_conforms(
+        ours, ref, iface, [X, COEFFICIENTS, MATRIX], reference_key="observable_data"
+    )
 
 
 @pytest.mark.parametrize("interface_name", INTERFACE_NAMES)
@@ -308,7 +319,7 @@ def test_postselection_differentiation(interface_name, config, mode):
     projector."""
     iface = interface(interface_name)
     ours, ref = qnodes(postselecting_circuit, interface_name, config, mode, wires=2)
-    assert_qnode_conforms(ours, ref, iface, [X, Y])
+    assert_qnode_conforms(ours, ref, iface, [X, Y], reference_key="postselection")
 
 
 @pytest.mark.parametrize(("config", "mode"), config_mode_params(ADJOINT_CONFIGS))
