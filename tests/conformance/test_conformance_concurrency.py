@@ -121,6 +121,24 @@ def test_interleaved_qnodes_same_gates(pair, config, mode):
         np.testing.assert_allclose(xi.grad.numpy(), expected_grad, atol=ATOL, err_msg=name)
 
 
+@pytest.mark.parametrize("config", [ADJOINT_JACOBIAN, ADJOINT_VJP], ids=lambda c: c.name)
+@pytest.mark.parametrize("pair", [("state", "expval"), ("probs_2", "probs_30")], ids="-".join)
+def test_interleaved_qnodes_on_gpu_backend(pair, config, gpu_double):
+    """The same on the cuStateVec backend (its NumPy double), deferred."""
+    dev = custatevec_device(N_WIRES, "deferred", backend="custatevec")
+    assert dev.backend_name == "custatevec"
+    x = np.array([0.4, 0.9])
+    qnodes = [
+        qml.QNode(measuring(name), dev, interface="torch", **config.qnode_kwargs()) for name in pair
+    ]
+    xs = [_t(x), _t(x)]
+    values = [loss(q(xi)) for q, xi in zip(qnodes, xs, strict=True)]
+    for name, value, xi in zip(pair, values, xs, strict=True):
+        value.backward()
+        expected_grad = reference_gradient(measuring(name), x)[1]
+        np.testing.assert_allclose(xi.grad.numpy(), expected_grad, atol=ATOL, err_msg=name)
+
+
 @pytest.mark.parametrize(("config", "mode"), INTERLEAVED_CONFIGS)
 @pytest.mark.parametrize("name", ["state", "expval_probs"])
 def test_one_qnode_called_twice_before_backward(name, config, mode):

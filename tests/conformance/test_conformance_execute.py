@@ -250,6 +250,16 @@ def test_large_observables_execute(kind):
     assert_same_result(alone, tuple(expected))
 
 
+@pytest.mark.parametrize("kind", LARGE_OBSERVABLES)
+def test_large_observables_execute_gpu_backend(kind, gpu_double):
+    """The same on the cuStateVec backend (its NumPy double)."""
+    n, tapes = large_observable_tapes(kind, 0.5)
+    dev = custatevec_device(n, backend="custatevec")
+    assert dev.backend_name == "custatevec"
+    expected = qml.execute(tapes, reference_device(n), diff_method=None)
+    assert_same_result(tuple(qml.execute(tapes, dev, diff_method=None)), tuple(expected))
+
+
 @pytest.mark.parametrize(("mode", "fusion_qubits"), SWEEPS)
 @pytest.mark.parametrize("config", [*ADJOINT_CONFIGS, BEST], ids=lambda c: c.name)
 @pytest.mark.parametrize("kind", LARGE_OBSERVABLES)

@@ -17,6 +17,7 @@ import pytest
 from conformance_support import (
     ADJOINT_CONFIGS,
     ADJOINT_JACOBIAN,
+    ADJOINT_JACOBIAN_ON_EXECUTION,
     ADJOINT_VJP,
     BEST,
     GRAD_MODES,
@@ -71,8 +72,12 @@ RETURNS = {
         qml.density_matrix(wires=[0]),
         qml.purity(wires=[1]),
         qml.vn_entropy(wires=[0]),
+        qml.mutual_info(wires0=[0], wires1=[2]),
     ),
 }
+STATE_RETURNS = {"state", "density_matrix_entropies"}
+"""Returns computed from the state, which PennyLane's parameter-shift rule refuses to
+differentiate (on default.qubit as here)."""
 
 
 def circuit_returning(returns: str):
@@ -106,15 +111,15 @@ def qnodes(circuit, interface_name, config, mode, wires=N_WIRES, **ours_kwargs):
 def test_qnode_returns_and_jacobian(interface_name, config, mode, returns):
     iface = interface(interface_name)
     ours, ref = qnodes(circuit_returning(returns), interface_name, config, mode)
-    if config is PARAMETER_SHIFT and returns == "state":
+    if config is PARAMETER_SHIFT and returns in STATE_RETURNS:
         assert_state_refused_by_parameter_shift(ours, ref, iface, interface_name)
         return
     assert_qnode_conforms(ours, ref, iface, [X, Y], reference_key=("returns", returns))
 
 
 def assert_state_refused_by_parameter_shift(ours, ref, iface, interface_name):
-    """PennyLane's parameter-shift rule refuses to differentiate a state (as on
-    default.qubit); the forward pass is default.qubit's."""
+    """PennyLane's parameter-shift rule refuses to differentiate a state or what is
+    computed from it (as on default.qubit); the forward pass is default.qubit's."""
     values = [X, Y]
     result, expected = ours(*iface.args(values)), ref(*iface.args(values))
     assert_same_types(result, expected, iface.array_types)
@@ -344,3 +349,16 @@ def test_no_operations(interface_name, config):
     result, expected = ours(), ref()
     assert_same_types(result, expected, iface.array_types)
     assert_same_result(result, expected)
+
+
+@pytest.mark.parametrize("returns", ["expval_probs", "state", "var"])
+@pytest.mark.parametrize(
+    ("config", "mode"), config_mode_params([ADJOINT_JACOBIAN_ON_EXECUTION, ADJOINT_VJP])
+)
+def test_qnode_returns_on_gpu_backend(config, mode, returns, gpu_double):
+    """Key cases on the cuStateVec backend (its NumPy double): torch QNodes' results and
+    Jacobians are default.qubit's."""
+    iface = interface("torch")
+    ours, ref = qnodes(circuit_returning(returns), "torch", config, mode, backend="custatevec")
+    assert ours.device.backend_name == "custatevec"
+    assert_qnode_conforms(ours, ref, iface, [X, Y], reference_key=("returns", returns))
