@@ -165,13 +165,18 @@ STEPS = 4
 
 
 def thread_tape(x, seed):
-    """A 6-qubit circuit of the torch parameters ``x``, recorded in the calling thread."""
+    """A 6-qubit circuit of the torch parameters ``x``, recorded in the calling thread.
+    Its gates are native with a generator on both devices: no preprocessing decomposes
+    (and so records) anything while the threads run. (PennyLane records decompositions
+    in its process-global queue: two threads decomposing at once can swap operators, on
+    default.qubit too; a Rot here makes default.qubit's adjoint fail this test.)"""
     rng = np.random.default_rng(seed)
     ops = []
     for layer in range(2):
         ops += [qml.RY(x[(w + layer) % 3] * (w + 1) / 3, wires=w) for w in range(THREAD_WIRES)]
         ops += [qml.CNOT([w, w + 1]) for w in range(THREAD_WIRES - 1)]
-        ops += [qml.Rot(*rng.uniform(-1, 1, 3), wires=w) for w in range(0, THREAD_WIRES, 2)]
+        ops += [qml.RZ(rng.uniform(-1, 1), wires=w) for w in range(0, THREAD_WIRES, 2)]
+        ops += [qml.IsingXX(rng.uniform(-1, 1), wires=[w, w + 1]) for w in (1, 3)]
     return qml.tape.QuantumScript(
         ops, [qml.expval(qml.Z(THREAD_WIRES - 1)), qml.probs(wires=[0, 2])]
     )
