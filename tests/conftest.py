@@ -182,69 +182,6 @@ KNOWN_CONFORMANCE_FAILURES: dict[tuple[str, str], tuple[str, frozenset[str]]] = 
             }
         ),
     ),
-    ("test_conformance_tracking.py", "test_tracker_counts_forward_and_backward"): (
-        (
-            "the tracker's 'executions' differ from default.qubit's for tapes that mix "
-            "measurements (default.qubit's adjoint measures such a tape as one state) (open)"
-        ),
-        frozenset(
-            {
-                "autograd-adjoint-jac-deferred",
-                "autograd-adjoint-jac-eager",
-                "autograd-adjoint-vjp-deferred",
-                "autograd-adjoint-vjp-eager",
-                "torch-adjoint-jac-deferred",
-                "torch-adjoint-jac-eager",
-                "torch-adjoint-vjp-deferred",
-                "torch-adjoint-vjp-eager",
-                "jax-adjoint-vjp-deferred",
-                "jax-adjoint-vjp-eager",
-            }
-        ),
-    ),
-    ("test_conformance_composition.py", "test_angle_embedding_of_trainable_scalars"): (
-        (
-            "a tuple of trainable scalars as a template's features: autograd with parameter-shift "
-            "gives a zero gradient (a wrong number); torch and jax raise while converting (open)"
-        ),
-        frozenset(
-            {
-                "autograd-parameter-shift-deferred",
-                "torch-adjoint-jac-deferred",
-                "torch-adjoint-jac-eager",
-                "torch-adjoint-vjp-deferred",
-                "torch-adjoint-vjp-eager",
-                "torch-parameter-shift-deferred",
-                "torch-best-deferred",
-                "torch-best-eager",
-                "jax-adjoint-jac-deferred",
-                "jax-adjoint-jac-eager",
-                "jax-adjoint-vjp-deferred",
-                "jax-adjoint-vjp-eager",
-                "jax-parameter-shift-deferred",
-                "jax-best-deferred",
-                "jax-best-eager",
-            }
-        ),
-    ),
-    ("test_conformance_concurrency.py", "test_recording_while_the_device_executes"): (
-        (
-            "the device waits for another thread's recording to end before it builds operators "
-            "(queuing.without_queuing), and this test holds its recording open until the device "
-            "has finished: a deadlock by design; to be rewritten (not run: each case would wait "
-            "60 s)"
-        ),
-        frozenset(
-            {
-                "execute-deferred",
-                "execute-eager",
-                "execute_and_compute_derivatives-deferred",
-                "execute_and_compute_derivatives-eager",
-                "execute_and_compute_vjp-deferred",
-                "execute_and_compute_vjp-eager",
-            }
-        ),
-    ),
     ("test_conformance_qnode.py", "test_qnode_returns_and_jacobian"): (
         (
             "autograd: a scalar measurement of the state (purity, vn_entropy) comes back as "
@@ -266,9 +203,7 @@ KNOWN_CONFORMANCE_FAILURES: dict[tuple[str, str], tuple[str, frozenset[str]]] = 
 }
 """Conformance cases (tests/conformance) that fail on this code, by (module, test) and
 parameter id, with what differs from default.qubit: open defects of issue 14, marked strict
-xfail so that a fix shows (the case then passes, fails the run, and leaves this table). The
-recording-while-executing cases are not run: they deadlock by design against the device's
-wait for other threads' recordings."""
+xfail so that a fix shows (the case then passes, fails the run, and leaves this table)."""
 
 
 def pytest_collection_modifyitems(config, items):
@@ -278,5 +213,4 @@ def pytest_collection_modifyitems(config, items):
         callspec = getattr(item, "callspec", None)
         if known is None or callspec is None or callspec.id not in known[1]:
             continue
-        run = function != "test_recording_while_the_device_executes"
-        item.add_marker(pytest.mark.xfail(reason=known[0], strict=True, run=run))
+        item.add_marker(pytest.mark.xfail(reason=known[0], strict=True))

@@ -282,15 +282,50 @@ def test_threads_take_turns_on_one_device(config, mode):
         np.testing.assert_allclose(out[index], expected, atol=ATOL, err_msg=names[index])
 
 
-def recorded_while_executing(run_on_device):
-    """Thread A opens a recording; thread B runs ``run_on_device()`` meanwhile; then A
-    records one gate and closes. Returns (A's recorded operators, B's return value)."""
-    recording, executed = threading.Event(), threading.Event()
+class SignallingLock:
+    """A re-entrant lock, as PennyLane's recordings hold (``AnnotatedQueue._lock``), that
+    sets ``asked`` when a thread asks for it while another thread holds it: the test's
+    way to know that the device waits for a recording to end."""
+
+    def __init__(self):
+        self._lock = threading.RLock()
+        self.asked = threading.Event()
+
+    def acquire(self, blocking=True, timeout=-1):
+        if self._lock.acquire(blocking=False):
+            return True
+        self.asked.set()
+        return self._lock.acquire(blocking, timeout) if blocking else False
+
+    def release(self):
+        self._lock.release()
+
+    def _is_owned(self):
+        return self._lock._is_owned()
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def recorded_while_executing(run_on_device, monkeypatch):
+    """Thread A opens a recording; thread B then runs ``run_on_device()``; A records one
+    gate and closes its recording once B has finished or waits for the recording to end
+    (asks for its lock). Returns (A's recorded operators, B's return value).
+
+    Deterministic: a device that builds operators while the recording is open without
+    waiting (the defect) runs to its end first, and so adds them to A's recording; a
+    device that waits resumes when A closes it."""
+    lock = SignallingLock()
+    monkeypatch.setattr(qml.queuing.AnnotatedQueue, "_lock", lock)
+    recording, may_close = threading.Event(), lock.asked  # B finishing also sets it
 
     def record():
         with qml.queuing.AnnotatedQueue() as queue:
             recording.set()
-            assert executed.wait(TIMEOUT)
+            assert may_close.wait(TIMEOUT)
             qml.Hadamard(0)
         return [type(op).__name__ for op in queue.queue]
 
@@ -299,7 +334,7 @@ def recorded_while_executing(run_on_device):
         try:
             return run_on_device()
         finally:
-            executed.set()
+            may_close.set()
 
     with ThreadPoolExecutor(2) as pool:
         recorder, executor = pool.submit(record), pool.submit(execute)
@@ -352,14 +387,14 @@ def device_call(call, dev, tape):
 
 @pytest.mark.parametrize("mode", ["deferred", "eager"])
 @pytest.mark.parametrize("call", DEVICE_CALLS)
-def test_recording_while_the_device_executes(call, mode):
+def test_recording_while_the_device_executes(call, mode, monkeypatch):
     """threads_preprocessing_queues_operators.py: the device's preprocessing and
-    execution build their operators without queuing, so a circuit that another thread
-    records meanwhile gets only its own operators; the results are those of a run with
-    no recording open."""
+    execution build their operators without queuing (or wait for the recording to end),
+    so a circuit that another thread records meanwhile gets only its own operators; the
+    results are those of a run with no recording open."""
     tape = preprocessed_tape()  # recorded before the threads start
     recorded, result = recorded_while_executing(
-        device_call(call, custatevec_device(N_WIRES, mode), tape)
+        device_call(call, custatevec_device(N_WIRES, mode), tape), monkeypatch
     )
     assert recorded == ["Hadamard"]
     expected = device_call(call, custatevec_device(N_WIRES, mode), tape)()
