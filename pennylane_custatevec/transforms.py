@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pennylane as qml
 from pennylane import math
 from pennylane.exceptions import DeviceError
@@ -316,9 +317,17 @@ def _from_state(measurements, derived: list[int], wires: Wires):
 
 
 def _result_from_state(mp, state, wires: Wires):
-    """``mp``'s result from the state on ``wires``, differentiable by the ML framework.
-    Measured on the wires' positions (as default.qubit does): some measurements' (as
-    ``vn_entropy``'s) ``process_state`` take their wire labels for positions."""
+    """``mp``'s result from the state on ``wires``, differentiable by the ML framework;
+    a NumPy scalar as a 0-d array, as the device's other results (a scalar's reduction
+    in NumPy gives ``numpy.float64``; PennyLane's results are arrays)."""
+    value = _measured_from_state(mp, state, wires)
+    return np.asarray(value) if isinstance(value, np.generic) else value
+
+
+def _measured_from_state(mp, state, wires: Wires):
+    """``mp``'s result from the state on ``wires``. Measured on the wires' positions (as
+    default.qubit does): some measurements' (as ``vn_entropy``'s) ``process_state`` take
+    their wire labels for positions."""
     positions = {wire: position for position, wire in enumerate(wires)}
     standard = Wires(range(len(wires)))
     with QueuingManager.stop_recording():
