@@ -604,13 +604,7 @@ def jacobian(
     swept = [i for i, mp in enumerate(measurements) if not isinstance(mp, StateMP)]
     if swept:
         rows = one_hot_rows(circuit, swept)
-        _require_eager_memory(backend, circuit, state is not None, len(rows), "Jacobian")
-        if state is None:
-            state = circuit.final_state(backend)
-        observable = circuit.observable_gradients(backend, state, [rows])
-        gradients = _sweep(backend, circuit, state, rows)
-        if observable is not None:
-            gradients = gradients + observable[0]
+        gradients = _row_gradients(backend, circuit, rows, state, "Jacobian")
         start = 0
         for i in swept:
             mp = measurements[i]
@@ -653,14 +647,24 @@ def vjp(
         return ()
     if all(is_zero(dy) for dy in per_measurement):
         return tuple(circuit.fold(np.zeros(circuit.n_columns)))
-    _require_eager_memory(backend, circuit, state is not None, 1, "VJP")
+    gradients = _row_gradients(backend, circuit, [per_measurement], state, "VJP")
+    return tuple(circuit.fold(gradients[0]))
+
+
+def _row_gradients(
+    backend: Backend, circuit: Circuit, rows: Sequence[tuple], state, kind: str
+) -> np.ndarray:
+    """The eager gradients of the cotangent ``rows`` (each one value per measurement),
+    shaped ``(len(rows), columns)``: one adjoint sweep of that many bras from the final
+    state, plus the part of the observables' trainable data, which reads the final state
+    before the sweep consumes it. ``state``, the final state if already known, is
+    consumed; ``kind`` names the product in a memory refusal."""
+    _require_eager_memory(backend, circuit, state is not None, len(rows), kind)
     if state is None:
         state = circuit.final_state(backend)
-    observable = circuit.observable_gradients(backend, state, [[per_measurement]])
-    gradients = _sweep(backend, circuit, state, [per_measurement])
-    if observable is not None:
-        gradients = gradients + observable[0]
-    return tuple(circuit.fold(gradients[0]))
+    observable = circuit.observable_gradients(backend, state, [rows])
+    gradients = _sweep(backend, circuit, state, rows)
+    return gradients if observable is None else gradients + observable[0]
 
 
 def cotangent_batch(circuit: Circuit, cotangents) -> list[tuple] | None:
@@ -704,15 +708,7 @@ def batched_vjp(backend: Backend, circuit: Circuit, rows: Sequence[tuple], state
     live = [k for k, row in enumerate(rows) if not all(is_zero(dy) for dy in row)]
     if not live:
         return stacked_gradients(circuit, np.zeros((len(rows), circuit.n_columns)))
-    live_rows = [rows[k] for k in live]
-    _require_eager_memory(backend, circuit, state is not None, len(live_rows), "VJP")
-    if state is None:
-        state = circuit.final_state(backend)
-    # the observables' trainable data read the final state before the sweep consumes it
-    observable = circuit.observable_gradients(backend, state, [live_rows])
-    swept = _sweep(backend, circuit, state, live_rows)
-    if observable is not None:
-        swept = swept + observable[0]
+    swept = _row_gradients(backend, circuit, [rows[k] for k in live], state, "VJP")
     gradients = np.zeros((len(rows), circuit.n_columns), dtype=swept.dtype)
     gradients[live] = swept
     return stacked_gradients(circuit, gradients)

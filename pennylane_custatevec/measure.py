@@ -134,17 +134,29 @@ def expvals(
 ) -> list[np.ndarray]:
     """<O> of each observable for each vector, float64 (B,) each: the Pauli ones' words
     in one backend call."""
-    results: list = [None] * len(observables)
-    paulis = [i for i, obs in enumerate(observables) if obs.pauli_rep is not None]
+    return _paulis_in_one_call(
+        backend,
+        state,
+        program,
+        [obs.pauli_rep for obs in observables],
+        lambda i: expval(backend, state, program, observables[i]),
+    )
+
+
+def _paulis_in_one_call(
+    backend: Backend, state: StateBatch, program: Program, sentences: list, measure_one
+) -> list:
+    """Each item's value: the expectation value of its Pauli sentence where it has one
+    (not None), all of those from one backend call; ``measure_one(i)`` for the others."""
+    paulis = [i for i, sentence in enumerate(sentences) if sentence is not None]
+    results: list = [None] * len(sentences)
     if paulis:
-        sentences = [observables[i].pauli_rep for i in paulis]
-        values = _pauli_expectations(backend, state, program, sentences)
+        values = _pauli_expectations(backend, state, program, [sentences[i] for i in paulis])
         for i, value in zip(paulis, values, strict=True):
             results[i] = value
-    for i, obs in enumerate(observables):
-        if results[i] is None:
-            results[i] = expval(backend, state, program, obs)
-    return results
+    return [
+        measure_one(i) if sentence is None else results[i] for i, sentence in enumerate(sentences)
+    ]
 
 
 def reduced_products(
@@ -246,21 +258,17 @@ def measure_all_analytic(
 ) -> list:
     """The analytic results of ``measurements``, each with a leading batch axis; the
     expectation values of Pauli observables all come from one backend call."""
-    results: list = [None] * len(measurements)
-    paulis = [
-        i
-        for i, mp in enumerate(measurements)
-        if isinstance(mp, ExpectationMP) and mp.obs is not None and mp.obs.pauli_rep is not None
+    sentences = [
+        mp.obs.pauli_rep if isinstance(mp, ExpectationMP) and mp.obs is not None else None
+        for mp in measurements
     ]
-    if paulis:
-        sentences = [measurements[i].obs.pauli_rep for i in paulis]
-        values = _pauli_expectations(backend, state, program, sentences)
-        for i, value in zip(paulis, values, strict=True):
-            results[i] = value
-    for i, mp in enumerate(measurements):
-        if results[i] is None:
-            results[i] = measure_analytic(backend, state, program, mp)
-    return results
+    return _paulis_in_one_call(
+        backend,
+        state,
+        program,
+        sentences,
+        lambda i: measure_analytic(backend, state, program, measurements[i]),
+    )
 
 
 def _moment_of_eigenvalues(backend, state, program: Program, mp) -> np.ndarray:
