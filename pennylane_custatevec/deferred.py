@@ -22,9 +22,10 @@ the host at once).
 Batches: tapes that share a structure (and the entries of a broadcast tape) sweep as one
 batch of B state vectors, each with its R bras (R = 1 for a VJP; one per output for a
 Jacobian), so a minibatch or a full Jacobian is one sweep. The bras of vector b are rows
-b*R .. b*R + R - 1 of the bra batch. Tapes are cut into chunks whose sweeps (final states,
-bras, temporaries and reductions: ``_ChunkTally``) fit in the backend's free memory, and
-a chunk that does not fit alone is refused before anything is allocated.
+b*R .. b*R + R - 1 of the bra batch. Tapes are grouped by ``SweepKey`` and cut into
+chunks whose sweeps (final states, bras, temporaries and reductions: ``_ChunkTally``) fit
+in the backend's free memory (``batching``, as the forward pass), and a chunk that does
+not fit alone is refused before anything is allocated.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from pennylane.operation import Operator
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
-from . import fusion, measure, simulate
+from . import batching, fusion, measure, simulate
 from .adjoint import (
     Circuit,
     SweepMemory,
@@ -307,14 +308,18 @@ def _state_outputs(backend: Backend, circuit: Circuit, entries: list) -> None:
 def _run(backend: Backend, tasks: list[_Task], fusion_qubits: int):
     """(task, gradients (B_task, R, P)) for every task: tasks with equal sweep keys (the
     same kernels, operations, trainable gates and number of rows) sweep together, in
-    memory chunks."""
-    groups: dict = {}
-    for task in tasks:
-        # a single tape is a group of its own: no key to build
-        key = task.sweep_key if len(tasks) > 1 else None
-        groups.setdefault(key, []).append(task)
+    memory chunks (``batching.SWEEP``), every chunk checked before the first sweep
+    allocates anything."""
     planned = [
-        chunk for group in groups.values() for chunk in _chunks(backend, group, fusion_qubits)
+        [tasks[i] for i in chunk.indices]
+        for group in batching.group_by(tasks, lambda task: task.sweep_key)
+        for chunk in batching.chunk_by_memory(
+            backend,
+            group,
+            tasks,
+            _ChunkTally.empty(backend, tasks[group.indices[0]], fusion_qubits),
+            batching.SWEEP,
+        )
     ]
     for chunk in planned:  # all of them before the first sweep allocates anything
         _require_chunk_memory(backend, chunk, fusion_qubits)
@@ -325,30 +330,6 @@ def _run(backend: Backend, tasks: list[_Task], fusion_qubits: int):
             size = task.circuit.program.batch_size
             yield task, gradients[offset : offset + size]
             offset += size
-
-
-def _chunks(backend: Backend, tasks: list[_Task], fusion_qubits: int) -> list[list[_Task]]:
-    """Consecutive tasks whose sweep (``_ChunkTally``) fits in the backend's free memory,
-    asked once; a task larger than that runs alone, and ``_require_chunk_memory`` refuses
-    it if it must."""
-    if len(tasks) == 1:
-        return [tasks]
-    if _ChunkTally.of(backend, tasks, fusion_qubits).bytes() <= simulate.UNCHECKED_BYTES:
-        return [tasks]
-    available = backend.available_bytes()
-    empty = _ChunkTally.empty(backend, tasks[0], fusion_qubits)
-    result: list[list[_Task]] = []
-    chunk: list[_Task] = []
-    tally = empty
-    for task in tasks:
-        grown = tally.add(task)
-        if chunk and grown.bytes() > available:
-            result.append(chunk)
-            chunk, grown = [], empty.add(task)
-        chunk.append(task)
-        tally = grown
-    result.append(chunk)
-    return result
 
 
 @dataclasses.dataclass(frozen=True)
@@ -379,10 +360,8 @@ class _ChunkTally:
 
     @classmethod
     def of(cls, backend: Backend, tasks: Sequence[_Task], fusion_qubits: int) -> _ChunkTally:
-        tally = cls.empty(backend, tasks[0], fusion_qubits)
-        for task in tasks:
-            tally = tally.add(task)
-        return tally
+        empty = cls.empty(backend, tasks[0], fusion_qubits)
+        return batching.tally_of(empty, tasks)
 
     def add(self, task: _Task) -> _ChunkTally:
         size = len(task.rows)
@@ -429,7 +408,7 @@ class _ChunkTally:
 
 
 def _require_chunk_memory(backend: Backend, tasks: list[_Task], fusion_qubits: int) -> None:
-    """Refuse, before allocating, a chunk's sweep that does not fit (``_chunks`` leaves
+    """Refuse, before allocating, a chunk's sweep that does not fit (``batching`` leaves
     only a lone task that large), naming what would fit: a VJP instead of a Jacobian; for
     a broadcast tape swept whole, the eager mode (entry by entry) or a smaller broadcast;
     single precision."""

@@ -15,13 +15,10 @@ from pennylane.measurements import MeasurementProcess
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
-from . import fusion, measure, simulate
+from . import batching, fusion, measure, simulate
 from .backends.base import Backend
 from .exact import measurements_key
 from .program import Kind, Program, compile_steps, flatten, merge, tape_batch_size
-
-BATCH_BYTES = 1 << 30
-"""Memory budget for the state vectors of one batch that merges several tapes or shots."""
 
 
 def run_tapes(
@@ -38,76 +35,57 @@ def run_tapes(
     Analytic tapes whose programs share a structure and whose measurements are equal
     exactly (``exact.measurements_key``: the batch is measured with the first tape's
     measurements), such as parameter-shift tapes or several QNode calls in one
-    ``qml.execute``, run as one batch of state vectors; the others run one by one. With
+    ``qml.execute``, run as one batch of state vectors (``batching``: grouped by
+    ``_batch_key``, in chunks of at most ``batching.BATCH_BYTES``); the others run one
+    by one. With
     ``final_states`` given, it receives ``{tape index: (final state, (layout, steps))}``
     of every analytic tape: a view into its batch and its compilation (see
     ``program.compile_steps``), for the derivatives,
     if the final states of all of them fit in free memory together; otherwise it stays
     empty (the derivatives simulate them again, in chunks that fit) and the batches run
-    in chunks of at most the free memory, as without ``final_states``.
+    in chunks of at most the free memory too, as without ``final_states``
+    (``batching.FORWARD``, ``batching.FORWARD_KEPT``).
     Analytic batches run fused into blocks of at most ``fusion_qubits`` qubits (see
     ``fusion``; 0 or 1: gate by gate).
     """
     compiled = [compile_steps(tape, device_wires) for tape in tapes]
     programs = [flatten(*c) for c in compiled]
     results: list = [None] * len(tapes)
-    groups: dict = {}
+    analytic = []
     for index, (tape, program) in enumerate(zip(tapes, programs, strict=True)):
         if tape.shots or program.has_mid_measurements:
             results[index] = _run_sampled(backend, program, tape, rng, postselect_mode)
-        elif len(tapes) == 1:
-            groups[None] = [index]
         else:
-            key = (program.structure_key, measurements_key(tape.measurements))
-            groups.setdefault(key, []).append(index)
-    group_bytes = [
-        sum(
-            simulate.state_bytes(backend, programs[i].num_qubits, programs[i].batch_size)
-            for i in indices
-        )
-        for indices in groups.values()
-    ]
-    keep = final_states is not None and simulate.fits(backend, sum(group_bytes))
-    for indices, total in zip(groups.values(), group_bytes, strict=True):
-        per_vector = simulate.state_bytes(backend, programs[indices[0]].num_qubits, 1)
-        sizes = [programs[i].batch_size for i in indices]
-        limit = BATCH_BYTES if keep else _chunk_bytes(backend, total)
-        for chunk in chunks(indices, sizes, max(1, limit // per_vector)):
+            analytic.append(index)
+    groups = batching.group_by(list(zip(programs, tapes, strict=True)), _batch_key, analytic)
+    state_bytes = batching.Sum(
+        lambda program: simulate.state_bytes(backend, program.num_qubits, program.batch_size)
+    )
+    keep = final_states is not None and simulate.fits(
+        backend, batching.tally_of(state_bytes, programs, analytic).bytes()
+    )
+    budget = batching.FORWARD_KEPT if keep else batching.FORWARD
+    for group in groups:
+        for chunk in batching.chunk_by_memory(backend, group, programs, state_bytes, budget):
             batch, states = _run_analytic_batch(
                 backend,
-                [tapes[i] for i in chunk],
-                [compiled[i] for i in chunk],
+                [tapes[i] for i in chunk.indices],
+                [compiled[i] for i in chunk.indices],
                 fusion_qubits,
                 keep,
             )
-            for position, (i, result) in enumerate(zip(chunk, batch, strict=True)):
+            for position, (i, result) in enumerate(zip(chunk.indices, batch, strict=True)):
                 results[i] = result
                 if keep:
                     final_states[i] = (states[position], compiled[i])
     return tuple(results)
 
 
-def _chunk_bytes(backend: Backend, total: int) -> int:
-    """The state-vector bytes of one forward chunk whose states are not kept: at most
-    ``BATCH_BYTES``, and at most the free memory (asked only when ``total``, the group's
-    bytes, exceeds ``simulate.UNCHECKED_BYTES``)."""
-    if total <= simulate.UNCHECKED_BYTES:
-        return BATCH_BYTES
-    return min(BATCH_BYTES, backend.available_bytes())
-
-
-def chunks(items: Sequence, sizes: Sequence[int], limit: int):
-    """Consecutive runs of ``items`` whose ``sizes`` sum to at most ``limit`` (an item
-    larger than that runs alone)."""
-    chunk, used = [], 0
-    for item, size in zip(items, sizes, strict=True):
-        if chunk and used + size > limit:
-            yield chunk
-            chunk, used = [], 0
-        chunk.append(item)
-        used += size
-    if chunk:
-        yield chunk
+def _batch_key(item: tuple[Program, QuantumScript]) -> tuple:
+    """What the tapes of one forward batch share: the kernel key, and the measurements
+    exactly (the batch is measured with its first tape's measurements)."""
+    program, tape = item
+    return program.structure_key, measurements_key(tape.measurements)
 
 
 def _run_analytic_batch(
@@ -210,7 +188,7 @@ def _run_one_shot(backend, program: Program, tape: QuantumScript, rng):
     the device receives a tape with shots ``[1] * N`` and returns one result per shot."""
     per_shot = []
     total = tape.shots.total_shots
-    chunk = max(1, BATCH_BYTES // simulate.state_bytes(backend, program.num_qubits, 1))
+    chunk = max(1, batching.BATCH_BYTES // simulate.state_bytes(backend, program.num_qubits, 1))
     for start in range(0, total, chunk):
         count = min(chunk, total - start)
         state, outcomes = simulate.final_state_per_shot(backend, program, count, rng)
