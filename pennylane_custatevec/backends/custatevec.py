@@ -172,7 +172,7 @@ CUSTATEVEC_FUSION_TRAITS = FusionTraits(
     z_runs=False,  # Z words are cheap there, and join the greedy dense blocks
     rotations_per_pass=1,  # rotations join the greedy dense blocks (one pass each) there
     min_fused_amplitudes=0,  # every fused block saves a kernel launch
-    rotation_step_for_lone_rotations=False,  # a block step is one pass too, and one launch
+    rotation_step_for_lone_rotations=False,  # a dense reduction is bandwidth-bound here too
 )
 """How fusion plans for the cuStateVec backend (see FusionTraits)."""
 
