@@ -540,8 +540,8 @@ def sweep(
     batch = layout.batch_size
     rows = bras.shape[0] // batch
     gradients = np.zeros((batch, rows, n_columns))
-    fusion_qubits = fusion.width(layout, fusion_qubits, backend.min_fused_amplitudes)
-    units = fusion.fuse(layout, steps, fusion_qubits, **fusion.backend_traits(backend))
+    fusion_qubits = fusion.width(layout, fusion_qubits, backend.fusion_traits)
+    units = fusion.fuse(layout, steps, fusion_qubits, backend.fusion_traits)
     trainable = [p for p, fused in enumerate(units) if _members(fused.unit) & columns.keys()]
     if not trainable:
         return gradients
@@ -597,8 +597,9 @@ def sweep(
 def _rotation_step_pays(backend: Backend, layout: Program, steps: Steps, fused) -> bool:
     """Whether a block of one Pauli rotation, on one state vector, takes the backend's fused
     rotation step (one pass, real arithmetic) rather than a dense reduction: on backends
-    that price wide blocks (the CPU), whose dense 2**k products are compute-bound."""
-    if fused.member_matrices or backend.block_costs is None or layout.batch_size > 1:
+    whose traits ask for it (the CPU, whose dense 2**k products are compute-bound)."""
+    wanted = backend.fusion_traits.rotation_step_for_lone_rotations
+    if fused.member_matrices or not wanted or layout.batch_size > 1:
         return False
     op, instructions = steps[fused.unit.members[0]]
     return plain_rotation(op, instructions) is not None

@@ -94,11 +94,9 @@ def _run_analytic_batch(
     """Results of tapes that share a structure, and with ``keep`` each tape's final states
     (a view; else none, so that the batch is freed on return)."""
     layout, steps = merge(compiled)
-    fusion_qubits = fusion.width(layout, fusion_qubits, backend.min_fused_amplitudes)
+    fusion_qubits = fusion.width(layout, fusion_qubits, backend.fusion_traits)
     if fusion_qubits > 1:
-        program = fusion.fused_program(
-            layout, steps, fusion_qubits, **fusion.backend_traits(backend)
-        )
+        program = fusion.fused_program(layout, steps, fusion_qubits, backend.fusion_traits)
     else:
         program = flatten(layout, steps)
     state, _ = simulate.final_state(backend, program)

@@ -12,7 +12,8 @@ other bits, so the operation commutes past them); of those, the last unit touchi
 is preferred, else the block whose bits grow least. Otherwise it opens a new block. With
 ``k <= 1`` nothing is merged: each operation on at most one bit is a block of its own.
 
-A backend may give ``block_costs``: the time of a dense block of w bits relative to one
+Everything the planner takes from a backend is its ``FusionTraits`` (backends/base.py).
+They may give ``block_costs``: the time of a dense block of w bits relative to one
 native gate, per w. Then an operation joins a block only where that saves time
 (cost(block) + 1 > cost(block with it)), and the candidate that saves most wins. On a GPU
 a block costs one pass over memory whatever its width up to 5 or so (no costs: greedy); on
@@ -22,7 +23,7 @@ when they absorb many gates.
 Two kinds of unit apply several rotations in one pass without a dense matrix: a ZRun
 gathers commuting Z-word rotations (QAOA cost layers), and Rotations pairs adjacent
 one-qubit rotations on distinct bits that would each be a block of their own (QAOA mixers),
-as many as the backend's ``rotations_per_pass``.
+as many as the traits' ``rotations_per_pass``.
 
 Matrices follow the backends' conventions: a block's ``targets`` are its bits in ascending
 order and ``targets[j]`` is bit ``j`` of the block's matrix index; batched data has a
@@ -38,6 +39,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .backends.base import FusionTraits
 from .pauli import pauli_word_matrix
 from .program import Instruction, Kind, Program, Steps, plain_rotation, wire_labels
 
@@ -71,7 +73,7 @@ class ZRun:
 class Rotations:
     """Adjacent one-qubit rotations exp(-i theta/2 P) on distinct bits (a QAOA mixer
     layer) that would each be a block of their own, applied as one ROTATIONS instruction:
-    one pass for up to the backend's ``rotations_per_pass`` of them."""
+    one pass for up to the traits' ``rotations_per_pass`` of them."""
 
     members: tuple[int, ...]
 
@@ -95,27 +97,32 @@ def step_bits(layout: Program, op, instructions: Sequence[Instruction]) -> tuple
     return tuple(sorted(bits))
 
 
+GREEDY = FusionTraits()
+"""The traits of a backend with the base class's defaults: greedy dense blocks, no rotations
+gathered (the planner's default where no backend is in play)."""
+
+
 def plan(
     bits_per_step: Sequence[tuple[int, ...] | None],
     max_qubits: int,
-    block_costs: tuple[float, ...] | None = None,
+    traits: FusionTraits = GREEDY,
     z_rotations: Sequence[bool] | None = None,
     one_qubit_rotations: Sequence[bool] | None = None,
-    rotations_per_pass: int = 1,
 ) -> tuple[Unit, ...]:
-    """The units of a circuit whose operations touch ``bits_per_step`` (module docstring).
-    ``z_rotations`` flags the operations that are rotations exp(-i theta/2 Z_word): with
-    fusion on, those on two bits or more gather into ZRuns (a rotation joins the last run
-    that comes no earlier than the last unit touching its bits). ``one_qubit_rotations``
-    flags the one-qubit rotations exp(-i theta/2 P): with fusion on, up to
-    ``rotations_per_pass`` adjacent blocks of one such rotation each, on distinct bits,
-    become one Rotations unit."""
+    """The units of a circuit whose operations touch ``bits_per_step`` (module docstring),
+    priced by ``traits.block_costs``. ``z_rotations`` flags the operations that are
+    rotations exp(-i theta/2 Z_word): with fusion on, those on two bits or more gather
+    into ZRuns (a rotation joins the last run that comes no earlier than the last unit
+    touching its bits). ``one_qubit_rotations`` flags the one-qubit rotations
+    exp(-i theta/2 P): with fusion on, up to ``traits.rotations_per_pass`` adjacent blocks
+    of one such rotation each, on distinct bits, become one Rotations unit."""
     count = len(bits_per_step)
     z_flags = tuple(z_rotations) if z_rotations is not None else (False,) * count
-    units = _cached_plan(tuple(bits_per_step), max_qubits, block_costs, z_flags)
-    if max_qubits <= 1 or rotations_per_pass < 2 or one_qubit_rotations is None:
+    units = _cached_plan(tuple(bits_per_step), max_qubits, traits.block_costs, z_flags)
+    per_pass = traits.rotations_per_pass
+    if max_qubits <= 1 or per_pass < 2 or one_qubit_rotations is None:
         return units
-    return _paired_rotations(units, tuple(one_qubit_rotations), rotations_per_pass)
+    return _paired_rotations(units, tuple(one_qubit_rotations), per_pass)
 
 
 @functools.lru_cache(maxsize=256)
@@ -243,43 +250,29 @@ class Fused:
     member_matrices: list[np.ndarray] | None = None
 
 
-def backend_traits(backend) -> dict:
-    """What fusion takes from a backend (see ``plan``), as keyword arguments of ``fuse``
-    and ``fused_program``."""
-    return {
-        "block_costs": backend.block_costs,
-        "z_runs": backend.fuses_z_rotations,
-        "rotations_per_pass": backend.rotations_per_pass,
-    }
-
-
-def width(layout: Program, max_qubits: int, min_amplitudes: int) -> int:
+def width(layout: Program, max_qubits: int, traits: FusionTraits) -> int:
     """The largest block for ``layout``'s batch: ``max_qubits``, or 1 (no fusion) when the
-    batch holds fewer than ``min_amplitudes`` amplitudes, where building the blocks costs
-    the host more time than the passes they save."""
-    return max_qubits if layout.batch_size << layout.num_qubits >= min_amplitudes else 1
+    batch holds fewer than ``traits.min_fused_amplitudes`` amplitudes, where building the
+    blocks costs the host more time than the passes they save."""
+    amplitudes = layout.batch_size << layout.num_qubits
+    return max_qubits if amplitudes >= traits.min_fused_amplitudes else 1
 
 
 def fuse(
-    layout: Program,
-    steps: Steps,
-    max_qubits: int,
-    block_costs: tuple[float, ...] | None = None,
-    z_runs: bool = False,
-    rotations_per_pass: int = 1,
+    layout: Program, steps: Steps, max_qubits: int, traits: FusionTraits = GREEDY
 ) -> list[Fused]:
     """The units of ``steps``. A block of one operation runs as that operation's own
     instructions (a CNOT stays a permutation); its matrix is built only if asked for.
-    ``z_runs`` and ``rotations_per_pass`` are the backend's (see ``plan``).
+    ``traits``: the backend's (Z runs and rotations per pass, see ``plan``).
 
     The last few results are kept, for the same ``steps`` object (the forward pass and the
     adjoint sweep that follows fuse one compilation; the cache holds the steps, so their
     identity cannot be reused while cached)."""
-    key = (id(steps), max_qubits, block_costs, z_runs, rotations_per_pass)
+    key = (id(steps), max_qubits, traits)
     kept = _RECENT.get(key)
     if kept is not None and kept[0] is steps and kept[1] is layout:
         return kept[2]
-    fused = _fuse(layout, steps, max_qubits, block_costs, z_runs, rotations_per_pass)
+    fused = _fuse(layout, steps, max_qubits, traits)
     _RECENT[key] = (steps, layout, fused)
     while len(_RECENT) > _RECENT_SIZE:
         _RECENT.popitem(last=False)
@@ -290,18 +283,17 @@ _RECENT: collections.OrderedDict = collections.OrderedDict()
 _RECENT_SIZE = 8
 
 
-def _fuse(
-    layout: Program, steps: Steps, max_qubits: int, block_costs, z_runs, rotations_per_pass
-) -> list[Fused]:
+def _fuse(layout: Program, steps: Steps, max_qubits: int, traits: FusionTraits) -> list[Fused]:
     bits = [step_bits(layout, op, instructions) for op, instructions in steps]
     z_flags = rotation_flags = None  # without fusion, nothing gathers
     if max_qubits > 1:
         rotations = [plain_rotation(op, instructions) for op, instructions in steps]
-        z_flags = [z_runs and is_z_rotation(rotation) for rotation in rotations]
+        z_flags = [traits.z_runs and is_z_rotation(rotation) for rotation in rotations]
         rotation_flags = [
-            rotations_per_pass > 1 and is_one_qubit_rotation(rotation) for rotation in rotations
+            traits.rotations_per_pass > 1 and is_one_qubit_rotation(rotation)
+            for rotation in rotations
         ]
-    units = plan(bits, max_qubits, block_costs, z_flags, rotation_flags, rotations_per_pass)
+    units = plan(bits, max_qubits, traits, z_flags, rotation_flags)
     fused = []
     for unit in units:
         if isinstance(unit, ZRun):
@@ -366,15 +358,10 @@ def _stacked_angles(instructions: Sequence[Instruction]) -> np.ndarray:
 
 
 def fused_program(
-    layout: Program,
-    steps: Steps,
-    max_qubits: int,
-    block_costs: tuple[float, ...] | None = None,
-    z_runs: bool = False,
-    rotations_per_pass: int = 1,
+    layout: Program, steps: Steps, max_qubits: int, traits: FusionTraits = GREEDY
 ) -> Program:
-    """``layout`` with the fused instructions of ``steps``."""
-    fused = fuse(layout, steps, max_qubits, block_costs, z_runs, rotations_per_pass)
+    """``layout`` with the fused instructions of ``steps``, planned with ``traits``."""
+    fused = fuse(layout, steps, max_qubits, traits)
     instructions = tuple(ins for unit in fused for ins in unit.instructions)
     return dataclasses.replace(layout, instructions=instructions)
 

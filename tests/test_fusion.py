@@ -19,6 +19,7 @@ from pennylane.wires import Wires
 
 from pennylane_custatevec import fusion, simulate
 from pennylane_custatevec.backends import CPUBackend
+from pennylane_custatevec.backends.base import FusionTraits
 from pennylane_custatevec.program import (
     Instruction,
     Kind,
@@ -525,12 +526,12 @@ def test_z_rotations_gather_into_runs():
     the last run they may reach; with fusion off nothing gathers."""
     bits = [(0,), (1,), (2,), (0, 1), (1, 2), (0, 2), (0,), (1,), (0, 1)]
     flags = [False, False, False, True, True, True, False, False, True]
-    costs = CPUBackend.block_costs
-    units = fusion.plan(bits, 2, costs, flags)
+    traits = CPUBackend.fusion_traits
+    units = fusion.plan(bits, 2, traits, flags)
     assert fusion.ZRun((3, 4, 5)) in units
     members = [m for u in units for m in (u.members if hasattr(u, "members") else (u.member,))]
     assert sorted(members) == list(range(9))
-    assert not any(isinstance(u, fusion.ZRun) for u in fusion.plan(bits, 1, costs, flags))
+    assert not any(isinstance(u, fusion.ZRun) for u in fusion.plan(bits, 1, traits, flags))
 
 
 def test_lone_one_qubit_rotations_pair_up():
@@ -539,23 +540,27 @@ def test_lone_one_qubit_rotations_pair_up():
     one stays as it is; with fusion or pairing off nothing changes."""
     bits = [(0,), (1,), (2,), (2,), (3,), (0, 1), (1,), (0,), (3,), (2,)]
     flags = [True, True, True, True, True, False, True, True, False, True]
-    costs = CPUBackend.block_costs
+    costs = CPUBackend.fusion_traits.block_costs
+
+    def per_pass(rotations_per_pass):
+        return FusionTraits(block_costs=costs, rotations_per_pass=rotations_per_pass)
+
     Rotations = fusion.Rotations
-    assert fusion.plan(bits, 2, costs, None, flags, 2) == (
+    assert fusion.plan(bits, 2, per_pass(2), None, flags) == (
         Rotations((0, 1)),
         Block((2,), (2, 3, 9)),  # rotations on one bit: a block, as without pairing
         Block((3,), (4, 8)),
         Block((0, 1), (5,)),  # an unflagged operation
         Rotations((6, 7)),
     )
-    assert fusion.plan(bits, 2, costs, None, flags, 3)[0] == Rotations((0, 1))
-    pairs = fusion.plan([(0,), (1,), (2,), (3,), (4,)], 2, costs, None, [True] * 5, 2)
+    assert fusion.plan(bits, 2, per_pass(3), None, flags)[0] == Rotations((0, 1))
+    pairs = fusion.plan([(0,), (1,), (2,), (3,), (4,)], 2, per_pass(2), None, [True] * 5)
     assert pairs == (Rotations((0, 1)), Rotations((2, 3)), Block((4,), (4,)))
-    triples = fusion.plan([(0,), (1,), (2,), (3,), (4,)], 2, costs, None, [True] * 5, 3)
+    triples = fusion.plan([(0,), (1,), (2,), (3,), (4,)], 2, per_pass(3), None, [True] * 5)
     assert triples == (Rotations((0, 1, 2)), Rotations((3, 4)))
-    unpaired = fusion.plan(bits, 2, costs, None, flags, 1)
-    assert unpaired == fusion.plan(bits, 2, costs)
-    assert not any(isinstance(u, Rotations) for u in fusion.plan(bits, 1, costs, None, flags, 2))
+    unpaired = fusion.plan(bits, 2, per_pass(1), None, flags)
+    assert unpaired == fusion.plan(bits, 2, per_pass(1))
+    assert not any(isinstance(u, Rotations) for u in fusion.plan(bits, 1, per_pass(2), None, flags))
 
 
 @pytest.mark.parametrize("broadcast", [False, True])
@@ -570,7 +575,8 @@ def test_z_rotation_run_program_equals_unfused(broadcast):
     ops += [qml.RX(0.5, wires=w) for w in wires]
     tape = qml.tape.QuantumScript(ops, [qml.state()])
     layout, steps = compile_steps(tape, None)
-    fused = fusion.fused_program(layout, steps, 2, CPUBackend.block_costs, True)
+    traits = FusionTraits(block_costs=CPUBackend.fusion_traits.block_costs, z_runs=True)
+    fused = fusion.fused_program(layout, steps, 2, traits)
     kinds = [ins.kind for ins in fused.instructions]
     assert kinds.count(Kind.Z_ROTATIONS) == 1
     backend = CPUBackend()
@@ -587,7 +593,7 @@ def test_small_batches_run_unfused(n_wires, batch, fused, mocker):
     """On the CPU a batch under min_fused_amplitudes (2**13) runs gate by gate, forward and
     in the deferred sweep; from there on it is fused (W1's step at 12 qubits was 13-20%
     faster unfused, at 14 qubits 22% slower)."""
-    assert CPUBackend.min_fused_amplitudes == 1 << 13
+    assert CPUBackend.fusion_traits.min_fused_amplitudes == 1 << 13
     fuse = mocker.spy(fusion, "fuse")
     wires = list(range(n_wires))
 

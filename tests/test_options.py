@@ -24,10 +24,10 @@ import pennylane_custatevec.adjoint
 import pennylane_custatevec.deferred
 import pennylane_custatevec.fusion
 from pennylane_custatevec import options
-from pennylane_custatevec.device import DEFAULT_FUSION_QUBITS
+from pennylane_custatevec.backends import CPUBackend, CuStateVecBackend
 from pennylane_custatevec.settings import DifferentiationOptions
 
-CPU_DEFAULT = DifferentiationOptions("deferred", DEFAULT_FUSION_QUBITS["cpu"])
+CPU_DEFAULT = DifferentiationOptions("deferred", CPUBackend.fusion_traits.default_width)
 THREADS_INHERIT_CONTEXT = bool(getattr(sys.flags, "thread_inherit_context", 0))
 """Python 3.14 can start threads in a copy of the caller's context (off by default on
 the GIL build): then a thread started inside a block sees its overrides."""
@@ -46,7 +46,7 @@ def in_force(dev):
 
 
 def test_defaults():
-    assert DEFAULT_FUSION_QUBITS["cpu"] == 2
+    assert CPUBackend.fusion_traits.default_width == 2
     assert in_force(cpu_device()) == CPU_DEFAULT
     assert in_force(cpu_device()).as_device_options() == {
         "grad_accumulation": "deferred",
@@ -56,8 +56,9 @@ def test_defaults():
 
 def test_custatevec_default_fusion(gpu_double):
     dev = qml.device("custatevec.qubit", wires=3, backend="custatevec")
-    assert in_force(dev) == DifferentiationOptions("deferred", DEFAULT_FUSION_QUBITS["custatevec"])
-    assert DEFAULT_FUSION_QUBITS["custatevec"] == 4
+    default_width = CuStateVecBackend.fusion_traits.default_width
+    assert in_force(dev) == DifferentiationOptions("deferred", default_width)
+    assert default_width == 4
 
 
 @pytest.mark.parametrize("k", range(7))
