@@ -40,10 +40,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from .backends.base import FusionTraits
-from .pauli import pauli_word_matrix
-from .program import Instruction, Kind, Program, Steps, plain_rotation, wire_labels
-
-FUSIBLE_KINDS = frozenset({Kind.MATRIX, Kind.DIAGONAL, Kind.PAULI, Kind.PAULI_ROTATION, Kind.PHASE})
+from .instructions import Instruction, Kind, has_matrix, instruction_matrix
+from .program import Compilation, Program, Register, Step, plain_rotation, wire_labels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,19 +79,22 @@ class Rotations:
 Unit = Block | Single | ZRun | Rotations
 
 
-def step_bits(layout: Program, op, instructions: Sequence[Instruction]) -> tuple[int, ...] | None:
+def step_bits(
+    register: Register, op, instructions: Sequence[Instruction]
+) -> tuple[int, ...] | None:
     """The state bits an operation touches: its instructions' targets and controls, and its
     wires (so that its generator fits in its block), ascending; or None if one of its
-    instructions cannot be fused (mid-circuit measurements, postselection, conditions)."""
+    instructions cannot be fused: a kind without a matrix (``instructions.has_matrix``:
+    mid-circuit measurements, postselection) or a condition."""
     bits: set[int] = set()
     for instruction in instructions:
-        if instruction.kind not in FUSIBLE_KINDS or instruction.condition is not None:
+        if not has_matrix(instruction.kind) or instruction.condition is not None:
             return None
         bits.update(instruction.targets)
         bits.update(instruction.controls)
     wires = wire_labels(op)
     if len(bits) != len(wires):  # instructions act within the wires: then they cover them
-        bits.update(layout.bits(wires))
+        bits.update(register.bits(wires))
     return tuple(sorted(bits))
 
 
@@ -250,30 +251,28 @@ class Fused:
     member_matrices: list[np.ndarray] | None = None
 
 
-def width(layout: Program, max_qubits: int, traits: FusionTraits) -> int:
-    """The largest block for ``layout``'s batch: ``max_qubits``, or 1 (no fusion) when the
-    batch holds fewer than ``traits.min_fused_amplitudes`` amplitudes, where building the
-    blocks costs the host more time than the passes they save."""
-    amplitudes = layout.batch_size << layout.num_qubits
+def width(register: Register, max_qubits: int, traits: FusionTraits) -> int:
+    """The largest block for ``register``'s batch: ``max_qubits``, or 1 (no fusion) when
+    the batch holds fewer than ``traits.min_fused_amplitudes`` amplitudes, where building
+    the blocks costs the host more time than the passes they save."""
+    amplitudes = register.batch_size << register.num_qubits
     return max_qubits if amplitudes >= traits.min_fused_amplitudes else 1
 
 
-def fuse(
-    layout: Program, steps: Steps, max_qubits: int, traits: FusionTraits = GREEDY
-) -> list[Fused]:
-    """The units of ``steps``. A block of one operation runs as that operation's own
-    instructions (a CNOT stays a permutation); its matrix is built only if asked for.
-    ``traits``: the backend's (Z runs and rotations per pass, see ``plan``).
+def fuse(compilation: Compilation, max_qubits: int, traits: FusionTraits = GREEDY) -> list[Fused]:
+    """The units of the compilation's steps. A block of one operation runs as that
+    operation's own instructions (a CNOT stays a permutation); its matrix is built only if
+    asked for. ``traits``: the backend's (Z runs and rotations per pass, see ``plan``).
 
-    The last few results are kept, for the same ``steps`` object (the forward pass and the
-    adjoint sweep that follows fuse one compilation; the cache holds the steps, so their
-    identity cannot be reused while cached)."""
-    key = (id(steps), max_qubits, traits)
+    The last few results are kept, for the same ``compilation`` object (the forward pass
+    and the adjoint sweep that follows fuse one compilation; the cache holds the
+    compilation, so its identity cannot be reused while cached)."""
+    key = (id(compilation), max_qubits, traits)
     kept = _RECENT.get(key)
-    if kept is not None and kept[0] is steps and kept[1] is layout:
-        return kept[2]
-    fused = _fuse(layout, steps, max_qubits, traits)
-    _RECENT[key] = (steps, layout, fused)
+    if kept is not None and kept[0] is compilation:
+        return kept[1]
+    fused = _fuse(compilation, max_qubits, traits)
+    _RECENT[key] = (compilation, fused)
     while len(_RECENT) > _RECENT_SIZE:
         _RECENT.popitem(last=False)
     return fused
@@ -283,11 +282,12 @@ _RECENT: collections.OrderedDict = collections.OrderedDict()
 _RECENT_SIZE = 8
 
 
-def _fuse(layout: Program, steps: Steps, max_qubits: int, traits: FusionTraits) -> list[Fused]:
-    bits = [step_bits(layout, op, instructions) for op, instructions in steps]
+def _fuse(compilation: Compilation, max_qubits: int, traits: FusionTraits) -> list[Fused]:
+    steps = compilation.steps
+    bits = [step_bits(compilation.register, s.operation, s.instructions) for s in steps]
     z_flags = rotation_flags = None  # without fusion, nothing gathers
     if max_qubits > 1:
-        rotations = [plain_rotation(op, instructions) for op, instructions in steps]
+        rotations = [plain_rotation(s.operation, s.instructions) for s in steps]
         z_flags = [traits.z_runs and is_z_rotation(rotation) for rotation in rotations]
         rotation_flags = [
             traits.rotations_per_pass > 1 and is_one_qubit_rotation(rotation)
@@ -304,9 +304,9 @@ def _fuse(layout: Program, steps: Steps, max_qubits: int, traits: FusionTraits) 
             continue
         if isinstance(unit, Single) or len(unit.members) == 1:
             member = unit.member if isinstance(unit, Single) else unit.members[0]
-            fused.append(Fused(unit, list(steps[member][1])))
+            fused.append(Fused(unit, list(steps[member].instructions)))
             continue
-        matrices = [step_matrix(steps[m][1], unit.targets) for m in unit.members]
+        matrices = [step_matrix(steps[m].instructions, unit.targets) for m in unit.members]
         matrix = matrices[0]
         for step in matrices[1:]:
             matrix = np.matmul(step, matrix)
@@ -332,14 +332,14 @@ def is_one_qubit_rotation(rotation: Instruction | None) -> bool:
     )
 
 
-def _z_rotations(steps: Steps, run: ZRun) -> Instruction:
-    instructions = [steps[m][1][0] for m in run.members]
+def _z_rotations(steps: Sequence[Step], run: ZRun) -> Instruction:
+    instructions = [steps[m].instructions[0] for m in run.members]
     masks = tuple(sum(1 << t for t in ins.targets) for ins in instructions)
     return Instruction(Kind.Z_ROTATIONS, data=_stacked_angles(instructions), z_masks=masks)
 
 
-def _rotations(steps: Steps, unit: Rotations) -> Instruction:
-    instructions = [steps[m][1][0] for m in unit.members]
+def _rotations(steps: Sequence[Step], unit: Rotations) -> Instruction:
+    instructions = [steps[m].instructions[0] for m in unit.members]
     return Instruction(
         Kind.ROTATIONS,
         targets=tuple(ins.targets[0] for ins in instructions),
@@ -358,12 +358,13 @@ def _stacked_angles(instructions: Sequence[Instruction]) -> np.ndarray:
 
 
 def fused_program(
-    layout: Program, steps: Steps, max_qubits: int, traits: FusionTraits = GREEDY
+    compilation: Compilation, max_qubits: int, traits: FusionTraits = GREEDY
 ) -> Program:
-    """``layout`` with the fused instructions of ``steps``, planned with ``traits``."""
-    fused = fuse(layout, steps, max_qubits, traits)
+    """The compilation's register with the fused instructions of its steps, planned with
+    ``traits``."""
+    fused = fuse(compilation, max_qubits, traits)
     instructions = tuple(ins for unit in fused for ins in unit.instructions)
-    return dataclasses.replace(layout, instructions=instructions)
+    return Program(compilation.register, instructions)
 
 
 def step_matrix(instructions: Sequence[Instruction], targets: tuple[int, ...]) -> np.ndarray:
@@ -375,44 +376,6 @@ def step_matrix(instructions: Sequence[Instruction], targets: tuple[int, ...]) -
     for instruction in instructions:
         matrix = np.matmul(embed(*instruction_matrix(instruction), targets), matrix)
     return matrix
-
-
-def instruction_matrix(instruction: Instruction) -> tuple[np.ndarray, tuple[int, ...]]:
-    """(matrix (1 or B, 2**m, 2**m), its bits): a gate instruction as a dense matrix on its
-    targets followed by its controls (the controls are the high bits of the index)."""
-    kind, data = instruction.kind, instruction.data
-    if kind is Kind.MATRIX:
-        matrix = np.asarray(data, dtype=np.complex128)
-    elif kind is Kind.DIAGONAL:
-        diagonals = np.asarray(data, dtype=np.complex128)
-        matrix = diagonals[:, :, None] * np.eye(diagonals.shape[1])
-    elif kind is Kind.PAULI:
-        matrix = pauli_word_matrix(instruction.paulis)[None]
-    elif kind is Kind.PAULI_ROTATION:
-        half = 0.5 * np.asarray(data, dtype=np.float64)[:, None, None]
-        word = pauli_word_matrix(instruction.paulis)
-        matrix = np.cos(half) * np.eye(word.shape[0]) - 1j * np.sin(half) * word
-    elif kind is Kind.PHASE:
-        matrix = np.asarray(data, dtype=np.complex128).reshape(-1, 1, 1)
-    else:
-        raise ValueError(f"{kind} cannot be fused")
-    return _controlled(matrix, instruction.control_values), (
-        *instruction.targets,
-        *instruction.controls,
-    )
-
-
-def _controlled(matrix: np.ndarray, control_values: tuple[int, ...]) -> np.ndarray:
-    """``matrix`` acting where the controls (high index bits) equal their values."""
-    if not control_values:
-        return matrix
-    d = matrix.shape[-1]
-    selected = sum(int(v) << j for j, v in enumerate(control_values))
-    size = d << len(control_values)
-    full = np.tile(np.eye(size, dtype=np.complex128), (matrix.shape[0], 1, 1))
-    rows = slice(selected * d, (selected + 1) * d)
-    full[:, rows, rows] = matrix
-    return full
 
 
 def embed(matrix: np.ndarray, bits: tuple[int, ...], targets: tuple[int, ...]) -> np.ndarray:

@@ -296,15 +296,17 @@ def test_backend_level_sampling_checks_every_vector(backend_name):
     round-off is sampled."""
     backend = _backend(backend_name)
     tape = qml.tape.QuantumScript([], [qml.counts(wires=[0, 1])])
-    program = compile_tape(tape, qml.wires.Wires([0, 1]))
+    register = compile_tape(tape, qml.wires.Wires([0, 1])).register
     good = np.array([0.6, 0.0, 0.0, 0.8])
     rng = np.random.default_rng(0)
     for bad in (good * 1.01, good * 0.0, good * np.nan):
         state = backend.from_host(np.stack([good, bad]))
         with pytest.raises(UnnormalisedStateError, match="vector 1 of a batch of 2"):
-            measure.computational_basis_samples(backend, state, program, program.wires, 10, rng)
+            measure.computational_basis_samples(backend, state, register, register.wires, 10, rng)
     almost = backend.from_host(np.stack([good, good * (1 + 1e-9)]))
-    samples = measure.computational_basis_samples(backend, almost, program, program.wires, 50, rng)
+    samples = measure.computational_basis_samples(
+        backend, almost, register, register.wires, 50, rng
+    )
     assert samples.shape == (2, 50, 2)
     assert set(map(tuple, samples.reshape(-1, 2))) <= {(0, 0), (1, 1)}
 

@@ -259,7 +259,7 @@ def spies(mocker):
 
 
 def _fusion_used(spy):
-    return [call.args[2] for call in spy.call_args_list]
+    return [call.args[1] for call in spy.call_args_list]
 
 
 def test_decorated_qnode_calling_function(spies):
@@ -480,7 +480,7 @@ def test_backward_uses_the_forward_options(device_mode, forward_mode, spies):
     assert (eager_calls, deferred_calls) == ((1, 0) if forward_mode == "eager" else (0, 1))
     if forward_mode == "deferred":
         (sweep,) = spies["sweep"].call_args_list
-        assert sweep.args[5] == 3  # the forward's fusion_qubits
+        assert sweep.args[4] == 3  # the forward's fusion_qubits
     assert _fusion_used(spies["fused_program"]) == [3]
 
     reference = _weights()
@@ -533,7 +533,7 @@ def test_forward_preprocessing_follows_the_override(spies):
     qnode(x, v).sum().backward()
     assert spies["deferred_vjps"].call_count == 1
     (sweep,) = spies["sweep"].call_args_list
-    assert sweep.args[1].batch_size == 3
+    assert sweep.args[1].register.batch_size == 3
     np.testing.assert_allclose(w.grad.numpy(), v.grad.numpy(), atol=1e-10, rtol=0)
 
 
