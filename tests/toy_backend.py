@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pennylane_custatevec.backends.base import Backend, StateBatch
-from pennylane_custatevec.backends.cpu import free_host_bytes
+from pennylane_custatevec.backends.host import free_host_bytes
 
 _PAULI = {
     "I": np.eye(2, dtype=complex),

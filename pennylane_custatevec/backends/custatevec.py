@@ -29,7 +29,7 @@ import numpy as np
 
 from ..pauli import pauli_word_matrix
 from .base import Backend, FusionTraits, StateBatch, bra_rows
-from .cpu import free_host_bytes
+from .host import free_host_bytes
 
 SMALL_BATCHED_TARGETS = 4
 """A batch of vectors with a diagonal, Pauli word or rotation on at most this many targets
