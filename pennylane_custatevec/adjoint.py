@@ -77,12 +77,13 @@ from pennylane.wires import Wires
 
 from . import measure, simulate
 from .backends.base import Backend, StateBatch
+from .instructions import apply_instruction, inverse
 from .program import (
-    Program,
+    Compilation,
+    Register,
     compile_steps,
     compiles_by_gate,
     flatten,
-    inverse,
     is_broadcast,
     plain_rotation,
     tape_batch_size,
@@ -318,7 +319,7 @@ class ObservableColumns:
 def observable_values(
     backend: Backend,
     psi: StateBatch,
-    program: Program,
+    register: Register,
     measurements: Sequence[MeasurementProcess],
     columns: Sequence[ObservableColumns],
 ) -> list[np.ndarray]:
@@ -335,7 +336,7 @@ def observable_values(
         if isinstance(column.derivative, CoefficientDerivative)
     ]
     derivative_means = measure.expvals(
-        backend, psi, program, [columns[c].derivative.operator for c in coefficients]
+        backend, psi, register, [columns[c].derivative.operator for c in coefficients]
     )
     for c, mean_of_derivative in zip(coefficients, derivative_means, strict=True):
         values[c] = mean_of_derivative
@@ -343,21 +344,21 @@ def observable_values(
         mp = measurements[column.measurement]
         derivative = column.derivative
         if isinstance(mp, VarianceMP) and column.measurement not in means:
-            means[column.measurement] = measure.expval(backend, psi, program, mp.obs)
-            applied[column.measurement] = measure.applied_observable(backend, psi, program, mp.obs)
+            means[column.measurement] = measure.expval(backend, psi, register, mp.obs)
+            applied[column.measurement] = measure.applied_observable(backend, psi, register, mp.obs)
         mean = means.get(column.measurement)
         if isinstance(derivative, CoefficientDerivative):
             if isinstance(mp, VarianceMP):
                 cross = measure.transition(
-                    backend, applied[column.measurement], psi, program, derivative.operator
+                    backend, applied[column.measurement], psi, register, derivative.operator
                 )
                 values[c] = 2.0 * np.real(cross) - 2.0 * mean * values[c]
             values[c] = np.asarray(values[c], dtype=np.float64)[:, None]
             continue
-        rho = measure.reduced_products(backend, psi, psi, program, derivative.wires)
+        rho = measure.reduced_products(backend, psi, psi, register, derivative.wires)
         if isinstance(mp, VarianceMP):
             cross = measure.reduced_products(
-                backend, psi, applied[column.measurement], program, derivative.wires
+                backend, psi, applied[column.measurement], register, derivative.wires
             )
             rho = cross + np.conj(np.swapaxes(cross, -1, -2)) - 2.0 * mean[:, None, None] * rho
         gradient = np.swapaxes(rho, -1, -2)
@@ -382,7 +383,7 @@ def _require_supported(tape: QuantumScript, broadcast: bool | None, batched: boo
 
 
 class Circuit:
-    """A tape compiled for the sweep: its program, its gates, its trainable gates.
+    """A tape compiled for the sweep: its register, its steps, its trainable gates.
     ``batched``: a broadcast tape is differentiated as one batch (the deferred mode).
 
     One column per scalar of the trainable parameters (``n_columns`` in all), in
@@ -394,13 +395,19 @@ class Circuit:
     turns per-column values into per-parameter ones."""
 
     def __init__(
-        self, tape: QuantumScript, device_wires: Wires | None, compiled=None, batched=False
+        self,
+        tape: QuantumScript,
+        device_wires: Wires | None,
+        compilation: Compilation | None = None,
+        batched: bool = False,
     ):
         # a compilation kept from the forward pass knows whether the tape is broadcast
-        _require_supported(tape, compiled[0].broadcast if compiled else None, batched)
+        broadcast = compilation.register.broadcast if compilation else None
+        _require_supported(tape, broadcast, batched)
         self.tape = tape
-        self.compiled = compiled or compile_steps(tape, device_wires)
-        self.program, self.steps = self.compiled
+        self.compilation = compilation or compile_steps(tape, device_wires)
+        self.register = self.compilation.register
+        self.steps = self.compilation.steps
         # all of them, then the trainable: with trainable_only, PennyLane rebuilds an
         # observable's data for each of its entries (K**2 for a sum of K terms)
         every = tape.get_parameters(trainable_only=False)
@@ -435,9 +442,9 @@ class Circuit:
                 for p, m, entry in observed
             )
         self.columns = {
-            step: starts[trainable[index, position]] + element
-            for step, (index, position, element) in enumerate(self.program.origins)
-            if (index, position) in trainable
+            index: starts[trainable[origin.operation, origin.parameter]] + origin.element
+            for index, origin in enumerate(step.origin for step in self.steps)
+            if (origin.operation, origin.parameter) in trainable
         }
 
     def fold(self, values: Sequence) -> list:
@@ -454,7 +461,7 @@ class Circuit:
         return folded
 
     def final_state(self, backend: Backend) -> StateBatch:
-        state, _ = simulate.final_state(backend, flatten(self.program, self.steps))
+        state, _ = simulate.final_state(backend, flatten(self.compilation))
         return state
 
     def observable_gradients(
@@ -467,7 +474,7 @@ class Circuit:
         if not self.observable_columns:
             return None
         values = observable_values(
-            backend, psi, self.program, self.tape.measurements, self.observable_columns
+            backend, psi, self.register, self.tape.measurements, self.observable_columns
         )
         complex_gradient = any(c.complex_gradient for c in self.observable_columns)
         gradients = np.zeros(
@@ -578,7 +585,7 @@ def _require_eager_memory(
     mode needs as many bras for one tape: it is no alternative here.)"""
     if not circuit.columns:
         return  # no sweep
-    n = circuit.program.num_qubits
+    n = circuit.register.num_qubits
     alternatives = []
     if rows > 1:
         alternatives.append(
@@ -593,12 +600,16 @@ def _require_eager_memory(
 
 
 def jacobian(
-    backend: Backend, tape: QuantumScript, device_wires: Wires | None, state=None, compiled=None
+    backend: Backend,
+    tape: QuantumScript,
+    device_wires: Wires | None,
+    state=None,
+    compilation: Compilation | None = None,
 ):
     """The Jacobian of ``tape``'s results with respect to its trainable parameters, shaped as
     PennyLane expects. ``state``, the final state if already known, is consumed;
-    ``compiled``, the tape's ``compile_steps`` if already known, is reused."""
-    circuit = Circuit(tape, device_wires, compiled)
+    ``compilation``, the tape's ``compile_steps`` if already known, is reused."""
+    circuit = Circuit(tape, device_wires, compilation)
     measurements = tape.measurements
     per_measurement: list = [None] * len(measurements)
     swept = [i for i, mp in enumerate(measurements) if not isinstance(mp, StateMP)]
@@ -608,10 +619,10 @@ def jacobian(
         start = 0
         for i in swept:
             mp = measurements[i]
-            size = output_size(mp, circuit.program)
+            size = output_size(mp, circuit.register)
             block = gradients[start : start + size]
             start += size
-            shape = output_shape(mp, circuit.program)
+            shape = output_shape(mp, circuit.register)
             per_measurement[i] = circuit.fold(
                 [block[:, c].reshape(shape) for c in range(circuit.n_columns)]
             )
@@ -619,7 +630,7 @@ def jacobian(
         derivatives = state_derivatives(backend, circuit)
         for i, mp in enumerate(measurements):
             if isinstance(mp, StateMP):
-                wires = circuit.program.wires
+                wires = circuit.register.wires
                 per_measurement[i] = circuit.fold(
                     [mp.process_state(d[0], wire_order=wires) for d in derivatives]
                 )
@@ -632,13 +643,13 @@ def vjp(
     cotangents,
     device_wires: Wires | None,
     state=None,
-    compiled=None,
+    compilation: Compilation | None = None,
 ):
     """The vector-Jacobian product of ``tape`` with ``cotangents`` (PennyLane's per-tape
     cotangent: one value per measurement, not wrapped for a single measurement), a tuple
-    with one entry per trainable parameter. ``state`` and ``compiled`` as in ``jacobian``.
+    with one entry per trainable parameter. ``state`` and ``compilation`` as in ``jacobian``.
     A batch of cotangents (``cotangent_batch``) gives a batch of VJPs."""
-    circuit = Circuit(tape, device_wires, compiled)
+    circuit = Circuit(tape, device_wires, compilation)
     rows = cotangent_batch(circuit, cotangents)
     if rows is not None:
         return batched_vjp(backend, circuit, rows, state)
@@ -674,11 +685,11 @@ def cotangent_batch(circuit: Circuit, cotangents) -> list[tuple] | None:
     cotangent, over its result's shape; a scalar or None serves every row."""
     tape = circuit.tape
     per_measurement = (cotangents,) if len(tape.measurements) == 1 else tuple(cotangents)
-    batch = (circuit.program.batch_size,) if circuit.program.broadcast else ()
+    batch = (circuit.register.batch_size,) if circuit.register.broadcast else ()
     batched, sizes = [], set()
     for mp, dy in zip(tape.measurements, per_measurement, strict=True):
         shape = np.shape(dy) if dy is not None else ()
-        expected = batch + output_shape(mp, circuit.program)
+        expected = batch + output_shape(mp, circuit.register)
         batched.append(len(shape) == len(expected) + 1 and shape[1:] == expected)
         if batched[-1]:
             sizes.add(shape[0])
@@ -727,9 +738,9 @@ def checked_cotangents(circuit: Circuit, cotangents) -> tuple:
     shape (with the batch axis first for a broadcast tape), or a scalar, or None."""
     tape = circuit.tape
     per_measurement = (cotangents,) if len(tape.measurements) == 1 else tuple(cotangents)
-    batch = (circuit.program.batch_size,) if circuit.program.broadcast else ()
+    batch = (circuit.register.batch_size,) if circuit.register.broadcast else ()
     for mp, dy in zip(tape.measurements, per_measurement, strict=True):
-        expected = output_shape(mp, circuit.program)
+        expected = output_shape(mp, circuit.register)
         if dy is not None and np.shape(dy) not in (batch + expected, ()):
             batched = "(K" + "".join(f", {n}" for n in batch + expected) + ")"
             raise DeviceError(
@@ -744,15 +755,15 @@ def is_zero(value) -> bool:
     return value is None or not np.any(np.asarray(value))
 
 
-def output_size(mp: MeasurementProcess, program: Program) -> int:
+def output_size(mp: MeasurementProcess, register: Register) -> int:
     if isinstance(mp, (ProbabilityMP, StateMP)):
-        return 2 ** len(mp.wires or program.wires)
+        return 2 ** len(mp.wires or register.wires)
     return 1
 
 
-def output_shape(mp: MeasurementProcess, program: Program) -> tuple:
+def output_shape(mp: MeasurementProcess, register: Register) -> tuple:
     """The shape of one (not broadcast) result of ``mp``."""
-    return () if isinstance(mp, (ExpectationMP, VarianceMP)) else (output_size(mp, program),)
+    return () if isinstance(mp, (ExpectationMP, VarianceMP)) else (output_size(mp, register),)
 
 
 def one_hot_rows(circuit: Circuit, measured: list[int]) -> list[tuple]:
@@ -761,7 +772,7 @@ def one_hot_rows(circuit: Circuit, measured: list[int]) -> list[tuple]:
     measurements = circuit.tape.measurements
     rows = []
     for i in measured:
-        size = output_size(measurements[i], circuit.program)
+        size = output_size(measurements[i], circuit.register)
         for output in range(size):
             row: list = [None] * len(measurements)
             scalar = isinstance(measurements[i], (ExpectationMP, VarianceMP))
@@ -788,7 +799,7 @@ def _sweep(backend: Backend, circuit: Circuit, state: StateBatch, rows: Sequence
     phi = state
     first = min(circuit.columns)
     for index in range(len(circuit.steps) - 1, first - 1, -1):
-        op, instructions = circuit.steps[index]
+        op, instructions = circuit.steps[index].operation, circuit.steps[index].instructions
         column = circuit.columns.get(index)
         rotation = plain_rotation(op, instructions)
         if column is not None and rotation is not None:
@@ -799,22 +810,22 @@ def _sweep(backend: Backend, circuit: Circuit, state: StateBatch, rows: Sequence
             gradients[:, column] = np.real(1j * products)
             continue
         if column is not None:
-            products = measure.transition(backend, bras, phi, circuit.program, generator_of(op))
+            products = measure.transition(backend, bras, phi, circuit.register, generator_of(op))
             gradients[:, column] = np.real(1j * products)
         if index == first:
             break
         for instruction in reversed(instructions):
             undo = inverse(instruction)
-            simulate.apply_instruction(backend, phi, undo)
-            simulate.apply_instruction(backend, bras, undo)
+            apply_instruction(backend, phi, undo)
+            apply_instruction(backend, bras, undo)
     return gradients
 
 
 def _bras(backend: Backend, circuit: Circuit, psi: StateBatch, rows: Sequence[tuple]):
     """One bra per row (module docstring), in a new batch."""
-    bras = backend.zero_state(circuit.program.num_qubits, len(rows))
+    bras = backend.zero_state(circuit.register.num_qubits, len(rows))
     backend.scale(bras, np.zeros(1))
-    add_cotangent_terms(backend, bras, psi, circuit.program, circuit.tape.measurements, rows)
+    add_cotangent_terms(backend, bras, psi, circuit.register, circuit.tape.measurements, rows)
     return bras
 
 
@@ -822,7 +833,7 @@ def add_cotangent_terms(
     backend: Backend,
     bras: StateBatch,
     psi: StateBatch,
-    program: Program,
+    register: Register,
     measurements: Sequence[MeasurementProcess],
     rows: Sequence[tuple],
 ) -> None:
@@ -838,53 +849,53 @@ def add_cotangent_terms(
             if isinstance(mp, ExpectationMP) and mp.obs.pauli_rep is not None:
                 paulis += (2.0 * float(dy)) * mp.obs.pauli_rep
             elif isinstance(mp, VarianceMP):
-                paulis += _add_variance_term(backend, bra, psi, program, mp.obs, float(dy))
+                paulis += _add_variance_term(backend, bra, psi, register, mp.obs, float(dy))
             else:
-                _add_term(backend, bra, psi, program, mp, dy)
+                _add_term(backend, bra, psi, register, mp, dy)
         if paulis:
-            measure.add_pauli_sentence(backend, bra, psi, program, paulis)
+            measure.add_pauli_sentence(backend, bra, psi, register, paulis)
 
 
 def _add_variance_term(
-    backend, bra, psi, program: Program, obs: Operator, dy: float
+    backend, bra, psi, register: Register, obs: Operator, dy: float
 ) -> qml.pauli.PauliSentence:
     """bra += 2 dy (O^2 - 2<O> O) psi (module docstring), but for the part that is a
     Pauli sentence times psi, returned to join the other Pauli terms of the bra: all of
     it for a Pauli word (O^2 = c^2 I, whose term vanishes), -4 dy <O> O for a sum."""
-    mean = float(measure.expval(backend, psi, program, obs)[0])
+    mean = float(measure.expval(backend, psi, register, obs)[0])
     sentence = obs.pauli_rep
     if sentence is not None and len(sentence) == 1:
         (coefficient,) = sentence.values()
         if np.imag(coefficient) == 0:
             return (-4.0 * dy * mean) * sentence
-    applied = measure.applied_observable(backend, psi, program, obs)
+    applied = measure.applied_observable(backend, psi, register, obs)
     if sentence is not None:
-        measure.add_pauli_sentence(backend, bra, applied, program, sentence, 2.0 * dy)
+        measure.add_pauli_sentence(backend, bra, applied, register, sentence, 2.0 * dy)
         return (-4.0 * dy * mean) * sentence
-    backend.add_scaled(bra, measure.applied_observable(backend, applied, program, obs), [2 * dy])
+    backend.add_scaled(bra, measure.applied_observable(backend, applied, register, obs), [2 * dy])
     backend.add_scaled(bra, applied, [-4.0 * dy * mean])
     return qml.pauli.PauliSentence()
 
 
-def _add_term(backend, bra, psi, program: Program, mp: MeasurementProcess, dy) -> None:
+def _add_term(backend, bra, psi, register: Register, mp: MeasurementProcess, dy) -> None:
     """bra += the cotangent term of a state, probs, or expval of a non-Pauli observable."""
     if isinstance(mp, StateMP):
         backend.add_scaled(bra, backend.from_host(np.conj(np.asarray(dy))[None]), np.ones(1))
     elif isinstance(mp, ProbabilityMP):
         scaled = backend.copy(psi)
         weights = np.asarray(dy, dtype=np.complex128)[None]
-        backend.apply_diagonal(scaled, weights, program.targets(mp.wires or program.wires))
+        backend.apply_diagonal(scaled, weights, register.targets(mp.wires or register.wires))
         backend.add_scaled(bra, scaled, np.full(1, 2.0))
     else:
-        applied = measure.applied_observable(backend, psi, program, mp.obs)
+        applied = measure.applied_observable(backend, psi, register, mp.obs)
         backend.add_scaled(bra, applied, [2.0 * float(dy)])
 
 
 def state_derivatives(backend: Backend, circuit: Circuit) -> list[np.ndarray]:
     """Forward mode: d psi/d theta_j = U_N ... U_{j+1} (i G_j) phi_j for every trainable
     j, as host arrays (B, 2**n), one per column (the Jacobian of a state is that big)."""
-    program = circuit.program
-    n, batch = program.num_qubits, program.batch_size
+    register = circuit.register
+    n, batch = register.num_qubits, register.batch_size
     vectors = (1 + len(circuit.columns)) * batch
     vjp = eager_sweep_memory(backend, False, 1).bytes(backend, n) * batch
     simulate.require_total(
@@ -901,19 +912,20 @@ def state_derivatives(backend: Backend, circuit: Circuit) -> list[np.ndarray]:
             *simulate.single_precision(backend, simulate.state_bytes(backend, n, vectors) // 2),
         ],
     )
-    state = simulate.initial_state(backend, program, batch)
+    state = simulate.initial_state(backend, register, batch)
     derivatives: list[StateBatch | None] = [None] * circuit.n_columns
-    for index, (op, instructions) in enumerate(circuit.steps):
-        for instruction in instructions:
-            simulate.apply_instruction(backend, state, instruction)
+    for index, step in enumerate(circuit.steps):
+        for instruction in step.instructions:
+            apply_instruction(backend, state, instruction)
             for d in derivatives:
                 if d is not None:
-                    simulate.apply_instruction(backend, d, instruction)
+                    apply_instruction(backend, d, instruction)
         column = circuit.columns.get(index)
         if column is not None:
-            derivative = measure.applied_observable(backend, state, program, generator_of(op))
+            generator = generator_of(step.operation)
+            derivative = measure.applied_observable(backend, state, register, generator)
             backend.scale(derivative, np.full(1, 1j))
             derivatives[column] = derivative
     # the columns of observable data: the state does not depend on them
-    zero = np.zeros((program.batch_size, 2**program.num_qubits), dtype=np.complex128)
+    zero = np.zeros((register.batch_size, 2**register.num_qubits), dtype=np.complex128)
     return [zero if d is None else backend.to_host(d) for d in derivatives]

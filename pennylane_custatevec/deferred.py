@@ -22,9 +22,10 @@ the host at once).
 Batches: tapes that share a structure (and the entries of a broadcast tape) sweep as one
 batch of B state vectors, each with its R bras (R = 1 for a VJP; one per output for a
 Jacobian), so a minibatch or a full Jacobian is one sweep. The bras of vector b are rows
-b*R .. b*R + R - 1 of the bra batch. Tapes are cut into chunks whose sweeps (final states,
-bras, temporaries and reductions: ``_ChunkTally``) fit in the backend's free memory, and
-a chunk that does not fit alone is refused before anything is allocated.
+b*R .. b*R + R - 1 of the bra batch. Tapes are grouped by ``SweepKey`` and cut into
+chunks whose sweeps (final states, bras, temporaries and reductions: ``_ChunkTally``) fit
+in the backend's free memory (``batching``, as the forward pass), and a chunk that does
+not fit alone is refused before anything is allocated.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from pennylane.operation import Operator
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
-from . import fusion, measure, simulate
+from . import batching, fusion, measure, simulate
 from .adjoint import (
     Circuit,
     SweepMemory,
@@ -60,8 +61,9 @@ from .adjoint import (
 )
 from .backends.base import Backend, StateBatch
 from .exact import generator_key
+from .instructions import Instruction, apply_instruction, inverse
 from .pauli import pauli_word_matrix
-from .program import Instruction, Program, Steps, flatten, inverse, merge, plain_rotation
+from .program import Compilation, Register, Step, flatten, merge, plain_rotation
 from .queuing import generator_of
 
 
@@ -109,7 +111,7 @@ class SweepKey:
     diagonal, with other generators."""
 
     kernels: tuple
-    """The forward pass's kernel key (``Program.structure_key``): register, kernels, bits,
+    """The forward pass's kernel key (``Program.kernel_key``): register, kernels, bits,
     data shapes."""
     steps: tuple
     """Per step: the operation's ``generator_key``, and per instruction whether it is
@@ -123,13 +125,15 @@ class SweepKey:
     def of(cls, task: _Task) -> SweepKey:
         circuit = task.circuit
         return cls(
-            kernels=flatten(*circuit.compiled).structure_key,
-            steps=tuple([_step_key(op, instructions) for op, instructions in circuit.steps]),
+            kernels=flatten(circuit.compilation).kernel_key,
+            steps=tuple([_step_key(step.operation, step.instructions) for step in circuit.steps]),
             columns=(tuple(sorted(circuit.columns.items())), circuit.n_columns),
             rows=len(task.rows[0]),
         )
 
-    def mismatch(self, other: SweepKey, steps: Steps, other_steps: Steps) -> str | None:
+    def mismatch(
+        self, other: SweepKey, steps: Sequence[Step], other_steps: Sequence[Step]
+    ) -> str | None:
         """What differs between two keys (``steps``: the compilations' steps), or None."""
         for field in dataclasses.fields(self):
             mine, theirs = getattr(self, field.name), getattr(other, field.name)
@@ -137,17 +141,17 @@ class SweepKey:
                 continue
             if field.name == "steps" and len(mine) == len(theirs):
                 j = next(j for j, (a, b) in enumerate(zip(mine, theirs, strict=True)) if a != b)
-                return f"step {j}: {steps[j][0]!r} and {other_steps[j][0]!r}"
+                return f"step {j}: {steps[j].operation!r} and {other_steps[j].operation!r}"
             return field.name
         return None
 
 
-def _step_key(op: Operator, instructions: list[Instruction]) -> tuple:
+def _step_key(op: Operator, instructions: Sequence[Instruction]) -> tuple:
     # no condition to compare: the adjoint method refuses conditional operations
     return generator_key(op), tuple([instruction.source is op for instruction in instructions])
 
 
-def _merge_for_sweep(tasks: list[_Task]) -> tuple[Program, Steps]:
+def _merge_for_sweep(tasks: list[_Task]) -> Compilation:
     """``program.merge`` of the tasks' compilations, refused (an internal error) for tasks
     whose sweep keys differ: the merge keeps the first task's operations, and a task swept
     with another's generators would get a wrong gradient, silently."""
@@ -162,7 +166,7 @@ def _merge_for_sweep(tasks: list[_Task]) -> tuple[Program, Steps]:
                     "custatevec.qubit internal error: tapes that the derivative reads "
                     f"differently were batched into one adjoint sweep ({difference} differ)."
                 )
-    return merge([task.circuit.compiled for task in tasks])
+    return merge([task.circuit.compilation for task in tasks])
 
 
 def vjps(
@@ -213,14 +217,14 @@ def vjps(
 
 def _vector_rows(circuit: Circuit, per_measurement: tuple) -> list[list[tuple]]:
     """One cotangent row per vector: a broadcast tape's cotangents split by entry."""
-    program = circuit.program
-    if not program.broadcast:
+    register = circuit.register
+    if not register.broadcast:
         return [[per_measurement]]
-    batch = program.batch_size
+    batch = register.batch_size
     split = [
         [None] * batch
         if is_zero(dy)
-        else list(np.broadcast_to(dy, (batch, *output_shape(mp, program))))
+        else list(np.broadcast_to(dy, (batch, *output_shape(mp, register))))
         for mp, dy in zip(circuit.tape.measurements, per_measurement, strict=True)
     ]
     return [[tuple(entries[b] for entries in split)] for b in range(batch)]
@@ -230,7 +234,7 @@ def _batch_rows(circuit: Circuit, rows: list[tuple], live: list[int]) -> list[li
     """The rows ``live`` of a batch of cotangents, for every vector: rows[b][i] is row
     live[i] for vector b (a broadcast tape's cotangents split by entry)."""
     per_row = [_vector_rows(circuit, rows[k]) for k in live]
-    return [[split[b][0] for split in per_row] for b in range(circuit.program.batch_size)]
+    return [[split[b][0] for split in per_row] for b in range(circuit.register.batch_size)]
 
 
 def jacobians(
@@ -251,7 +255,7 @@ def jacobians(
         swept = [i for i, mp in enumerate(tape.measurements) if not isinstance(mp, StateMP)]
         if swept and circuit.n_params:
             rows = one_hot_rows(circuit, swept)
-            vector_rows = [rows] * circuit.program.batch_size
+            vector_rows = [rows] * circuit.register.batch_size
             tasks.append(_Task.make(backend, index, circuit, state, vector_rows))
     for task, gradients in _run(backend, tasks, fusion_qubits):
         _split_outputs(task.circuit, task.gradients(gradients), per_measurement[task.index])
@@ -272,18 +276,18 @@ def _no_parameters(entries: list) -> tuple:
 
 def _split_outputs(circuit: Circuit, gradients: np.ndarray, entries: list) -> None:
     """Each swept measurement's rows of ``gradients`` (B, R, P) as per-parameter arrays."""
-    program, start = circuit.program, 0
+    register, start = circuit.register, 0
     for i, mp in enumerate(circuit.tape.measurements):
         if isinstance(mp, StateMP):
             continue
-        size = output_size(mp, program)
+        size = output_size(mp, register)
         block = gradients[:, start : start + size]
         start += size
-        shape = output_shape(mp, program)
+        shape = output_shape(mp, register)
         entries[i] = circuit.fold(
             [
                 block[:, :, c].reshape((-1, *shape))
-                if program.broadcast
+                if register.broadcast
                 else block[0, :, c].reshape(shape)
                 for c in range(circuit.n_columns)
             ]
@@ -293,12 +297,12 @@ def _split_outputs(circuit: Circuit, gradients: np.ndarray, entries: list) -> No
 def _state_outputs(backend: Backend, circuit: Circuit, entries: list) -> None:
     """The Jacobian of a state output, in forward mode (as the eager mode)."""
     derivatives = state_derivatives(backend, circuit)
-    wires = circuit.program.wires
+    wires = circuit.register.wires
     for i, mp in enumerate(circuit.tape.measurements):
         if isinstance(mp, StateMP):
             entries[i] = circuit.fold(
                 [
-                    mp.process_state(d if circuit.program.broadcast else d[0], wire_order=wires)
+                    mp.process_state(d if circuit.register.broadcast else d[0], wire_order=wires)
                     for d in derivatives
                 ]
             )
@@ -307,14 +311,18 @@ def _state_outputs(backend: Backend, circuit: Circuit, entries: list) -> None:
 def _run(backend: Backend, tasks: list[_Task], fusion_qubits: int):
     """(task, gradients (B_task, R, P)) for every task: tasks with equal sweep keys (the
     same kernels, operations, trainable gates and number of rows) sweep together, in
-    memory chunks."""
-    groups: dict = {}
-    for task in tasks:
-        # a single tape is a group of its own: no key to build
-        key = task.sweep_key if len(tasks) > 1 else None
-        groups.setdefault(key, []).append(task)
+    memory chunks (``batching.SWEEP``), every chunk checked before the first sweep
+    allocates anything."""
     planned = [
-        chunk for group in groups.values() for chunk in _chunks(backend, group, fusion_qubits)
+        [tasks[i] for i in chunk.indices]
+        for group in batching.group_by(tasks, lambda task: task.sweep_key)
+        for chunk in batching.chunk_by_memory(
+            backend,
+            group,
+            tasks,
+            _ChunkTally.empty(backend, tasks[group.indices[0]], fusion_qubits),
+            batching.SWEEP,
+        )
     ]
     for chunk in planned:  # all of them before the first sweep allocates anything
         _require_chunk_memory(backend, chunk, fusion_qubits)
@@ -322,33 +330,9 @@ def _run(backend: Backend, tasks: list[_Task], fusion_qubits: int):
         gradients = _sweep_chunk(backend, chunk, fusion_qubits)
         offset = 0
         for task in chunk:
-            size = task.circuit.program.batch_size
+            size = task.circuit.register.batch_size
             yield task, gradients[offset : offset + size]
             offset += size
-
-
-def _chunks(backend: Backend, tasks: list[_Task], fusion_qubits: int) -> list[list[_Task]]:
-    """Consecutive tasks whose sweep (``_ChunkTally``) fits in the backend's free memory,
-    asked once; a task larger than that runs alone, and ``_require_chunk_memory`` refuses
-    it if it must."""
-    if len(tasks) == 1:
-        return [tasks]
-    if _ChunkTally.of(backend, tasks, fusion_qubits).bytes() <= simulate.UNCHECKED_BYTES:
-        return [tasks]
-    available = backend.available_bytes()
-    empty = _ChunkTally.empty(backend, tasks[0], fusion_qubits)
-    result: list[list[_Task]] = []
-    chunk: list[_Task] = []
-    tally = empty
-    for task in tasks:
-        grown = tally.add(task)
-        if chunk and grown.bytes() > available:
-            result.append(chunk)
-            chunk, grown = [], empty.add(task)
-        chunk.append(task)
-        tally = grown
-    result.append(chunk)
-    return result
 
 
 @dataclasses.dataclass(frozen=True)
@@ -373,16 +357,14 @@ class _ChunkTally:
     @classmethod
     def empty(cls, backend: Backend, task: _Task, fusion_qubits: int) -> _ChunkTally:
         circuit = task.circuit
-        width = min(max(fusion_qubits, 1), circuit.program.num_qubits)
+        width = min(max(fusion_qubits, 1), circuit.register.num_qubits)
         entries = len(circuit.columns) * 4**width + len(circuit.steps)
-        return cls(backend, circuit.program.num_qubits, len(task.rows[0]), entries)
+        return cls(backend, circuit.register.num_qubits, len(task.rows[0]), entries)
 
     @classmethod
     def of(cls, backend: Backend, tasks: Sequence[_Task], fusion_qubits: int) -> _ChunkTally:
-        tally = cls.empty(backend, tasks[0], fusion_qubits)
-        for task in tasks:
-            tally = tally.add(task)
-        return tally
+        empty = cls.empty(backend, tasks[0], fusion_qubits)
+        return batching.tally_of(empty, tasks)
 
     def add(self, task: _Task) -> _ChunkTally:
         size = len(task.rows)
@@ -429,7 +411,7 @@ class _ChunkTally:
 
 
 def _require_chunk_memory(backend: Backend, tasks: list[_Task], fusion_qubits: int) -> None:
-    """Refuse, before allocating, a chunk's sweep that does not fit (``_chunks`` leaves
+    """Refuse, before allocating, a chunk's sweep that does not fit (``batching`` leaves
     only a lone task that large), naming what would fit: a VJP instead of a Jacobian; for
     a broadcast tape swept whole, the eager mode (entry by entry) or a smaller broadcast;
     single precision."""
@@ -479,9 +461,10 @@ def _require_chunk_memory(backend: Backend, tasks: list[_Task], fusion_qubits: i
 def _sweep_chunk(backend: Backend, tasks: list[_Task], fusion_qubits: int) -> np.ndarray:
     """The gradients (B, R, P) of the tasks' rows, the tasks' vectors in one batch (whose
     memory ``_require_chunk_memory`` checked)."""
-    layout, steps = _merge_for_sweep(tasks)
+    compilation = _merge_for_sweep(tasks)
+    register = compilation.register
     if all(task.state is None for task in tasks):
-        phi, _ = simulate.final_state(backend, flatten(layout, steps))
+        phi, _ = simulate.final_state(backend, flatten(compilation))
     else:
         states = [
             task.circuit.final_state(backend) if task.state is None else task.state
@@ -490,7 +473,7 @@ def _sweep_chunk(backend: Backend, tasks: list[_Task], fusion_qubits: int) -> np
         phi = states[0] if len(states) == 1 else backend.concatenate(states)
         del states  # the states simulated here go once copied (kept ones stay with tasks)
     rows = len(tasks[0].rows[0])
-    bras = backend.zero_state(layout.num_qubits, layout.batch_size * rows)
+    bras = backend.zero_state(register.num_qubits, register.batch_size * rows)
     backend.scale(bras, np.zeros(1))
     vector = 0
     for task in tasks:
@@ -500,7 +483,7 @@ def _sweep_chunk(backend: Backend, tasks: list[_Task], fusion_qubits: int) -> np
                 backend,
                 backend.vectors(bras, vector, vector + size),
                 backend.vectors(phi, vector, vector + size),
-                layout,
+                register,
                 task,
             )
             vector += size
@@ -510,15 +493,13 @@ def _sweep_chunk(backend: Backend, tasks: list[_Task], fusion_qubits: int) -> np
                 backend,
                 backend.vectors(bras, vector * rows, (vector + 1) * rows),
                 backend.vectors(phi, vector, vector + 1),
-                layout,
+                register,
                 task.circuit.tape.measurements,
                 vector_rows,
             )
             vector += 1
     circuit = tasks[0].circuit
-    return sweep(
-        backend, layout, steps, circuit.columns, circuit.n_columns, fusion_qubits, phi, bras
-    )
+    return sweep(backend, compilation, circuit.columns, circuit.n_columns, fusion_qubits, phi, bras)
 
 
 def _pauli_expvals_only(task: _Task) -> bool:
@@ -528,7 +509,7 @@ def _pauli_expvals_only(task: _Task) -> bool:
     )
 
 
-def _add_batched_expval_terms(backend: Backend, bras, psi, layout: Program, task: _Task) -> None:
+def _add_batched_expval_terms(backend: Backend, bras, psi, register: Register, task: _Task) -> None:
     """The VJP bras of a broadcast tape of Pauli expvals, bra_b = sum_m 2 dy_m[b] O_m psi_b,
     with a few calls over the whole batch instead of a few per vector: O_m psi into a
     scratch batch, then added with per-vector weights."""
@@ -538,16 +519,15 @@ def _add_batched_expval_terms(backend: Backend, bras, psi, layout: Program, task
         if not weights.any():
             continue
         if scratch is None:
-            scratch = backend.zero_state(layout.num_qubits, len(task.rows))
+            scratch = backend.zero_state(register.num_qubits, len(task.rows))
         backend.scale(scratch, np.zeros(1))
-        measure.add_pauli_sentence(backend, scratch, psi, layout, mp.obs.pauli_rep)
+        measure.add_pauli_sentence(backend, scratch, psi, register, mp.obs.pauli_rep)
         backend.add_scaled(bras, scratch, 2.0 * weights)
 
 
 def sweep(
     backend: Backend,
-    layout: Program,
-    steps: Steps,
+    compilation: Compilation,
     columns: dict[int, int],
     n_columns: int,
     fusion_qubits: int,
@@ -558,11 +538,12 @@ def sweep(
 
     ``phi``: the B final states (consumed); ``bras``: R per vector (consumed); ``columns``:
     {step index: column} of the trainable gates (see ``adjoint.Circuit``)."""
-    batch = layout.batch_size
+    register, steps = compilation.register, compilation.steps
+    batch = register.batch_size
     rows = bras.shape[0] // batch
     gradients = np.zeros((batch, rows, n_columns))
-    fusion_qubits = fusion.width(layout, fusion_qubits, backend.min_fused_amplitudes)
-    units = fusion.fuse(layout, steps, fusion_qubits, **fusion.backend_traits(backend))
+    fusion_qubits = fusion.width(register, fusion_qubits, backend.fusion_traits)
+    units = fusion.fuse(compilation, fusion_qubits, backend.fusion_traits)
     trainable = [p for p, fused in enumerate(units) if _members(fused.unit) & columns.keys()]
     if not trainable:
         return gradients
@@ -573,8 +554,8 @@ def sweep(
         if not _members(unit) & columns.keys():
             for instruction in reversed(fused.instructions):
                 undo = inverse(instruction)
-                simulate.apply_instruction(backend, phi, undo)
-                simulate.apply_instruction(backend, bras, _for_bras(undo, rows))
+                apply_instruction(backend, phi, undo)
+                apply_instruction(backend, bras, _for_bras(undo, rows))
         elif isinstance(unit, fusion.ZRun):
             (instruction,) = fused.instructions
             reduction = backend.adjoint_z_rotations_step(
@@ -588,10 +569,10 @@ def sweep(
             )
             reductions.append((unit, None, reduction))
         elif isinstance(unit, fusion.Block) and not _rotation_step_pays(
-            backend, layout, steps, fused
+            backend, register, steps, fused
         ):
             matrices = fused.member_matrices or [
-                fusion.step_matrix(steps[unit.members[0]][1], unit.targets)
+                fusion.step_matrix(steps[unit.members[0]].instructions, unit.targets)
             ]
             block = fused.instructions[0].data if fused.member_matrices else matrices[0]
             reduction = backend.adjoint_block_step(phi, bras, block, unit.targets)
@@ -599,7 +580,7 @@ def sweep(
         else:
             (member,) = _members(unit)
             gradients[:, :, columns[member]] = _single_step(
-                backend, layout, steps[member], phi, bras
+                backend, register, steps[member], phi, bras
             )
     reduced = backend.gather([reduction for *_, reduction in reductions])
     for (unit, matrices, _), t in zip(reductions, reduced, strict=True):
@@ -609,20 +590,21 @@ def sweep(
                 if member in columns:
                     gradients[:, :, columns[member]] += np.real(-0.5j * t[:, :, j])
             continue
-        for member, derivative in _derivatives(layout, steps, unit, matrices, columns):
+        for member, derivative in _derivatives(register, steps, unit, matrices, columns):
             contribution = (derivative[:, None] * t).sum(axis=(-2, -1))
             gradients[:, :, columns[member]] += np.real(contribution)
     return gradients
 
 
-def _rotation_step_pays(backend: Backend, layout: Program, steps: Steps, fused) -> bool:
+def _rotation_step_pays(backend: Backend, register: Register, steps: Sequence[Step], fused) -> bool:
     """Whether a block of one Pauli rotation, on one state vector, takes the backend's fused
     rotation step (one pass, real arithmetic) rather than a dense reduction: on backends
-    that price wide blocks (the CPU), whose dense 2**k products are compute-bound."""
-    if fused.member_matrices or backend.block_costs is None or layout.batch_size > 1:
+    whose traits ask for it (the CPU, whose dense 2**k products are compute-bound)."""
+    wanted = backend.fusion_traits.rotation_step_for_lone_rotations
+    if fused.member_matrices or not wanted or register.batch_size > 1:
         return False
-    op, instructions = steps[fused.unit.members[0]]
-    return plain_rotation(op, instructions) is not None
+    step = steps[fused.unit.members[0]]
+    return plain_rotation(step.operation, step.instructions) is not None
 
 
 def _members(unit: fusion.Unit) -> set[int]:
@@ -639,12 +621,12 @@ def _for_bras(instruction: Instruction, rows: int) -> Instruction:
 
 
 def _single_step(
-    backend: Backend, layout: Program, step: tuple, phi: StateBatch, bras: StateBatch
+    backend: Backend, register: Register, step: Step, phi: StateBatch, bras: StateBatch
 ) -> np.ndarray:
     """The eager step through an operation wider than the blocks, vector by vector:
     Re(i <bra|G|phi>) per bra (B, R), then the operation undone."""
-    op, instructions = step
-    batch = layout.batch_size
+    op, instructions = step.operation, step.instructions
+    batch = register.batch_size
     rows = bras.shape[0] // batch
     rotation = plain_rotation(op, instructions)
     if rotation is not None and batch == 1:
@@ -663,13 +645,13 @@ def _single_step(
             )
             products[b] = -0.5 * step_products
             continue
-        products[b] = measure.transition(backend, bras_b, phi_b, layout, generator_of(op))
+        products[b] = measure.transition(backend, bras_b, phi_b, register, generator_of(op))
         for instruction in reversed(instructions):
             undo = inverse(instruction)
             if undo.data is not None:
                 undo = dataclasses.replace(undo, data=_entry(undo.data, b))
-            simulate.apply_instruction(backend, phi_b, undo)
-            simulate.apply_instruction(backend, bras_b, undo)
+            apply_instruction(backend, phi_b, undo)
+            apply_instruction(backend, bras_b, undo)
     return np.real(1j * products)
 
 
@@ -678,7 +660,9 @@ def _entry(data: np.ndarray, b: int) -> np.ndarray:
     return data if data.shape[0] == 1 else data[b : b + 1]
 
 
-def _derivatives(layout: Program, steps: Steps, block: fusion.Block, matrices: list, columns: dict):
+def _derivatives(
+    register: Register, steps: Sequence[Step], block: fusion.Block, matrices: list, columns: dict
+):
     """(step index, dB/dtheta (1 or B, d, d)) for each trainable operation of the block,
     from its operations' ``matrices`` on the block's bits."""
     identity = np.eye(1 << len(block.targets))[None]
@@ -691,22 +675,22 @@ def _derivatives(layout: Program, steps: Steps, block: fusion.Block, matrices: l
         list(zip(block.members, matrices, prefixes, strict=True))
     ):
         if member in columns:
-            generator = _generator(layout, steps[member], block.targets)
+            generator = _generator(register, steps[member], block.targets)
             derivative = np.matmul(suffix, np.matmul(1j * generator, np.matmul(matrix, prefix)))
             derivatives.append((member, derivative))
         suffix = np.matmul(suffix, matrix)
     return derivatives
 
 
-def _generator(layout: Program, step: tuple, targets: tuple[int, ...]) -> np.ndarray:
+def _generator(register: Register, step: Step, targets: tuple[int, ...]) -> np.ndarray:
     """G of the operation, exp(i theta G) (PennyLane's convention), on the block's bits."""
-    op, instructions = step
-    rotation = plain_rotation(op, instructions)
+    op = step.operation
+    rotation = plain_rotation(op, step.instructions)
     if rotation is not None:
         return fusion.embed(
             -0.5 * pauli_word_matrix(rotation.paulis)[None], rotation.targets, targets
         )
-    return fusion.embed(_generator_matrix(op)[None], layout.targets(op.wires), targets)
+    return fusion.embed(_generator_matrix(op)[None], register.targets(op.wires), targets)
 
 
 def _generator_matrix(op: Operator) -> np.ndarray:

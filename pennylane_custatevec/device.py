@@ -62,11 +62,6 @@ _MATRIX_DEFINED_OPS = (
 method, so that a trainable one is refused by name rather than silently expanded."""
 
 
-DEFAULT_FUSION_QUBITS = {"cpu": 2, "custatevec": 4}
-"""The largest fused block per backend when the device does not set it: what the
-benchmarks chose (doc/options.md)."""
-
-
 class UnknownOptionError(ValueError, TypeError):
     """A keyword the device does not take (a TypeError for Python, a ValueError for users)."""
 
@@ -218,7 +213,7 @@ class CuStateVecDevice(Device):
         self._options = settings.DifferentiationOptions(
             grad_accumulation=grad_accumulation,
             fusion_qubits=(
-                DEFAULT_FUSION_QUBITS[self._backend.name]
+                self._backend.fusion_traits.default_width
                 if fusion_qubits is None
                 else int(fusion_qubits)
             ),

@@ -15,13 +15,11 @@ from pennylane.measurements import MeasurementProcess
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
-from . import fusion, measure, simulate
+from . import batching, fusion, measure, simulate
 from .backends.base import Backend
 from .exact import measurements_key
-from .program import Kind, Program, compile_steps, flatten, merge, tape_batch_size
-
-BATCH_BYTES = 1 << 30
-"""Memory budget for the state vectors of one batch that merges several tapes or shots."""
+from .instructions import Kind
+from .program import Compilation, Program, Register, compile_steps, flatten, merge, tape_batch_size
 
 
 def run_tapes(
@@ -38,100 +36,86 @@ def run_tapes(
     Analytic tapes whose programs share a structure and whose measurements are equal
     exactly (``exact.measurements_key``: the batch is measured with the first tape's
     measurements), such as parameter-shift tapes or several QNode calls in one
-    ``qml.execute``, run as one batch of state vectors; the others run one by one. With
-    ``final_states`` given, it receives ``{tape index: (final state, (layout, steps))}``
-    of every analytic tape: a view into its batch and its compilation (see
+    ``qml.execute``, run as one batch of state vectors (``batching``: grouped by
+    ``_batch_key``, in chunks of at most ``batching.BATCH_BYTES``); the others run one
+    by one. With
+    ``final_states`` given, it receives ``{tape index: (final state, compilation)}``
+    of every analytic tape: a view into its batch and its ``program.Compilation`` (see
     ``program.compile_steps``), for the derivatives,
     if the final states of all of them fit in free memory together; otherwise it stays
     empty (the derivatives simulate them again, in chunks that fit) and the batches run
-    in chunks of at most the free memory, as without ``final_states``.
+    in chunks of at most the free memory too, as without ``final_states``
+    (``batching.FORWARD``, ``batching.FORWARD_KEPT``).
     Analytic batches run fused into blocks of at most ``fusion_qubits`` qubits (see
     ``fusion``; 0 or 1: gate by gate).
     """
     compiled = [compile_steps(tape, device_wires) for tape in tapes]
-    programs = [flatten(*c) for c in compiled]
+    programs = [flatten(c) for c in compiled]
     results: list = [None] * len(tapes)
-    groups: dict = {}
+    analytic = []
     for index, (tape, program) in enumerate(zip(tapes, programs, strict=True)):
         if tape.shots or program.has_mid_measurements:
             results[index] = _run_sampled(backend, program, tape, rng, postselect_mode)
-        elif len(tapes) == 1:
-            groups[None] = [index]
         else:
-            key = (program.structure_key, measurements_key(tape.measurements))
-            groups.setdefault(key, []).append(index)
-    group_bytes = [
-        sum(
-            simulate.state_bytes(backend, programs[i].num_qubits, programs[i].batch_size)
-            for i in indices
-        )
-        for indices in groups.values()
-    ]
-    keep = final_states is not None and simulate.fits(backend, sum(group_bytes))
-    for indices, total in zip(groups.values(), group_bytes, strict=True):
-        per_vector = simulate.state_bytes(backend, programs[indices[0]].num_qubits, 1)
-        sizes = [programs[i].batch_size for i in indices]
-        limit = BATCH_BYTES if keep else _chunk_bytes(backend, total)
-        for chunk in chunks(indices, sizes, max(1, limit // per_vector)):
+            analytic.append(index)
+    groups = batching.group_by(list(zip(programs, tapes, strict=True)), _batch_key, analytic)
+    registers = [c.register for c in compiled]
+    state_bytes = batching.Sum(
+        lambda register: simulate.state_bytes(backend, register.num_qubits, register.batch_size)
+    )
+    keep = final_states is not None and simulate.fits(
+        backend, batching.tally_of(state_bytes, registers, analytic).bytes()
+    )
+    budget = batching.FORWARD_KEPT if keep else batching.FORWARD
+    for group in groups:
+        for chunk in batching.chunk_by_memory(backend, group, registers, state_bytes, budget):
             batch, states = _run_analytic_batch(
                 backend,
-                [tapes[i] for i in chunk],
-                [compiled[i] for i in chunk],
+                [tapes[i] for i in chunk.indices],
+                [compiled[i] for i in chunk.indices],
                 fusion_qubits,
                 keep,
             )
-            for position, (i, result) in enumerate(zip(chunk, batch, strict=True)):
+            for position, (i, result) in enumerate(zip(chunk.indices, batch, strict=True)):
                 results[i] = result
                 if keep:
                     final_states[i] = (states[position], compiled[i])
     return tuple(results)
 
 
-def _chunk_bytes(backend: Backend, total: int) -> int:
-    """The state-vector bytes of one forward chunk whose states are not kept: at most
-    ``BATCH_BYTES``, and at most the free memory (asked only when ``total``, the group's
-    bytes, exceeds ``simulate.UNCHECKED_BYTES``)."""
-    if total <= simulate.UNCHECKED_BYTES:
-        return BATCH_BYTES
-    return min(BATCH_BYTES, backend.available_bytes())
-
-
-def chunks(items: Sequence, sizes: Sequence[int], limit: int):
-    """Consecutive runs of ``items`` whose ``sizes`` sum to at most ``limit`` (an item
-    larger than that runs alone)."""
-    chunk, used = [], 0
-    for item, size in zip(items, sizes, strict=True):
-        if chunk and used + size > limit:
-            yield chunk
-            chunk, used = [], 0
-        chunk.append(item)
-        used += size
-    if chunk:
-        yield chunk
+def _batch_key(item: tuple[Program, QuantumScript]) -> tuple:
+    """What the tapes of one forward batch share: the kernel key, and the measurements
+    exactly (the batch is measured with its first tape's measurements)."""
+    program, tape = item
+    return program.kernel_key, measurements_key(tape.measurements)
 
 
 def _run_analytic_batch(
-    backend, tapes: list[QuantumScript], compiled: list, fusion_qubits: int, keep: bool
+    backend,
+    tapes: list[QuantumScript],
+    compilations: list[Compilation],
+    fusion_qubits: int,
+    keep: bool,
 ) -> tuple[list, list]:
     """Results of tapes that share a structure, and with ``keep`` each tape's final states
     (a view; else none, so that the batch is freed on return)."""
-    layout, steps = merge(compiled)
-    fusion_qubits = fusion.width(layout, fusion_qubits, backend.min_fused_amplitudes)
+    compilation = merge(compilations)
+    register = compilation.register
+    fusion_qubits = fusion.width(register, fusion_qubits, backend.fusion_traits)
     if fusion_qubits > 1:
-        program = fusion.fused_program(
-            layout, steps, fusion_qubits, **fusion.backend_traits(backend)
-        )
+        program = fusion.fused_program(compilation, fusion_qubits, backend.fusion_traits)
     else:
-        program = flatten(layout, steps)
+        program = flatten(compilation)
     state, _ = simulate.final_state(backend, program)
-    values = measure.measure_all_analytic(backend, state, program, tapes[0].measurements)
+    values = measure.measure_all_analytic(backend, state, register, tapes[0].measurements)
     results, states, offset = [], [], 0
-    for tape, (tape_layout, _) in zip(tapes, compiled, strict=True):
-        rows = slice(offset, offset + tape_layout.batch_size)
-        results.append(_nest(tape, [_unbatch(tape_layout, v[rows]) for v in values]))
+    for tape, tape_compilation in zip(tapes, compilations, strict=True):
+        tape_register = tape_compilation.register
+        rows = slice(offset, offset + tape_register.batch_size)
+        results.append(_nest(tape, [_unbatch(tape_register, v[rows]) for v in values]))
         if keep:
             states.append(backend.vectors(state, rows.start, rows.stop))
-        offset += tape_layout.batch_size
+        offset += tape_register.batch_size
     return results, states
 
 
@@ -148,13 +132,14 @@ def _run_sampled(backend, program: Program, tape: QuantumScript, rng, postselect
             )
         return _run_one_shot(backend, program, tape, rng)
     state, kept = simulate.final_state(backend, program)
+    register = program.register
     counts = list(tape.shots)
     if kept is not None:
-        counts = _postselected_shots(program, counts, kept, postselect_mode, rng)
-    measure.rotate_to_eigenbases(backend, state, program, tape.measurements)
-    wires = measure.sampled_wires(program, tape.measurements)
-    measure.require_sample_memory(backend, program.batch_size, wires, counts, tape.measurements)
-    samples = measure.computational_basis_samples(backend, state, program, wires, sum(counts), rng)
+        counts = _postselected_shots(register, counts, kept, postselect_mode, rng)
+    measure.rotate_to_eigenbases(backend, state, register, tape.measurements)
+    wires = measure.sampled_wires(register, tape.measurements)
+    measure.require_sample_memory(backend, register.batch_size, wires, counts, tape.measurements)
+    samples = measure.computational_basis_samples(backend, state, register, wires, sum(counts), rng)
     partitions = []
     for lower, upper in _bins(counts):
         per_measurement = [
@@ -165,8 +150,8 @@ def _run_sampled(backend, program: Program, tape: QuantumScript, rng, postselect
     return tuple(partitions) if tape.shots.has_partitioned_shots else partitions[0]
 
 
-def _unbatch(layout: Program, result: np.ndarray):
-    return result if layout.broadcast else result[0]
+def _unbatch(register: Register, result: np.ndarray):
+    return result if register.broadcast else result[0]
 
 
 def _nest(tape: QuantumScript, per_measurement: list):
@@ -178,10 +163,10 @@ def _bins(counts: list[int]):
     return zip(upper - counts, upper, strict=True)
 
 
-def _postselected_shots(program: Program, counts, kept, postselect_mode, rng) -> list[int]:
+def _postselected_shots(register: Register, counts, kept, postselect_mode, rng) -> list[int]:
     """Shots left after postselection: each shot survives with the kept probability
     ("hw-like", the default), or all shots are kept ("fill-shots")."""
-    if program.batch_size > 1:
+    if register.batch_size > 1:
         raise ValueError(
             "Cannot postselect with finite shots on a broadcast circuit; split it with "
             "qml.transforms.broadcast_expand first."
@@ -210,13 +195,14 @@ def _run_one_shot(backend, program: Program, tape: QuantumScript, rng):
     the device receives a tape with shots ``[1] * N`` and returns one result per shot."""
     per_shot = []
     total = tape.shots.total_shots
-    chunk = max(1, BATCH_BYTES // simulate.state_bytes(backend, program.num_qubits, 1))
+    register = program.register
+    chunk = max(1, batching.BATCH_BYTES // simulate.state_bytes(backend, register.num_qubits, 1))
     for start in range(0, total, chunk):
         count = min(chunk, total - start)
         state, outcomes = simulate.final_state_per_shot(backend, program, count, rng)
-        measure.rotate_to_eigenbases(backend, state, program, tape.measurements)
-        wires = measure.sampled_wires(program, tape.measurements)
-        samples = measure.computational_basis_samples(backend, state, program, wires, 1, rng)
+        measure.rotate_to_eigenbases(backend, state, register, tape.measurements)
+        wires = measure.sampled_wires(register, tape.measurements)
+        samples = measure.computational_basis_samples(backend, state, register, wires, 1, rng)
         for shot in range(count):
             per_shot.append(
                 _nest(

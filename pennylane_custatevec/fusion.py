@@ -12,7 +12,8 @@ other bits, so the operation commutes past them); of those, the last unit touchi
 is preferred, else the block whose bits grow least. Otherwise it opens a new block. With
 ``k <= 1`` nothing is merged: each operation on at most one bit is a block of its own.
 
-A backend may give ``block_costs``: the time of a dense block of w bits relative to one
+Everything the planner takes from a backend is its ``FusionTraits`` (backends/base.py).
+They may give ``block_costs``: the time of a dense block of w bits relative to one
 native gate, per w. Then an operation joins a block only where that saves time
 (cost(block) + 1 > cost(block with it)), and the candidate that saves most wins. On a GPU
 a block costs one pass over memory whatever its width up to 5 or so (no costs: greedy); on
@@ -22,7 +23,7 @@ when they absorb many gates.
 Two kinds of unit apply several rotations in one pass without a dense matrix: a ZRun
 gathers commuting Z-word rotations (QAOA cost layers), and Rotations pairs adjacent
 one-qubit rotations on distinct bits that would each be a block of their own (QAOA mixers),
-as many as the backend's ``rotations_per_pass``.
+as many as the traits' ``rotations_per_pass``.
 
 Matrices follow the backends' conventions: a block's ``targets`` are its bits in ascending
 order and ``targets[j]`` is bit ``j`` of the block's matrix index; batched data has a
@@ -38,10 +39,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .pauli import pauli_word_matrix
-from .program import Instruction, Kind, Program, Steps, plain_rotation, wire_labels
-
-FUSIBLE_KINDS = frozenset({Kind.MATRIX, Kind.DIAGONAL, Kind.PAULI, Kind.PAULI_ROTATION, Kind.PHASE})
+from .backends.base import FusionTraits
+from .instructions import Instruction, Kind, has_matrix, instruction_matrix
+from .program import Compilation, Program, Register, Step, plain_rotation, wire_labels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +71,7 @@ class ZRun:
 class Rotations:
     """Adjacent one-qubit rotations exp(-i theta/2 P) on distinct bits (a QAOA mixer
     layer) that would each be a block of their own, applied as one ROTATIONS instruction:
-    one pass for up to the backend's ``rotations_per_pass`` of them."""
+    one pass for up to the traits' ``rotations_per_pass`` of them."""
 
     members: tuple[int, ...]
 
@@ -79,43 +79,51 @@ class Rotations:
 Unit = Block | Single | ZRun | Rotations
 
 
-def step_bits(layout: Program, op, instructions: Sequence[Instruction]) -> tuple[int, ...] | None:
+def step_bits(
+    register: Register, op, instructions: Sequence[Instruction]
+) -> tuple[int, ...] | None:
     """The state bits an operation touches: its instructions' targets and controls, and its
     wires (so that its generator fits in its block), ascending; or None if one of its
-    instructions cannot be fused (mid-circuit measurements, postselection, conditions)."""
+    instructions cannot be fused: a kind without a matrix (``instructions.has_matrix``:
+    mid-circuit measurements, postselection) or a condition."""
     bits: set[int] = set()
     for instruction in instructions:
-        if instruction.kind not in FUSIBLE_KINDS or instruction.condition is not None:
+        if not has_matrix(instruction.kind) or instruction.condition is not None:
             return None
         bits.update(instruction.targets)
         bits.update(instruction.controls)
     wires = wire_labels(op)
     if len(bits) != len(wires):  # instructions act within the wires: then they cover them
-        bits.update(layout.bits(wires))
+        bits.update(register.bits(wires))
     return tuple(sorted(bits))
+
+
+GREEDY = FusionTraits()
+"""The traits of a backend with the base class's defaults: greedy dense blocks, no rotations
+gathered (the planner's default where no backend is in play)."""
 
 
 def plan(
     bits_per_step: Sequence[tuple[int, ...] | None],
     max_qubits: int,
-    block_costs: tuple[float, ...] | None = None,
+    traits: FusionTraits = GREEDY,
     z_rotations: Sequence[bool] | None = None,
     one_qubit_rotations: Sequence[bool] | None = None,
-    rotations_per_pass: int = 1,
 ) -> tuple[Unit, ...]:
-    """The units of a circuit whose operations touch ``bits_per_step`` (module docstring).
-    ``z_rotations`` flags the operations that are rotations exp(-i theta/2 Z_word): with
-    fusion on, those on two bits or more gather into ZRuns (a rotation joins the last run
-    that comes no earlier than the last unit touching its bits). ``one_qubit_rotations``
-    flags the one-qubit rotations exp(-i theta/2 P): with fusion on, up to
-    ``rotations_per_pass`` adjacent blocks of one such rotation each, on distinct bits,
-    become one Rotations unit."""
+    """The units of a circuit whose operations touch ``bits_per_step`` (module docstring),
+    priced by ``traits.block_costs``. ``z_rotations`` flags the operations that are
+    rotations exp(-i theta/2 Z_word): with fusion on, those on two bits or more gather
+    into ZRuns (a rotation joins the last run that comes no earlier than the last unit
+    touching its bits). ``one_qubit_rotations`` flags the one-qubit rotations
+    exp(-i theta/2 P): with fusion on, up to ``traits.rotations_per_pass`` adjacent blocks
+    of one such rotation each, on distinct bits, become one Rotations unit."""
     count = len(bits_per_step)
     z_flags = tuple(z_rotations) if z_rotations is not None else (False,) * count
-    units = _cached_plan(tuple(bits_per_step), max_qubits, block_costs, z_flags)
-    if max_qubits <= 1 or rotations_per_pass < 2 or one_qubit_rotations is None:
+    units = _cached_plan(tuple(bits_per_step), max_qubits, traits.block_costs, z_flags)
+    per_pass = traits.rotations_per_pass
+    if max_qubits <= 1 or per_pass < 2 or one_qubit_rotations is None:
         return units
-    return _paired_rotations(units, tuple(one_qubit_rotations), rotations_per_pass)
+    return _paired_rotations(units, tuple(one_qubit_rotations), per_pass)
 
 
 @functools.lru_cache(maxsize=256)
@@ -243,44 +251,28 @@ class Fused:
     member_matrices: list[np.ndarray] | None = None
 
 
-def backend_traits(backend) -> dict:
-    """What fusion takes from a backend (see ``plan``), as keyword arguments of ``fuse``
-    and ``fused_program``."""
-    return {
-        "block_costs": backend.block_costs,
-        "z_runs": backend.fuses_z_rotations,
-        "rotations_per_pass": backend.rotations_per_pass,
-    }
+def width(register: Register, max_qubits: int, traits: FusionTraits) -> int:
+    """The largest block for ``register``'s batch: ``max_qubits``, or 1 (no fusion) when
+    the batch holds fewer than ``traits.min_fused_amplitudes`` amplitudes, where building
+    the blocks costs the host more time than the passes they save."""
+    amplitudes = register.batch_size << register.num_qubits
+    return max_qubits if amplitudes >= traits.min_fused_amplitudes else 1
 
 
-def width(layout: Program, max_qubits: int, min_amplitudes: int) -> int:
-    """The largest block for ``layout``'s batch: ``max_qubits``, or 1 (no fusion) when the
-    batch holds fewer than ``min_amplitudes`` amplitudes, where building the blocks costs
-    the host more time than the passes they save."""
-    return max_qubits if layout.batch_size << layout.num_qubits >= min_amplitudes else 1
+def fuse(compilation: Compilation, max_qubits: int, traits: FusionTraits = GREEDY) -> list[Fused]:
+    """The units of the compilation's steps. A block of one operation runs as that
+    operation's own instructions (a CNOT stays a permutation); its matrix is built only if
+    asked for. ``traits``: the backend's (Z runs and rotations per pass, see ``plan``).
 
-
-def fuse(
-    layout: Program,
-    steps: Steps,
-    max_qubits: int,
-    block_costs: tuple[float, ...] | None = None,
-    z_runs: bool = False,
-    rotations_per_pass: int = 1,
-) -> list[Fused]:
-    """The units of ``steps``. A block of one operation runs as that operation's own
-    instructions (a CNOT stays a permutation); its matrix is built only if asked for.
-    ``z_runs`` and ``rotations_per_pass`` are the backend's (see ``plan``).
-
-    The last few results are kept, for the same ``steps`` object (the forward pass and the
-    adjoint sweep that follows fuse one compilation; the cache holds the steps, so their
-    identity cannot be reused while cached)."""
-    key = (id(steps), max_qubits, block_costs, z_runs, rotations_per_pass)
+    The last few results are kept, for the same ``compilation`` object (the forward pass
+    and the adjoint sweep that follows fuse one compilation; the cache holds the
+    compilation, so its identity cannot be reused while cached)."""
+    key = (id(compilation), max_qubits, traits)
     kept = _RECENT.get(key)
-    if kept is not None and kept[0] is steps and kept[1] is layout:
-        return kept[2]
-    fused = _fuse(layout, steps, max_qubits, block_costs, z_runs, rotations_per_pass)
-    _RECENT[key] = (steps, layout, fused)
+    if kept is not None and kept[0] is compilation:
+        return kept[1]
+    fused = _fuse(compilation, max_qubits, traits)
+    _RECENT[key] = (compilation, fused)
     while len(_RECENT) > _RECENT_SIZE:
         _RECENT.popitem(last=False)
     return fused
@@ -290,18 +282,18 @@ _RECENT: collections.OrderedDict = collections.OrderedDict()
 _RECENT_SIZE = 8
 
 
-def _fuse(
-    layout: Program, steps: Steps, max_qubits: int, block_costs, z_runs, rotations_per_pass
-) -> list[Fused]:
-    bits = [step_bits(layout, op, instructions) for op, instructions in steps]
+def _fuse(compilation: Compilation, max_qubits: int, traits: FusionTraits) -> list[Fused]:
+    steps = compilation.steps
+    bits = [step_bits(compilation.register, s.operation, s.instructions) for s in steps]
     z_flags = rotation_flags = None  # without fusion, nothing gathers
     if max_qubits > 1:
-        rotations = [plain_rotation(op, instructions) for op, instructions in steps]
-        z_flags = [z_runs and is_z_rotation(rotation) for rotation in rotations]
+        rotations = [plain_rotation(s.operation, s.instructions) for s in steps]
+        z_flags = [traits.z_runs and is_z_rotation(rotation) for rotation in rotations]
         rotation_flags = [
-            rotations_per_pass > 1 and is_one_qubit_rotation(rotation) for rotation in rotations
+            traits.rotations_per_pass > 1 and is_one_qubit_rotation(rotation)
+            for rotation in rotations
         ]
-    units = plan(bits, max_qubits, block_costs, z_flags, rotation_flags, rotations_per_pass)
+    units = plan(bits, max_qubits, traits, z_flags, rotation_flags)
     fused = []
     for unit in units:
         if isinstance(unit, ZRun):
@@ -312,9 +304,9 @@ def _fuse(
             continue
         if isinstance(unit, Single) or len(unit.members) == 1:
             member = unit.member if isinstance(unit, Single) else unit.members[0]
-            fused.append(Fused(unit, list(steps[member][1])))
+            fused.append(Fused(unit, list(steps[member].instructions)))
             continue
-        matrices = [step_matrix(steps[m][1], unit.targets) for m in unit.members]
+        matrices = [step_matrix(steps[m].instructions, unit.targets) for m in unit.members]
         matrix = matrices[0]
         for step in matrices[1:]:
             matrix = np.matmul(step, matrix)
@@ -340,14 +332,14 @@ def is_one_qubit_rotation(rotation: Instruction | None) -> bool:
     )
 
 
-def _z_rotations(steps: Steps, run: ZRun) -> Instruction:
-    instructions = [steps[m][1][0] for m in run.members]
+def _z_rotations(steps: Sequence[Step], run: ZRun) -> Instruction:
+    instructions = [steps[m].instructions[0] for m in run.members]
     masks = tuple(sum(1 << t for t in ins.targets) for ins in instructions)
     return Instruction(Kind.Z_ROTATIONS, data=_stacked_angles(instructions), z_masks=masks)
 
 
-def _rotations(steps: Steps, unit: Rotations) -> Instruction:
-    instructions = [steps[m][1][0] for m in unit.members]
+def _rotations(steps: Sequence[Step], unit: Rotations) -> Instruction:
+    instructions = [steps[m].instructions[0] for m in unit.members]
     return Instruction(
         Kind.ROTATIONS,
         targets=tuple(ins.targets[0] for ins in instructions),
@@ -366,17 +358,13 @@ def _stacked_angles(instructions: Sequence[Instruction]) -> np.ndarray:
 
 
 def fused_program(
-    layout: Program,
-    steps: Steps,
-    max_qubits: int,
-    block_costs: tuple[float, ...] | None = None,
-    z_runs: bool = False,
-    rotations_per_pass: int = 1,
+    compilation: Compilation, max_qubits: int, traits: FusionTraits = GREEDY
 ) -> Program:
-    """``layout`` with the fused instructions of ``steps``."""
-    fused = fuse(layout, steps, max_qubits, block_costs, z_runs, rotations_per_pass)
+    """The compilation's register with the fused instructions of its steps, planned with
+    ``traits``."""
+    fused = fuse(compilation, max_qubits, traits)
     instructions = tuple(ins for unit in fused for ins in unit.instructions)
-    return dataclasses.replace(layout, instructions=instructions)
+    return Program(compilation.register, instructions)
 
 
 def step_matrix(instructions: Sequence[Instruction], targets: tuple[int, ...]) -> np.ndarray:
@@ -388,44 +376,6 @@ def step_matrix(instructions: Sequence[Instruction], targets: tuple[int, ...]) -
     for instruction in instructions:
         matrix = np.matmul(embed(*instruction_matrix(instruction), targets), matrix)
     return matrix
-
-
-def instruction_matrix(instruction: Instruction) -> tuple[np.ndarray, tuple[int, ...]]:
-    """(matrix (1 or B, 2**m, 2**m), its bits): a gate instruction as a dense matrix on its
-    targets followed by its controls (the controls are the high bits of the index)."""
-    kind, data = instruction.kind, instruction.data
-    if kind is Kind.MATRIX:
-        matrix = np.asarray(data, dtype=np.complex128)
-    elif kind is Kind.DIAGONAL:
-        diagonals = np.asarray(data, dtype=np.complex128)
-        matrix = diagonals[:, :, None] * np.eye(diagonals.shape[1])
-    elif kind is Kind.PAULI:
-        matrix = pauli_word_matrix(instruction.paulis)[None]
-    elif kind is Kind.PAULI_ROTATION:
-        half = 0.5 * np.asarray(data, dtype=np.float64)[:, None, None]
-        word = pauli_word_matrix(instruction.paulis)
-        matrix = np.cos(half) * np.eye(word.shape[0]) - 1j * np.sin(half) * word
-    elif kind is Kind.PHASE:
-        matrix = np.asarray(data, dtype=np.complex128).reshape(-1, 1, 1)
-    else:
-        raise ValueError(f"{kind} cannot be fused")
-    return _controlled(matrix, instruction.control_values), (
-        *instruction.targets,
-        *instruction.controls,
-    )
-
-
-def _controlled(matrix: np.ndarray, control_values: tuple[int, ...]) -> np.ndarray:
-    """``matrix`` acting where the controls (high index bits) equal their values."""
-    if not control_values:
-        return matrix
-    d = matrix.shape[-1]
-    selected = sum(int(v) << j for j, v in enumerate(control_values))
-    size = d << len(control_values)
-    full = np.tile(np.eye(size, dtype=np.complex128), (matrix.shape[0], 1, 1))
-    rows = slice(selected * d, (selected + 1) * d)
-    full[:, rows, rows] = matrix
-    return full
 
 
 def embed(matrix: np.ndarray, bits: tuple[int, ...], targets: tuple[int, ...]) -> np.ndarray:

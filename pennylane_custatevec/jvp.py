@@ -119,11 +119,11 @@ def zeros(tape: QuantumScript, device_wires: Wires | None, compiled=None, batche
     """The JVP of a tape whose tangents are all zero: zeros shaped as its results. The tape
     is checked as the sweep would check it (``compiled``, ``batched`` as for
     ``adjoint.Circuit``), so that it is refused the same way whatever the tangents."""
-    program = Circuit(tape, device_wires, compiled, batched=batched).program
-    batch = (program.batch_size,) if program.broadcast else ()
+    register = Circuit(tape, device_wires, compiled, batched=batched).register
+    batch = (register.batch_size,) if register.broadcast else ()
     jvps = [
         np.zeros(
-            batch + output_shape(mp, program),
+            batch + output_shape(mp, register),
             dtype=np.complex128 if isinstance(mp, StateMP) else np.float64,
         )
         for mp in tape.measurements

@@ -34,9 +34,10 @@ from pennylane.wires import Wires
 from . import simulate
 from .backends.base import Backend, StateBatch
 from .exact import observable_key
-from .program import Program, compile_operation
+from .instructions import apply_instruction
+from .program import Register, compile_operation
 from .queuing import diagonalizing_gates_of, matrix_of
-from .simulate import apply_instruction, require_normalised
+from .simulate import require_normalised
 
 DENSE_OBSERVABLE_WIRES = 10
 
@@ -51,12 +52,12 @@ class _ObservableForm:
     sparse: object | None = None
 
 
-def _form(obs: Operator, program: Program) -> _ObservableForm:
+def _form(obs: Operator, register: Register) -> _ObservableForm:
     if obs.pauli_rep is not None:
         return _ObservableForm(pauli=obs.pauli_rep)
     if len(obs.wires) <= DENSE_OBSERVABLE_WIRES and not isinstance(obs, qml.SparseHamiltonian):
         return _ObservableForm(matrix=matrix_of(obs, wire_order=obs.wires), wires=obs.wires)
-    return _ObservableForm(sparse=obs.sparse_matrix(wire_order=program.wires, format="csr"))
+    return _ObservableForm(sparse=obs.sparse_matrix(wire_order=register.wires, format="csr"))
 
 
 def _squared(form: _ObservableForm) -> _ObservableForm:
@@ -69,29 +70,29 @@ def _squared(form: _ObservableForm) -> _ObservableForm:
     return _ObservableForm(sparse=form.sparse @ form.sparse)
 
 
-def _backend_words(sentence: qml.pauli.PauliSentence, program: Program) -> list[tuple]:
+def _backend_words(sentence: qml.pauli.PauliSentence, register: Register) -> list[tuple]:
     """(letters, state bits, coefficient) of each word: letter j acts on bits[j]."""
     terms = []
     for word, coefficient in sentence.items():
         wires = list(word.keys())
-        terms.append(("".join(word[w] for w in wires), program.bits(wires), coefficient))
+        terms.append(("".join(word[w] for w in wires), register.bits(wires), coefficient))
     return terms
 
 
 def _expectation(
-    backend: Backend, state: StateBatch, program: Program, form: _ObservableForm
+    backend: Backend, state: StateBatch, register: Register, form: _ObservableForm
 ) -> np.ndarray:
     """<psi_b|O|psi_b> for each vector of the batch, float64 of shape (B,)."""
     if form.pauli is not None:
-        return _pauli_expectations(backend, state, program, [form.pauli])[0]
+        return _pauli_expectations(backend, state, register, [form.pauli])[0]
     if form.matrix is not None:
-        return np.real(backend.expval_matrix(state, form.matrix, program.targets(form.wires)))
+        return np.real(backend.expval_matrix(state, form.matrix, register.targets(form.wires)))
     vectors = backend.to_host(state)
     return np.real(np.einsum("bi,bi->b", vectors.conj(), (form.sparse @ vectors.T).T))
 
 
 def _pauli_expectations(
-    backend: Backend, state: StateBatch, program: Program, sentences: list
+    backend: Backend, state: StateBatch, register: Register, sentences: list
 ) -> list[np.ndarray]:
     """<sum_k c_k P_k> of each Pauli sentence, float64 (B,) each: the distinct words of
     all the sentences in one backend call."""
@@ -99,7 +100,7 @@ def _pauli_expectations(
     per_sentence = []
     for sentence in sentences:
         terms = []
-        for letters, bits, coefficient in _backend_words(sentence, program):
+        for letters, bits, coefficient in _backend_words(sentence, register):
             column = columns.setdefault((letters, bits), len(columns))
             terms.append((column, np.real(coefficient)))
         per_sentence.append(terms)
@@ -109,49 +110,49 @@ def _pauli_expectations(
 
 
 def transition(
-    backend: Backend, bra: StateBatch, ket: StateBatch, program: Program, obs: Operator
+    backend: Backend, bra: StateBatch, ket: StateBatch, register: Register, obs: Operator
 ) -> np.ndarray:
     """<bra_b|O|ket_b> for each bra, complex of shape (B,); a single ket serves every bra."""
-    form = _form(obs, program)
+    form = _form(obs, register)
     if form.pauli is not None:
         total = np.zeros(1, dtype=np.complex128)
-        for letters, bits, coefficient in _backend_words(form.pauli, program):
+        for letters, bits, coefficient in _backend_words(form.pauli, register):
             total = total + coefficient * backend.inner_pauli(bra, ket, letters, bits)
         return total
     if form.matrix is not None:
-        return backend.inner_matrix(bra, ket, form.matrix, program.targets(form.wires))
+        return backend.inner_matrix(bra, ket, form.matrix, register.targets(form.wires))
     bras, kets = backend.to_host(bra), backend.to_host(ket)
     return np.einsum("bi,bi->b", bras.conj(), np.broadcast_to((form.sparse @ kets.T).T, bras.shape))
 
 
-def expval(backend: Backend, state: StateBatch, program: Program, obs: Operator) -> np.ndarray:
+def expval(backend: Backend, state: StateBatch, register: Register, obs: Operator) -> np.ndarray:
     """<O> for each vector of the batch."""
-    return _expectation(backend, state, program, _form(obs, program))
+    return _expectation(backend, state, register, _form(obs, register))
 
 
 def expvals(
-    backend: Backend, state: StateBatch, program: Program, observables: list[Operator]
+    backend: Backend, state: StateBatch, register: Register, observables: list[Operator]
 ) -> list[np.ndarray]:
     """<O> of each observable for each vector, float64 (B,) each: the Pauli ones' words
     in one backend call."""
     return _paulis_in_one_call(
         backend,
         state,
-        program,
+        register,
         [obs.pauli_rep for obs in observables],
-        lambda i: expval(backend, state, program, observables[i]),
+        lambda i: expval(backend, state, register, observables[i]),
     )
 
 
 def _paulis_in_one_call(
-    backend: Backend, state: StateBatch, program: Program, sentences: list, measure_one
+    backend: Backend, state: StateBatch, register: Register, sentences: list, measure_one
 ) -> list:
     """Each item's value: the expectation value of its Pauli sentence where it has one
     (not None), all of those from one backend call; ``measure_one(i)`` for the others."""
     paulis = [i for i, sentence in enumerate(sentences) if sentence is not None]
     results: list = [None] * len(sentences)
     if paulis:
-        values = _pauli_expectations(backend, state, program, [sentences[i] for i in paulis])
+        values = _pauli_expectations(backend, state, register, [sentences[i] for i in paulis])
         for i, value in zip(paulis, values, strict=True):
             results[i] = value
     return [
@@ -160,56 +161,56 @@ def _paulis_in_one_call(
 
 
 def reduced_products(
-    backend: Backend, kets: StateBatch, bras: StateBatch, program: Program, wires: Wires
+    backend: Backend, kets: StateBatch, bras: StateBatch, register: Register, wires: Wires
 ) -> np.ndarray:
     """R_b[c, d] = sum_r ket_b[c, r] conj(bra_b[d, r]) on ``wires``, complex (B, 2**k,
     2**k): c and d index the values of ``wires`` (the first most significant), r those of
     every other wire. With bra = ket = psi it is the reduced density matrix of psi. On
     the host: the vectors come back whole."""
-    positions = [program.wires.index(w) for w in wires]
-    others = [p for p in range(len(program.wires)) if p not in positions]
+    positions = [register.wires.index(w) for w in wires]
+    others = [p for p in range(len(register.wires)) if p not in positions]
     dimension = 2 ** len(positions)
 
     def grouped(state):
         vectors = backend.to_host(state)
         batch = vectors.shape[0]
-        tensor = vectors.reshape((batch,) + (2,) * len(program.wires))
+        tensor = vectors.reshape((batch,) + (2,) * len(register.wires))
         order = [0] + [1 + p for p in positions] + [1 + p for p in others]
         return tensor.transpose(order).reshape(batch, dimension, -1)
 
     return np.einsum("bcr,bdr->bcd", grouped(kets), grouped(bras).conj())
 
 
-def var(backend: Backend, state: StateBatch, program: Program, obs: Operator) -> np.ndarray:
+def var(backend: Backend, state: StateBatch, register: Register, obs: Operator) -> np.ndarray:
     """<O^2> - <O>^2 for each vector of the batch."""
-    form = _form(obs, program)
-    mean = _expectation(backend, state, program, form)
-    return _expectation(backend, state, program, _squared(form)) - mean**2
+    form = _form(obs, register)
+    mean = _expectation(backend, state, register, form)
+    return _expectation(backend, state, register, _squared(form)) - mean**2
 
 
-def probs(backend: Backend, state: StateBatch, program: Program, mp: ProbabilityMP) -> np.ndarray:
+def probs(backend: Backend, state: StateBatch, register: Register, mp: ProbabilityMP) -> np.ndarray:
     """Marginal probabilities of ``mp``'s wires (first wire most significant), (B, 2**k)."""
-    wires = mp.wires if len(mp.wires) else program.wires
+    wires = mp.wires if len(mp.wires) else register.wires
     if mp.obs is not None:
         state = backend.copy(state)
         for gate in diagonalizing_gates_of(mp.obs):
-            apply_operator(backend, state, program, gate)
-    return backend.probabilities(state, program.targets(wires))
+            apply_operator(backend, state, register, gate)
+    return backend.probabilities(state, register.targets(wires))
 
 
 def applied_observable(
-    backend: Backend, state: StateBatch, program: Program, obs: Operator
+    backend: Backend, state: StateBatch, register: Register, obs: Operator
 ) -> StateBatch:
     """A new batch O psi_b (O need not be unitary: a generator, a Hamiltonian, ...)."""
-    form = _form(obs, program)
+    form = _form(obs, register)
     if form.pauli is not None:
         result = backend.copy(state)
         backend.scale(result, np.zeros(1))
-        add_pauli_sentence(backend, result, state, program, form.pauli)
+        add_pauli_sentence(backend, result, state, register, form.pauli)
         return result
     if form.matrix is not None:
         result = backend.copy(state)
-        backend.apply_matrix(result, form.matrix[None], program.targets(form.wires))
+        backend.apply_matrix(result, form.matrix[None], register.targets(form.wires))
         return result
     vectors = backend.to_host(state)
     return backend.from_host((form.sparse @ vectors.T).T)
@@ -219,42 +220,44 @@ def add_pauli_sentence(
     backend: Backend,
     dst: StateBatch,
     src: StateBatch,
-    program: Program,
+    register: Register,
     sentence: qml.pauli.PauliSentence,
     weight: complex = 1.0,
 ) -> None:
     """dst += weight * (sum_k c_k P_k) src, ``src`` unchanged."""
-    terms = _backend_words(sentence, program)
+    terms = _backend_words(sentence, register)
     if terms:
         words = [(letters, bits) for letters, bits, _ in terms]
         coefficients = np.array([weight * coefficient for _, _, coefficient in terms])
         backend.add_pauli_sum(dst, src, words, coefficients)
 
 
-def apply_operator(backend: Backend, state: StateBatch, program: Program, op: Operator) -> None:
+def apply_operator(backend: Backend, state: StateBatch, register: Register, op: Operator) -> None:
     """Apply one PennyLane operator (e.g. a diagonalizing gate) to the batch."""
-    for instruction in compile_operation(op, program):
+    for instruction in compile_operation(op, register):
         apply_instruction(backend, state, instruction)
 
 
-def measure_analytic(backend: Backend, state: StateBatch, program: Program, mp: MeasurementProcess):
+def measure_analytic(
+    backend: Backend, state: StateBatch, register: Register, mp: MeasurementProcess
+):
     """The analytic result of ``mp``, with a leading batch axis."""
     if isinstance(mp, (ExpectationMP, VarianceMP)) and mp.obs is None:
-        return _moment_of_eigenvalues(backend, state, program, mp)
+        return _moment_of_eigenvalues(backend, state, register, mp)
     if isinstance(mp, ExpectationMP):
-        return expval(backend, state, program, mp.obs)
+        return expval(backend, state, register, mp.obs)
     if isinstance(mp, VarianceMP):
-        return var(backend, state, program, mp.obs)
+        return var(backend, state, register, mp.obs)
     if isinstance(mp, ProbabilityMP):
-        return probs(backend, state, program, mp)
+        return probs(backend, state, register, mp)
     if isinstance(mp, StateMeasurement):
         vectors = backend.to_host(state)
-        return np.stack([mp.process_state(v, wire_order=program.wires) for v in vectors])
+        return np.stack([mp.process_state(v, wire_order=register.wires) for v in vectors])
     raise DeviceError(f"Measurement {mp} is not supported analytically.")
 
 
 def measure_all_analytic(
-    backend: Backend, state: StateBatch, program: Program, measurements
+    backend: Backend, state: StateBatch, register: Register, measurements
 ) -> list:
     """The analytic results of ``measurements``, each with a leading batch axis; the
     expectation values of Pauli observables all come from one backend call."""
@@ -265,16 +268,16 @@ def measure_all_analytic(
     return _paulis_in_one_call(
         backend,
         state,
-        program,
+        register,
         sentences,
-        lambda i: measure_analytic(backend, state, program, measurements[i]),
+        lambda i: measure_analytic(backend, state, register, measurements[i]),
     )
 
 
-def _moment_of_eigenvalues(backend, state, program: Program, mp) -> np.ndarray:
+def _moment_of_eigenvalues(backend, state, register: Register, mp) -> np.ndarray:
     """Expectation or variance of a function of mid-circuit measurement values (held on
     the wires that deferred measurement added): its eigenvalues weighted by probabilities."""
-    probabilities = backend.probabilities(state, program.targets(mp.wires))
+    probabilities = backend.probabilities(state, register.targets(mp.wires))
     eigenvalues = np.asarray(mp.eigvals(), dtype=np.float64)
     mean = probabilities @ eigenvalues
     if isinstance(mp, ExpectationMP):
@@ -283,7 +286,7 @@ def _moment_of_eigenvalues(backend, state, program: Program, mp) -> np.ndarray:
 
 
 def rotate_to_eigenbases(
-    backend: Backend, state: StateBatch, program: Program, measurements
+    backend: Backend, state: StateBatch, register: Register, measurements
 ) -> None:
     """Apply the diagonalizing gates of the observables that are not yet diagonal.
 
@@ -304,16 +307,16 @@ def rotate_to_eigenbases(
             )
         rotated[key] = mp.obs
         for gate in diagonalizing_gates_of(mp.obs):
-            apply_operator(backend, state, program, gate)
+            apply_operator(backend, state, register, gate)
 
 
-def sampled_wires(program: Program, measurements) -> Wires:
+def sampled_wires(register: Register, measurements) -> Wires:
     """The register wires the measurements read, in register order (all if any reads all)."""
     read = [mp.wires for mp in measurements]
     if any(len(wires) == 0 for wires in read):
-        return program.wires
+        return register.wires
     used = set(Wires.all_wires(read))
-    return Wires([w for w in program.wires if w in used])
+    return Wires([w for w in register.wires if w in used])
 
 
 _SAMPLE_BYTES = 8
@@ -385,7 +388,7 @@ _EXACT_MEASUREMENTS = (ExpectationMP, VarianceMP, ProbabilityMP)
 def computational_basis_samples(
     backend: Backend,
     state: StateBatch,
-    program: Program,
+    register: Register,
     wires: Wires,
     shots: int,
     rng: np.random.Generator,
@@ -393,7 +396,7 @@ def computational_basis_samples(
     """``shots`` samples per vector, int64 (B, shots, len(wires)): column j is wire j's bit.
     The states must be normalised (``simulate.require_normalised``: one pass for the norms)."""
     require_normalised(backend, backend.probabilities(state, ())[:, 0])
-    outcomes = backend.sample(state, program.targets(wires), shots, rng)
+    outcomes = backend.sample(state, register.targets(wires), shots, rng)
     shifts = np.arange(len(wires) - 1, -1, -1, dtype=np.int64)
     bits = outcomes[..., None] >> shifts
     bits &= 1  # in place: one array of samples, not two

@@ -1,4 +1,10 @@
-"""Tape -> Program: PennyLane operations become backend kernel instructions.
+"""Tape -> Compilation -> Program: PennyLane operations become backend kernel instructions.
+
+Three typed hand-offs, each a frozen dataclass: a ``Register`` (the wires, the batch of
+state vectors, the initial state), a ``Compilation`` (the register and the tape's steps:
+each operation with its instructions and its origin in the tape; what the adjoint sweeps
+and fusion read) and a ``Program`` (the register and the flat instruction list the
+forward pass runs, with its ``kernel_key``).
 
 This is the one place where wire labels become bit positions. The register holds the
 tape's wires in device order; the wire at position ``p`` of that order is state bit
@@ -18,7 +24,6 @@ broadcast: batched data has a leading batch axis.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 from collections.abc import Sequence
 from functools import singledispatch
@@ -32,66 +37,29 @@ from pennylane.ops.op_math import Adjoint, Controlled
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
+from .instructions import Instruction, Kind, inverse
 from .queuing import matrix_of, without_queuing
 from .rotations import PauliRotations, real_angles, rotation_word, structure
 from .templates import angles_by_element, is_native_template, template_gates
 
 
-class Kind(enum.Enum):
-    """The kernel an instruction runs; see backends/base.py for each one's meaning."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class Register:
+    """The state vectors a tape runs on: its qubits and the batch that holds them.
 
-    MATRIX = "matrix"
-    DIAGONAL = "diagonal"
-    PAULI = "pauli"
-    PAULI_ROTATION = "pauli_rotation"
-    Z_ROTATIONS = "z_rotations"
-    ROTATIONS = "rotations"
-    PHASE = "phase"
-    MID_MEASURE = "mid_measure"
-    POSTSELECT = "postselect"
-
-
-@dataclasses.dataclass(frozen=True)
-class Instruction:
-    """One kernel call.
-
-    ``data`` holds, by kind: MATRIX (1 or B, 2**k, 2**k) matrices; DIAGONAL (1 or B, 2**k);
-    PAULI_ROTATION (1 or B,) angles of exp(-i angle/2 P); Z_ROTATIONS (1 or B, J) the
-    angles of J commuting rotations exp(-i angle_j/2 Z_j), Z_j the word of Z letters on
-    the bits of ``z_masks[j]``; ROTATIONS (1 or B, m) the angles of m one-qubit rotations
-    exp(-i angle_j/2 P_j) on the distinct bits ``targets[j]``, P_j the letter
-    ``paulis[j]``; PHASE (1 or B,) factors;
-    POSTSELECT (1, 2**k, 2**k) the projector; PAULI and MID_MEASURE nothing.
-    ``condition`` makes the instruction act only on the state vectors (shots) whose
-    mid-circuit measurements satisfy it.
-    """
-
-    kind: Kind
-    targets: tuple[int, ...] = ()
-    controls: tuple[int, ...] = ()
-    control_values: tuple[int, ...] = ()
-    data: np.ndarray | None = None
-    paulis: str = ""
-    z_masks: tuple[int, ...] = ()
-    source: Operator | None = None
-    condition: qml.ops.MeasurementValue | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Program:
-    """What the backend runs for one tape."""
+    The one place where wire labels become state bits: the wire at position ``p`` of
+    ``wires`` is bit ``n - 1 - p`` (``bits``), and an operator's targets are its wires'
+    bits little-endian (``targets``). Compared by identity, never by value."""
 
     wires: Wires
-    instructions: tuple[Instruction, ...]
-    batch_size: int
-    initial_state: np.ndarray | None = None
+    """The tape's wires in device order."""
+    batch_size: int = 1
+    """State vectors per run: the broadcast size, else 1."""
     broadcast: bool = False
     """Whether the tape is broadcast (a broadcast of one entry has batch_size 1 too)."""
-    origins: tuple[tuple[int, int | None, int], ...] = ()
-    """Per step of a compilation (see ``compile_steps``): the index of the tape operation
-    it comes from, the position among that operation's parameters of the one the step
-    depends on (None for none), and the flat index into that parameter of the element
-    the step reads (0 but for a native template's rotations)."""
+    initial_state: np.ndarray | None = None
+    """The prepared state (1 or batch_size, 2**n) of a leading state preparation, or None
+    for |0...0>."""
 
     @property
     def num_qubits(self) -> int:
@@ -110,17 +78,69 @@ class Program:
         """Little-endian targets of an operator on ``wires`` (first wire most significant)."""
         return self.bits(wires)[::-1]
 
+
+@dataclasses.dataclass(frozen=True)
+class Origin:
+    """Where a step of a compilation comes from in its tape."""
+
+    operation: int
+    """The index of the tape operation."""
+    parameter: int | None
+    """The position among that operation's parameters of the one the step depends on
+    (None for none)."""
+    element: int
+    """The flat index into that parameter of the element the step reads (0 but for a
+    native template's rotations)."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Step:
+    """One operation of a tape with the instructions it compiled to (a native template or
+    a run of rotations: one step per gate, the gate with its one instruction)."""
+
+    operation: Operator
+    """The tape's operation, or the gate of a template or run that the step stands for
+    (what the derivative reads: its generator, wires and hyperparameters)."""
+    instructions: tuple[Instruction, ...]
+    """What applies it, in order (none for an identity)."""
+    origin: Origin
+    """Where it comes from in the tape (which trainable parameter it reads)."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Compilation:
+    """A tape compiled step by step (``compile_steps``): what the adjoint sweeps walk back
+    and fusion plans over; ``flatten`` makes it a Program. Compared by identity: fusion
+    keeps the plan of the last few compilations (``fusion.fuse``)."""
+
+    register: Register
+    """The wires and the batch of state vectors."""
+    steps: tuple[Step, ...]
+    """The operations after the initial state preparation, in circuit order."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Program:
+    """What the backend runs for one tape (or a merged batch of tapes): the register and
+    the flat instruction list. Compared through ``kernel_key``."""
+
+    register: Register
+    """The wires and the batch of state vectors."""
+    instructions: tuple[Instruction, ...]
+    """The kernel calls, in order: the steps' (``flatten``) or fused ones."""
+
     @property
     def has_mid_measurements(self) -> bool:
         return any(ins.kind is Kind.MID_MEASURE for ins in self.instructions)
 
     @functools.cached_property
-    def structure_key(self) -> tuple:
+    def kernel_key(self) -> tuple:
         """Equal for programs that run the same kernels on the same bits with other data:
-        such programs run as one batch of state vectors (see ``merge``)."""
+        the forward pass may run such programs as one batch of state vectors (see
+        ``merge``)."""
         return (
-            tuple(self.wires),
-            self.initial_state is not None,
+            tuple(self.register.wires),
+            self.register.initial_state is not None,
             tuple(
                 (
                     ins.kind,
@@ -136,35 +156,32 @@ class Program:
         )
 
 
-Steps = list[tuple[Operator, list[Instruction]]]
-"""Each operation of a tape with the instructions it compiled to (a native template:
-each of its gates with its one instruction)."""
-
-
-def merge(compiled: Sequence[tuple[Program, Steps]]) -> tuple[Program, Steps]:
-    """One compilation (layout, steps) whose batch is the concatenation of the batches of
-    ``compiled``: tapes that share a structure key and have no mid-circuit measurements."""
-    if len(compiled) == 1:
-        return compiled[0]
-    layouts = [layout for layout, _ in compiled]
-    sizes = [layout.batch_size for layout in layouts]
-    steps = [
-        (
-            group[0][0],
-            [
+def merge(compilations: Sequence[Compilation]) -> Compilation:
+    """One compilation whose batch is the concatenation of the batches of
+    ``compilations``: tapes whose programs share a kernel key and have no mid-circuit
+    measurements. Each step keeps the first compilation's operation and origin."""
+    if len(compilations) == 1:
+        return compilations[0]
+    registers = [compilation.register for compilation in compilations]
+    sizes = [register.batch_size for register in registers]
+    steps = tuple(
+        Step(
+            group[0].operation,
+            tuple(
                 dataclasses.replace(
                     parts[0], data=_concatenate_data([i.data for i in parts], sizes)
                 )
-                for parts in zip(*(instructions for _, instructions in group), strict=True)
-            ],
+                for parts in zip(*(step.instructions for step in group), strict=True)
+            ),
+            group[0].origin,
         )
-        for group in zip(*(steps for _, steps in compiled), strict=True)
-    ]
+        for group in zip(*(compilation.steps for compilation in compilations), strict=True)
+    )
     initial_state = None
-    if layouts[0].initial_state is not None:
-        initial_state = _concatenate_data([layout.initial_state for layout in layouts], sizes)
-    layout = dataclasses.replace(layouts[0], batch_size=sum(sizes), initial_state=initial_state)
-    return layout, steps
+    if registers[0].initial_state is not None:
+        initial_state = _concatenate_data([r.initial_state for r in registers], sizes)
+    register = dataclasses.replace(registers[0], batch_size=sum(sizes), initial_state=initial_state)
+    return Compilation(register, steps)
 
 
 def _concatenate_data(data: list, sizes: list[int]):
@@ -198,13 +215,13 @@ def register_wires(tape: QuantumScript, device_wires: Wires | None) -> Wires:
 
 def compile_tape(tape: QuantumScript, device_wires: Wires | None) -> Program:
     """The Program of ``tape``; a state preparation first in the tape becomes its initial state."""
-    return flatten(*compile_steps(tape, device_wires))
+    return flatten(compile_steps(tape, device_wires))
 
 
-def flatten(layout: Program, steps: Steps) -> Program:
-    """``layout`` (wires, batch size, initial state) with the instructions of ``steps``."""
-    instructions = tuple(ins for _, compiled in steps for ins in compiled)
-    return dataclasses.replace(layout, instructions=instructions)
+def flatten(compilation: Compilation) -> Program:
+    """The register of ``compilation`` with the instructions of its steps, in order."""
+    instructions = tuple(ins for step in compilation.steps for ins in step.instructions)
+    return Program(compilation.register, instructions)
 
 
 def tape_batch_size(tape: QuantumScript) -> int | None:
@@ -230,19 +247,13 @@ def scalar_parameters(op: Operator) -> bool:
     )
 
 
-def compile_steps(tape: QuantumScript, device_wires: Wires | None) -> tuple[Program, Steps]:
-    """The tape's Program without instructions (wires, batch size, initial state, and the
-    steps' origins), and the steps: each operation after the initial state preparation with
-    its instructions, and each gate of a native template (see templates.py) with its one
-    instruction."""
+def compile_steps(tape: QuantumScript, device_wires: Wires | None) -> Compilation:
+    """The tape's register (wires, batch size, initial state) and its steps: each
+    operation after the initial state preparation with its instructions, and each gate of
+    a native template (see templates.py) or of a run of rotations with its one
+    instruction, each with its origin."""
     wires = register_wires(tape, device_wires)
     batch_size = tape_batch_size(tape)
-    layout = Program(
-        wires=wires,
-        instructions=(),
-        batch_size=batch_size or 1,
-        broadcast=batch_size is not None,
-    )
     operations = tape.operations
     initial_state = None
     first = 0
@@ -250,20 +261,24 @@ def compile_steps(tape: QuantumScript, device_wires: Wires | None) -> tuple[Prog
         vector = operations[0].state_vector(wire_order=wires)
         initial_state = np.asarray(vector, dtype=np.complex128).reshape(-1, 2 ** len(wires))
         first = 1
-    steps: Steps = []
-    origins = []
+    register = Register(
+        wires=wires,
+        batch_size=batch_size or 1,
+        broadcast=batch_size is not None,
+        initial_state=initial_state,
+    )
+    steps: list[Step] = []
     with without_queuing():  # decompositions and matrices may build operators
         for index in range(first, len(operations)):
             op = operations[index]
             if compiles_by_gate(op):
-                for instruction, position, element in _gate_instructions(op, layout):
-                    steps.append((instruction.source, [instruction]))
-                    origins.append((index, position, element))
+                for instruction, position, element in _gate_instructions(op, register):
+                    origin = Origin(index, position, element)
+                    steps.append(Step(instruction.source, (instruction,), origin))
             else:
-                steps.append((op, compile_operation(op, layout)))
-                origins.append((index, 0, 0))
-    layout = dataclasses.replace(layout, initial_state=initial_state, origins=tuple(origins))
-    return layout, steps
+                instructions = tuple(compile_operation(op, register))
+                steps.append(Step(op, instructions, Origin(index, 0, 0)))
+    return Compilation(register, tuple(steps))
 
 
 def compiles_by_gate(op: Operator) -> bool:
@@ -272,29 +287,32 @@ def compiles_by_gate(op: Operator) -> bool:
     return isinstance(op, PauliRotations) or is_native_template(op)
 
 
-def _gate_instructions(op: Operator, layout: Program) -> list[tuple[Instruction, int | None, int]]:
+def _gate_instructions(
+    op: Operator, register: Register
+) -> list[tuple[Instruction, int | None, int]]:
     """One instruction per gate of ``op`` (``compiles_by_gate``), its ``source`` the gate,
-    with the step's parameter position and element (see ``Program.origins``)."""
+    with the step's parameter position and element (see ``Origin``)."""
     if isinstance(op, PauliRotations):
         angles = real_angles(op.data, op.name)
         gates = structure(op.hyperparameters["gates"])
         return [
-            (_gate_rotation(gate, angles[j : j + 1], layout), j, 0) for j, gate in enumerate(gates)
+            (_gate_rotation(gate, angles[j : j + 1], register), j, 0)
+            for j, gate in enumerate(gates)
         ]
     angles = angles_by_element(op)
     return [
-        (compile_operation(gate, layout)[0], None, 0)
+        (compile_operation(gate, register)[0], None, 0)
         if element is None
-        else (_gate_rotation(gate, angles[element], layout), 0, element)
+        else (_gate_rotation(gate, angles[element], register), 0, element)
         for gate, element in template_gates(op)
     ]
 
 
-def _gate_rotation(gate: Operator, angles: np.ndarray, layout: Program) -> Instruction:
+def _gate_rotation(gate: Operator, angles: np.ndarray, register: Register) -> Instruction:
     """The rotation ``gate`` (standing for its structure) with ``angles`` (1 or B,)."""
     return Instruction(
         Kind.PAULI_ROTATION,
-        targets=layout.targets(gate.wires),
+        targets=register.targets(gate.wires),
         paulis=rotation_word(gate)[::-1],
         data=angles,
         source=gate,
@@ -308,22 +326,22 @@ def _batched(values, trailing_dims: int) -> np.ndarray:
 
 
 @singledispatch
-def compile_operation(op: Operator, layout: Program) -> list[Instruction]:
+def compile_operation(op: Operator, register: Register) -> list[Instruction]:
     """Instructions that apply ``op``; the fallback is its dense matrix."""
     if isinstance(op, qml.operation.StatePrepBase):
         raise DeviceError(
             f"{op.name} is supported only as the first operation; it should have been "
             "decomposed by the device's preprocessing."
         )
-    return [_matrix_instruction(op, layout)]
+    return [_matrix_instruction(op, register)]
 
 
-def _matrix_instruction(op: Operator, layout: Program) -> Instruction:
+def _matrix_instruction(op: Operator, register: Register) -> Instruction:
     # op.matrix() skips qml.matrix's wire-order handling, which costs more than the
     # matrix of a small gate; qml.matrix also covers operators defined by a decomposition
     matrix = op.matrix() if op.has_matrix else matrix_of(op, wire_order=op.wires)
     return Instruction(
-        Kind.MATRIX, targets=layout.targets(op.wires), data=_batched(matrix, 2), source=op
+        Kind.MATRIX, targets=register.targets(op.wires), data=_batched(matrix, 2), source=op
     )
 
 
@@ -331,10 +349,13 @@ _PAULI_LETTERS = {"PauliX": "X", "PauliY": "Y", "PauliZ": "Z"}
 
 
 @compile_operation.register
-def _(op: qml.PauliX | qml.PauliY | qml.PauliZ, layout: Program) -> list[Instruction]:
+def _(op: qml.PauliX | qml.PauliY | qml.PauliZ, register: Register) -> list[Instruction]:
     return [
         Instruction(
-            Kind.PAULI, targets=layout.targets(op.wires), paulis=_PAULI_LETTERS[op.name], source=op
+            Kind.PAULI,
+            targets=register.targets(op.wires),
+            paulis=_PAULI_LETTERS[op.name],
+            source=op,
         )
     ]
 
@@ -349,21 +370,21 @@ def _(
     | qml.IsingZZ
     | qml.MultiRZ
     | qml.PauliRot,
-    layout: Program,
+    register: Register,
 ) -> list[Instruction]:
-    return [_rotation(op, rotation_word(op), layout)]
+    return [_rotation(op, rotation_word(op), register)]
 
 
 @compile_operation.register
-def _(op: PauliRotations, layout: Program) -> list[Instruction]:
-    return [instruction for instruction, _, _ in _gate_instructions(op, layout)]
+def _(op: PauliRotations, register: Register) -> list[Instruction]:
+    return [instruction for instruction, _, _ in _gate_instructions(op, register)]
 
 
-def _rotation(op: Operator, word: str, layout: Program) -> Instruction:
+def _rotation(op: Operator, word: str, register: Register) -> Instruction:
     if "I" not in word:  # the common case, without filtering the letters
         return Instruction(
             Kind.PAULI_ROTATION,
-            targets=layout.targets(op.wires),
+            targets=register.targets(op.wires),
             paulis=word[::-1],
             data=_real_angles(op),
             source=op,
@@ -375,7 +396,7 @@ def _rotation(op: Operator, word: str, layout: Program) -> Instruction:
     letters, wires = zip(*kept, strict=True)
     return Instruction(
         Kind.PAULI_ROTATION,
-        targets=layout.targets(wires),
+        targets=register.targets(wires),
         paulis="".join(letters)[::-1],
         data=_real_angles(op),
         source=op,
@@ -394,48 +415,48 @@ def _real_angles(op: Operator) -> np.ndarray:
 
 
 @compile_operation.register
-def _(op: qml.PhaseShift | qml.S | qml.T | qml.U1, layout: Program) -> list[Instruction]:
-    return [_diagonal(op, layout)]
+def _(op: qml.PhaseShift | qml.S | qml.T | qml.U1, register: Register) -> list[Instruction]:
+    return [_diagonal(op, register)]
 
 
-def _diagonal(op: Operator, layout: Program) -> Instruction:
+def _diagonal(op: Operator, register: Register) -> Instruction:
     diagonal = np.diagonal(op.matrix(), axis1=-2, axis2=-1)
     return Instruction(
-        Kind.DIAGONAL, targets=layout.targets(op.wires), data=_batched(diagonal, 1), source=op
+        Kind.DIAGONAL, targets=register.targets(op.wires), data=_batched(diagonal, 1), source=op
     )
 
 
 @compile_operation.register
 def _(
     op: qml.StronglyEntanglingLayers | qml.BasicEntanglerLayers | qml.AngleEmbedding,
-    layout: Program,
+    register: Register,
 ) -> list[Instruction]:
     if not is_native_template(op):
-        return [_matrix_instruction(op, layout)]
-    return [instruction for instruction, _, _ in _gate_instructions(op, layout)]
+        return [_matrix_instruction(op, register)]
+    return [instruction for instruction, _, _ in _gate_instructions(op, register)]
 
 
 @compile_operation.register
-def _(op: qml.Identity, layout: Program) -> list[Instruction]:
+def _(op: qml.Identity, register: Register) -> list[Instruction]:
     return []
 
 
 @compile_operation.register
-def _(op: qml.GlobalPhase, layout: Program) -> list[Instruction]:
+def _(op: qml.GlobalPhase, register: Register) -> list[Instruction]:
     factors = np.exp(-1j * _batched(op.data[0], 0))
     return [Instruction(Kind.PHASE, data=factors, source=op)]
 
 
 @compile_operation.register
-def _(op: Controlled, layout: Program) -> list[Instruction]:
-    controls = layout.bits(op.control_wires)
+def _(op: Controlled, register: Register) -> list[Instruction]:
+    controls = register.bits(op.control_wires)
     values = tuple(int(v) for v in op.control_values)
     letter = _PAULI_LETTERS.get(op.base.name)
     if letter is not None:  # CNOT, Toffoli, CZ, CY, ...: skip compiling the base
         return [
             Instruction(
                 Kind.PAULI,
-                targets=layout.targets(op.target_wires),
+                targets=register.targets(op.target_wires),
                 controls=controls,
                 control_values=values,
                 paulis=letter,
@@ -443,7 +464,7 @@ def _(op: Controlled, layout: Program) -> list[Instruction]:
             )
         ]
     controlled = []
-    for inner in compile_operation(op.base, layout):
+    for inner in compile_operation(op.base, register):
         if inner.kind is Kind.PHASE:
             controlled.append(_controlled_phase(inner, controls, values))
         else:
@@ -468,22 +489,8 @@ def _controlled_phase(phase: Instruction, controls, values) -> Instruction:
 
 
 @compile_operation.register
-def _(op: Adjoint, layout: Program) -> list[Instruction]:
-    return [inverse(inner) for inner in reversed(compile_operation(op.base, layout))]
-
-
-def inverse(instruction: Instruction) -> Instruction:
-    """The instruction that undoes ``instruction``."""
-    kind, data = instruction.kind, instruction.data
-    if kind is Kind.MATRIX:
-        data = np.conj(np.swapaxes(data, -1, -2))
-    elif kind in (Kind.DIAGONAL, Kind.PHASE):
-        data = np.conj(data)
-    elif kind in (Kind.PAULI_ROTATION, Kind.Z_ROTATIONS, Kind.ROTATIONS):
-        data = -data
-    elif kind is not Kind.PAULI:
-        raise ValueError(f"{kind} has no inverse")
-    return dataclasses.replace(instruction, data=data)
+def _(op: Adjoint, register: Register) -> list[Instruction]:
+    return [inverse(inner) for inner in reversed(compile_operation(op.base, register))]
 
 
 def plain_rotation(op: Operator, instructions: list[Instruction]) -> Instruction | None:
@@ -503,13 +510,13 @@ def plain_rotation(op: Operator, instructions: list[Instruction]) -> Instruction
 
 
 @compile_operation.register
-def _(op: qml.Projector, layout: Program) -> list[Instruction]:
+def _(op: qml.Projector, register: Register) -> list[Instruction]:
     """A projector in the circuit (deferred measurements' postselection); the
     simulation renormalises after it."""
     return [
         Instruction(
             Kind.POSTSELECT,
-            targets=layout.targets(op.wires),
+            targets=register.targets(op.wires),
             data=_batched(qml.matrix(op), 2),
             source=op,
         )
@@ -517,13 +524,13 @@ def _(op: qml.Projector, layout: Program) -> list[Instruction]:
 
 
 @compile_operation.register
-def _(op: MidMeasure, layout: Program) -> list[Instruction]:
-    return [Instruction(Kind.MID_MEASURE, targets=layout.bits(op.wires), source=op)]
+def _(op: MidMeasure, register: Register) -> list[Instruction]:
+    return [Instruction(Kind.MID_MEASURE, targets=register.bits(op.wires), source=op)]
 
 
 @compile_operation.register
-def _(op: Conditional, layout: Program) -> list[Instruction]:
+def _(op: Conditional, register: Register) -> list[Instruction]:
     return [
         dataclasses.replace(inner, condition=op.meas_val)
-        for inner in compile_operation(op.base, layout)
+        for inner in compile_operation(op.base, register)
     ]

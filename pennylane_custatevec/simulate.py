@@ -1,5 +1,9 @@
 """Forward simulation: run a Program's instructions on a backend's batch of states.
 
+Each instruction runs through its kind's operations (instructions.py: apply, matrix for
+the product-state preparation, masked for conditional operations); mid-circuit
+measurements and postselection, which sample or renormalise, are steps of the runs here.
+
 A batch holds one state vector per broadcast entry, or, for circuits with native
 mid-circuit measurements (the "one-shot" method), one per shot: each vector follows
 its own measurement outcomes and conditional operations act only where their
@@ -15,9 +19,16 @@ import numpy as np
 from pennylane.exceptions import DeviceError
 
 from .backends.base import Backend, StateBatch
-from .fusion import instruction_matrix
+from .instructions import (
+    Instruction,
+    Kind,
+    apply_instruction,
+    has_matrix,
+    instruction_matrix,
+    masked,
+)
 from .pauli import pauli_word_matrix
-from .program import Instruction, Kind, Program
+from .program import Program, Register
 
 
 class StateTooLargeError(DeviceError, MemoryError):
@@ -156,37 +167,15 @@ def require_memory(backend: Backend, num_qubits: int, batch_size: int, copies: i
         )
 
 
-def initial_state(backend: Backend, program: Program, batch_size: int) -> StateBatch:
-    """|0...0> or the program's prepared state, one copy per vector of the batch."""
-    require_memory(backend, program.num_qubits, batch_size)
-    if program.initial_state is None:
-        return backend.zero_state(program.num_qubits, batch_size)
-    vectors = program.initial_state
+def initial_state(backend: Backend, register: Register, batch_size: int) -> StateBatch:
+    """|0...0> or the register's prepared state, one copy per vector of the batch."""
+    require_memory(backend, register.num_qubits, batch_size)
+    if register.initial_state is None:
+        return backend.zero_state(register.num_qubits, batch_size)
+    vectors = register.initial_state
     if vectors.shape[0] != batch_size:
         vectors = np.broadcast_to(vectors, (batch_size, vectors.shape[1]))
     return backend.from_host(vectors)
-
-
-def apply_instruction(backend: Backend, state: StateBatch, instruction: Instruction) -> None:
-    """Run one gate instruction on every vector of the batch."""
-    kind = instruction.kind
-    args = (instruction.targets, instruction.controls, instruction.control_values)
-    if kind is Kind.MATRIX:
-        backend.apply_matrix(state, instruction.data, *args)
-    elif kind is Kind.DIAGONAL:
-        backend.apply_diagonal(state, instruction.data, *args)
-    elif kind is Kind.PAULI_ROTATION:
-        backend.apply_pauli_rotation(state, instruction.data, instruction.paulis, *args)
-    elif kind is Kind.PAULI:
-        backend.apply_pauli(state, instruction.paulis, *args)
-    elif kind is Kind.Z_ROTATIONS:
-        backend.apply_z_rotations(state, instruction.data, instruction.z_masks)
-    elif kind is Kind.ROTATIONS:
-        backend.apply_rotations(state, instruction.data, instruction.paulis, instruction.targets)
-    elif kind is Kind.PHASE:
-        backend.scale(state, instruction.data)
-    else:
-        raise ValueError(f"{kind} is not a gate instruction")
 
 
 def final_state(backend: Backend, program: Program) -> tuple[StateBatch, np.ndarray | None]:
@@ -212,9 +201,10 @@ def _prepared_state(backend: Backend, program: Program) -> tuple[StateBatch, int
     |0...0> they prepare a product state, which the backend builds in one pass instead of
     one pass per gate. Batches under the backend's ``min_product_state_amplitudes`` start
     from |0...0>."""
-    amplitudes = program.batch_size << program.num_qubits
-    if program.initial_state is not None or amplitudes < backend.min_product_state_amplitudes:
-        return initial_state(backend, program, program.batch_size), 0
+    register = program.register
+    amplitudes = register.batch_size << register.num_qubits
+    if register.initial_state is not None or amplitudes < backend.min_product_state_amplitudes:
+        return initial_state(backend, register, register.batch_size), 0
     factors: dict[int, np.ndarray] = {}
     count = 0
     for instruction in program.instructions:
@@ -227,25 +217,24 @@ def _prepared_state(backend: Backend, program: Program) -> tuple[StateBatch, int
             factors[bit] = np.matmul(matrix, ket[..., None])[..., 0]
         count += 1
     if count == 0:
-        return initial_state(backend, program, program.batch_size), 0
-    require_memory(backend, program.num_qubits, program.batch_size)
+        return initial_state(backend, register, register.batch_size), 0
+    require_memory(backend, register.num_qubits, register.batch_size)
     bits = sorted(factors)
-    batch = program.batch_size
+    batch = register.batch_size
     stacked = np.stack([np.broadcast_to(factors[bit], (batch, 2)) for bit in bits], axis=1)
-    return backend.product_state(program.num_qubits, stacked, bits), count
+    return backend.product_state(register.num_qubits, stacked, bits), count
 
 
 _ZERO_KET = np.array([[1.0, 0.0]], dtype=np.complex128)
 
-_ONE_QUBIT_KINDS = frozenset({Kind.MATRIX, Kind.DIAGONAL, Kind.PAULI_ROTATION, Kind.PAULI})
-
 
 def _is_one_qubit_gate(instruction: Instruction) -> bool:
-    """Whether the instruction is made of one-qubit gates (a gate, or ROTATIONS)."""
+    """Whether the instruction is made of one-qubit gates: a gate with a matrix on one
+    target, or ROTATIONS (one-qubit rotations on distinct bits)."""
     return (
         (
             instruction.kind is Kind.ROTATIONS
-            or (instruction.kind in _ONE_QUBIT_KINDS and len(instruction.targets) == 1)
+            or (has_matrix(instruction.kind) and len(instruction.targets) == 1)
         )
         and not instruction.controls
         and instruction.condition is None
@@ -278,7 +267,7 @@ def final_state_per_shot(
 
     Returns the batch and ``{MidMeasure: outcomes}``, outcomes an int array of shape (shots,).
     """
-    state = initial_state(backend, program, shots)
+    state = initial_state(backend, program.register, shots)
     outcomes: dict = {}
     for instruction in program.instructions:
         if instruction.kind is Kind.MID_MEASURE:
@@ -286,7 +275,7 @@ def final_state_per_shot(
             continue
         if instruction.condition is not None:
             selected = np.asarray(instruction.condition.concretize(outcomes), dtype=bool)
-            instruction = where(instruction, selected.reshape(-1))
+            instruction = masked(instruction, selected.reshape(-1))
         apply_instruction(backend, state, instruction)
     return state, outcomes
 
@@ -307,26 +296,3 @@ def _measure_mid_circuit(
         flip = np.where(outcome[:, None, None] == 1, pauli_word_matrix("X"), np.eye(2))
         backend.apply_matrix(state, flip, instruction.targets)
     return outcome
-
-
-def where(instruction: Instruction, selected: np.ndarray) -> Instruction:
-    """The instruction on the selected vectors of a batch, the identity on the others."""
-    kind, data = instruction.kind, instruction.data
-    if kind is Kind.PAULI:
-        kind, data = Kind.MATRIX, pauli_word_matrix(instruction.paulis)[None]
-    identity = {
-        Kind.MATRIX: lambda d: np.eye(d.shape[-1]),
-        Kind.DIAGONAL: lambda d: np.ones(d.shape[-1]),
-        Kind.PAULI_ROTATION: lambda d: 0.0,
-        Kind.PHASE: lambda d: 1.0,
-    }[kind](data)
-    mask = selected.reshape((-1,) + (1,) * (data.ndim - 1))
-    return Instruction(
-        kind,
-        targets=instruction.targets,
-        controls=instruction.controls,
-        control_values=instruction.control_values,
-        data=np.where(mask, data, identity),
-        paulis=instruction.paulis,
-        source=instruction.source,
-    )

@@ -6,6 +6,7 @@ reference) on the same wires, with the same circuit.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import zlib
 
@@ -29,7 +30,7 @@ AUTO_BACKEND = "custatevec" if custatevec.unavailable_reason() is None else "cpu
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",
-        "real_size_thresholds: keep the CPU backend's min_fused_amplitudes and "
+        "real_size_thresholds: keep the CPU backend's fusion_traits.min_fused_amplitudes and "
         "min_product_state_amplitudes",
     )
 
@@ -47,10 +48,12 @@ def pytest_sessionstart(session):
 def no_size_thresholds(request, monkeypatch):
     """The CPU backend fuses every batch and prepares every product state, however small:
     the tests' circuits are far below the sizes where these start to pay
-    (``min_fused_amplitudes``, ``min_product_state_amplitudes``), and both paths must be
+    (``fusion_traits.min_fused_amplitudes``, ``min_product_state_amplitudes``), and both
+    paths must be
     exercised on them. Tests marked ``real_size_thresholds`` keep the thresholds."""
     if request.node.get_closest_marker("real_size_thresholds") is None:
-        monkeypatch.setattr(CPUBackend, "min_fused_amplitudes", 0)
+        unthresholded = dataclasses.replace(CPUBackend.fusion_traits, min_fused_amplitudes=0)
+        monkeypatch.setattr(CPUBackend, "fusion_traits", unthresholded)
         monkeypatch.setattr(CPUBackend, "min_product_state_amplitudes", 0)
 
 

@@ -18,7 +18,7 @@ from pennylane.devices import ExecutionConfig
 from pennylane.exceptions import QuantumFunctionError
 
 from pennylane_custatevec import measure, simulate
-from pennylane_custatevec.backends import cpu
+from pennylane_custatevec.backends import host
 from pennylane_custatevec.backends.cpu import CPUBackend
 from pennylane_custatevec.backends.custatevec import CuStateVecBackend
 from pennylane_custatevec.program import compile_tape
@@ -296,15 +296,17 @@ def test_backend_level_sampling_checks_every_vector(backend_name):
     round-off is sampled."""
     backend = _backend(backend_name)
     tape = qml.tape.QuantumScript([], [qml.counts(wires=[0, 1])])
-    program = compile_tape(tape, qml.wires.Wires([0, 1]))
+    register = compile_tape(tape, qml.wires.Wires([0, 1])).register
     good = np.array([0.6, 0.0, 0.0, 0.8])
     rng = np.random.default_rng(0)
     for bad in (good * 1.01, good * 0.0, good * np.nan):
         state = backend.from_host(np.stack([good, bad]))
         with pytest.raises(UnnormalisedStateError, match="vector 1 of a batch of 2"):
-            measure.computational_basis_samples(backend, state, program, program.wires, 10, rng)
+            measure.computational_basis_samples(backend, state, register, register.wires, 10, rng)
     almost = backend.from_host(np.stack([good, good * (1 + 1e-9)]))
-    samples = measure.computational_basis_samples(backend, almost, program, program.wires, 50, rng)
+    samples = measure.computational_basis_samples(
+        backend, almost, register, register.wires, 50, rng
+    )
     assert samples.shape == (2, 50, 2)
     assert set(map(tuple, samples.reshape(-1, 2))) <= {(0, 0), (1, 1)}
 
@@ -471,7 +473,7 @@ def test_global_seed_is_default_qubits_draw():
 @pytest.fixture
 def no_meminfo(monkeypatch, tmp_path):
     """A platform without /proc/meminfo (macOS, Windows) and without psutil."""
-    monkeypatch.setattr(cpu, "MEMINFO_PATH", str(tmp_path / "no-meminfo"))
+    monkeypatch.setattr(host, "MEMINFO_PATH", str(tmp_path / "no-meminfo"))
     monkeypatch.setitem(sys.modules, "psutil", None)  # import psutil raises ImportError
 
 
@@ -491,7 +493,7 @@ def _fake_sysconf(monkeypatch, values: dict):
 def test_available_bytes_reads_proc_meminfo_where_it_exists(monkeypatch, tmp_path):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:  999 kB\nMemFree:  5 kB\nMemAvailable:   1234 kB\n")
-    monkeypatch.setattr(cpu, "MEMINFO_PATH", str(meminfo))
+    monkeypatch.setattr(host, "MEMINFO_PATH", str(meminfo))
     assert CPUBackend().available_bytes() == 1234 * 1024
 
 
@@ -512,11 +514,11 @@ def test_available_bytes_without_sysconf_is_the_documented_default(no_meminfo, m
     """Windows without psutil: no os.sysconf."""
     monkeypatch.setattr(os, "sysconf_names", {}, raising=False)
     available = CPUBackend().available_bytes()
-    assert available == cpu.UNKNOWN_PLATFORM_BYTES > 0
+    assert available == host.UNKNOWN_PLATFORM_BYTES > 0
 
 
 def test_available_bytes_without_proc_meminfo_uses_psutil(monkeypatch, tmp_path):
-    monkeypatch.setattr(cpu, "MEMINFO_PATH", str(tmp_path / "no-meminfo"))
+    monkeypatch.setattr(host, "MEMINFO_PATH", str(tmp_path / "no-meminfo"))
     fake = types.SimpleNamespace(
         virtual_memory=lambda: types.SimpleNamespace(available=7 * 2**30, total=16 * 2**30)
     )

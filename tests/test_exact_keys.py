@@ -334,8 +334,8 @@ def test_sweep_merge_refuses_lookalike_operations():
     assert tasks[0].sweep_key.kernels == tasks[1].sweep_key.kernels  # the same kernels
     with pytest.raises(RuntimeError, match=r"internal error.*step 2: IsingXY.*SingleExcitation"):
         pennylane_custatevec.deferred._merge_for_sweep(tasks)
-    layout, steps = pennylane_custatevec.deferred._merge_for_sweep([tasks[0], tasks[0]])
-    assert layout.batch_size == 2 and len(steps) == 3
+    compilation = pennylane_custatevec.deferred._merge_for_sweep([tasks[0], tasks[0]])
+    assert compilation.register.batch_size == 2 and len(compilation.steps) == 3
 
 
 class _WeightedPhase(Operation):

@@ -19,10 +19,10 @@ from pennylane.wires import Wires
 
 from pennylane_custatevec import fusion, simulate
 from pennylane_custatevec.backends import CPUBackend
+from pennylane_custatevec.backends.base import FusionTraits
+from pennylane_custatevec.instructions import Instruction, Kind, apply_instruction
 from pennylane_custatevec.program import (
-    Instruction,
-    Kind,
-    Program,
+    Register,
     compile_operation,
     compile_steps,
     compile_tape,
@@ -280,18 +280,18 @@ OPERATORS = list(_operators(np.random.default_rng(0)))
 @pytest.mark.parametrize("name", OPERATORS)
 def test_step_matrix_of_compiled_operations(name, spectator):
     """One operation's instructions as a matrix on its block bits equal PennyLane's matrix
-    (the wire at position p of the layout is state bit n - 1 - p)."""
+    (the wire at position p of the register is state bit n - 1 - p)."""
     rng = np.random.default_rng(stable_seed("step_matrix", name))
     op = _operators(rng)[name]
-    layout = Program(wires=Wires(WIRES6), instructions=(), batch_size=1)
-    instructions = compile_operation(op, layout)
-    bits = fusion.step_bits(layout, op, instructions)
-    assert bits == tuple(sorted(layout.bits(op.wires)))
+    register = Register(wires=Wires(WIRES6), batch_size=1)
+    instructions = compile_operation(op, register)
+    bits = fusion.step_bits(register, op, instructions)
+    assert bits == tuple(sorted(register.bits(op.wires)))
     targets = bits
     if spectator:
         free = [b for b in range(len(WIRES6)) if b not in bits]
         targets = tuple(sorted({*bits, free[len(free) // 2]}))
-    wire_of_bit = {layout.bits([w])[0]: w for w in WIRES6}
+    wire_of_bit = {register.bits([w])[0]: w for w in WIRES6}
     expected = qml.matrix(op, wire_order=[wire_of_bit[t] for t in reversed(targets)])
     matrix = fusion.step_matrix(instructions, targets)
     assert matrix.shape == (1, 1 << len(targets), 1 << len(targets))
@@ -305,9 +305,9 @@ def test_step_matrix_without_instructions_is_identity():
 def test_step_matrix_broadcast():
     """Batched instruction data give one matrix per entry."""
     angles = np.array([0.3, -1.2, 2.5])
-    layout = Program(wires=Wires([0, 1]), instructions=(), batch_size=3, broadcast=True)
+    register = Register(wires=Wires([0, 1]), batch_size=3, broadcast=True)
     op = qml.CRY(angles, wires=[1, 0])
-    matrix = fusion.step_matrix(compile_operation(op, layout), (0, 1))
+    matrix = fusion.step_matrix(compile_operation(op, register), (0, 1))
     assert matrix.shape == (3, 4, 4)
     for b, angle in enumerate(angles):
         expected = qml.matrix(qml.CRY(angle, wires=[1, 0]), wire_order=[0, 1])
@@ -318,8 +318,7 @@ def test_block_runs_as_the_product_in_circuit_order():
     """Operations fused into one block run as one MATRIX instruction: their product."""
     ops = [qml.RX(0.3, 0), qml.CNOT([0, 1]), qml.RY(-0.7, 1), qml.S(0), qml.IsingZZ(0.4, [1, 0])]
     tape = qml.tape.QuantumScript(ops)
-    layout, steps = compile_steps(tape, None)
-    program = fusion.fused_program(layout, steps, 2)
+    program = fusion.fused_program(compile_steps(tape, None), 2)
     (instruction,) = program.instructions
     assert instruction.kind is Kind.MATRIX and instruction.targets == (0, 1)
     # targets (0, 1): wire 1 is bit 0, wire 0 bit 1 (the most significant, as in PennyLane)
@@ -433,8 +432,8 @@ def test_leading_one_qubit_gates_prepare_a_product_state(case, dtype, monkeypatc
     else:
         ((n_qubits, factors, bits),) = calls
         touched = {w for op in leading for w in op.wires}
-        assert n_qubits == 6 and list(bits) == sorted(program.bits(touched))
-        assert factors.shape == (program.batch_size, len(touched), 2)
+        assert n_qubits == 6 and list(bits) == sorted(program.register.bits(touched))
+        assert factors.shape == (program.register.batch_size, len(touched), 2)
 
 
 @pytest.mark.real_size_thresholds
@@ -468,9 +467,9 @@ def _record_product_states(backend, monkeypatch) -> list:
 
 
 def _gate_by_gate(backend, program):
-    state = backend.zero_state(program.num_qubits, program.batch_size)
+    state = backend.zero_state(program.register.num_qubits, program.register.batch_size)
     for instruction in program.instructions:
-        simulate.apply_instruction(backend, state, instruction)
+        apply_instruction(backend, state, instruction)
     return state
 
 
@@ -479,18 +478,18 @@ def _gate_by_gate(backend, program):
     "case", ["plain", "broadcast", "state_prep"], ids=["plain", "broadcast", "state_prep"]
 )
 def test_fused_program_equals_unfused(k, case):
-    """fused_program(layout, steps, k) runs to the same states as flatten(layout, steps)."""
+    """fused_program(compilation, k) runs to the same states as flatten(compilation)."""
     rng = np.random.default_rng(stable_seed("fused-program", case))
     wires = WIRES6
     ops = random_operations(rng, wires, 50, broadcast=4 if case == "broadcast" else None)
     if case == "state_prep":
         ops.insert(0, qml.StatePrep(random_state(len(wires), rng), wires=wires))
     tape = qml.tape.QuantumScript(ops, [qml.state()])
-    layout, steps = compile_steps(tape, None)
+    compilation = compile_steps(tape, None)
     backend = CPUBackend()
-    unfused = flatten(layout, steps)
-    fused = fusion.fused_program(layout, steps, k)
-    assert fused.wires == unfused.wires and fused.batch_size == unfused.batch_size
+    unfused = flatten(compilation)
+    fused = fusion.fused_program(compilation, k)
+    assert fused.register is unfused.register is compilation.register
     if k >= 2:
         assert len(fused.instructions) < len(unfused.instructions)
     expected, _ = simulate.final_state(backend, unfused)
@@ -498,7 +497,9 @@ def test_fused_program_equals_unfused(k, case):
     assert state.shape == ((4 if case == "broadcast" else 1), 2 ** len(wires))
     np.testing.assert_allclose(state, expected, atol=ATOL, rtol=0)
     # compile_steps(tape, None) registers the tape's wires, in the tape's order
-    reference = qml.execute([tape], qml.device("default.qubit", wires=layout.wires))[0]
+    reference = qml.execute([tape], qml.device("default.qubit", wires=compilation.register.wires))[
+        0
+    ]
     np.testing.assert_allclose(
         backend.to_host(state).reshape(np.shape(reference)), reference, atol=ATOL, rtol=0
     )
@@ -507,15 +508,16 @@ def test_fused_program_equals_unfused(k, case):
 def test_wide_operation_keeps_its_own_instructions():
     ops = [qml.RX(0.1, 0), qml.CNOT([0, 1]), qml.MultiRZ(0.4, wires=[0, 1, 2]), qml.RY(0.2, 2)]
     tape = qml.tape.QuantumScript(ops)
-    layout, steps = compile_steps(tape, None)
-    bits = [fusion.step_bits(layout, op, instructions) for op, instructions in steps]
+    compilation = compile_steps(tape, None)
+    steps = compilation.steps
+    bits = [fusion.step_bits(compilation.register, s.operation, s.instructions) for s in steps]
     assert bits == [(2,), (1, 2), (0, 1, 2), (0,)]  # wire 0 is the most significant bit
     assert fusion.plan(bits, 2) == (Block((1, 2), (0, 1)), Single(2), Block((0,), (3,)))
-    program = fusion.fused_program(layout, steps, 2)
+    program = fusion.fused_program(compilation, 2)
     assert len(program.instructions) == 3
     first, middle, last = program.instructions
     assert first.kind is Kind.MATRIX and first.targets == (1, 2)
-    (multirz,) = steps[2][1]
+    (multirz,) = steps[2].instructions
     assert middle is multirz
     assert last.targets == (0,)
 
@@ -525,12 +527,12 @@ def test_z_rotations_gather_into_runs():
     the last run they may reach; with fusion off nothing gathers."""
     bits = [(0,), (1,), (2,), (0, 1), (1, 2), (0, 2), (0,), (1,), (0, 1)]
     flags = [False, False, False, True, True, True, False, False, True]
-    costs = CPUBackend.block_costs
-    units = fusion.plan(bits, 2, costs, flags)
+    traits = CPUBackend.fusion_traits
+    units = fusion.plan(bits, 2, traits, flags)
     assert fusion.ZRun((3, 4, 5)) in units
     members = [m for u in units for m in (u.members if hasattr(u, "members") else (u.member,))]
     assert sorted(members) == list(range(9))
-    assert not any(isinstance(u, fusion.ZRun) for u in fusion.plan(bits, 1, costs, flags))
+    assert not any(isinstance(u, fusion.ZRun) for u in fusion.plan(bits, 1, traits, flags))
 
 
 def test_lone_one_qubit_rotations_pair_up():
@@ -539,23 +541,27 @@ def test_lone_one_qubit_rotations_pair_up():
     one stays as it is; with fusion or pairing off nothing changes."""
     bits = [(0,), (1,), (2,), (2,), (3,), (0, 1), (1,), (0,), (3,), (2,)]
     flags = [True, True, True, True, True, False, True, True, False, True]
-    costs = CPUBackend.block_costs
+    costs = CPUBackend.fusion_traits.block_costs
+
+    def per_pass(rotations_per_pass):
+        return FusionTraits(block_costs=costs, rotations_per_pass=rotations_per_pass)
+
     Rotations = fusion.Rotations
-    assert fusion.plan(bits, 2, costs, None, flags, 2) == (
+    assert fusion.plan(bits, 2, per_pass(2), None, flags) == (
         Rotations((0, 1)),
         Block((2,), (2, 3, 9)),  # rotations on one bit: a block, as without pairing
         Block((3,), (4, 8)),
         Block((0, 1), (5,)),  # an unflagged operation
         Rotations((6, 7)),
     )
-    assert fusion.plan(bits, 2, costs, None, flags, 3)[0] == Rotations((0, 1))
-    pairs = fusion.plan([(0,), (1,), (2,), (3,), (4,)], 2, costs, None, [True] * 5, 2)
+    assert fusion.plan(bits, 2, per_pass(3), None, flags)[0] == Rotations((0, 1))
+    pairs = fusion.plan([(0,), (1,), (2,), (3,), (4,)], 2, per_pass(2), None, [True] * 5)
     assert pairs == (Rotations((0, 1)), Rotations((2, 3)), Block((4,), (4,)))
-    triples = fusion.plan([(0,), (1,), (2,), (3,), (4,)], 2, costs, None, [True] * 5, 3)
+    triples = fusion.plan([(0,), (1,), (2,), (3,), (4,)], 2, per_pass(3), None, [True] * 5)
     assert triples == (Rotations((0, 1, 2)), Rotations((3, 4)))
-    unpaired = fusion.plan(bits, 2, costs, None, flags, 1)
-    assert unpaired == fusion.plan(bits, 2, costs)
-    assert not any(isinstance(u, Rotations) for u in fusion.plan(bits, 1, costs, None, flags, 2))
+    unpaired = fusion.plan(bits, 2, per_pass(1), None, flags)
+    assert unpaired == fusion.plan(bits, 2, per_pass(1))
+    assert not any(isinstance(u, Rotations) for u in fusion.plan(bits, 1, per_pass(2), None, flags))
 
 
 @pytest.mark.parametrize("broadcast", [False, True])
@@ -569,12 +575,13 @@ def test_z_rotation_run_program_equals_unfused(broadcast):
     ops += [qml.MultiRZ(0.3, wires=wires[:4]), qml.RZ(-0.2, wires=wires[2])]
     ops += [qml.RX(0.5, wires=w) for w in wires]
     tape = qml.tape.QuantumScript(ops, [qml.state()])
-    layout, steps = compile_steps(tape, None)
-    fused = fusion.fused_program(layout, steps, 2, CPUBackend.block_costs, True)
+    compilation = compile_steps(tape, None)
+    traits = FusionTraits(block_costs=CPUBackend.fusion_traits.block_costs, z_runs=True)
+    fused = fusion.fused_program(compilation, 2, traits)
     kinds = [ins.kind for ins in fused.instructions]
     assert kinds.count(Kind.Z_ROTATIONS) == 1
     backend = CPUBackend()
-    expected, _ = simulate.final_state(backend, flatten(layout, steps))
+    expected, _ = simulate.final_state(backend, flatten(compilation))
     state, _ = simulate.final_state(backend, fused)
     np.testing.assert_allclose(state, expected, atol=ATOL, rtol=0)
 
@@ -587,7 +594,7 @@ def test_small_batches_run_unfused(n_wires, batch, fused, mocker):
     """On the CPU a batch under min_fused_amplitudes (2**13) runs gate by gate, forward and
     in the deferred sweep; from there on it is fused (W1's step at 12 qubits was 13-20%
     faster unfused, at 14 qubits 22% slower)."""
-    assert CPUBackend.min_fused_amplitudes == 1 << 13
+    assert CPUBackend.fusion_traits.min_fused_amplitudes == 1 << 13
     fuse = mocker.spy(fusion, "fuse")
     wires = list(range(n_wires))
 
@@ -601,7 +608,7 @@ def test_small_batches_run_unfused(n_wires, batch, fused, mocker):
     weights = torch.tensor(rng.uniform(size=(1, n_wires, 3)), requires_grad=True)
     dev = qml.device("custatevec.qubit", wires=n_wires, backend="cpu", fusion_qubits=3)
     qml.QNode(circuit, dev, diff_method="adjoint", device_vjp=True)(x, weights).sum().backward()
-    widths = {call.args[2] for call in fuse.call_args_list}
+    widths = {call.args[1] for call in fuse.call_args_list}
     assert widths == ({3} if fused else {1})
     ref = qml.QNode(circuit, qml.device("default.qubit", wires=n_wires))
     weights_ref = weights.detach().clone().requires_grad_(True)

@@ -24,10 +24,10 @@ import pennylane_custatevec.adjoint
 import pennylane_custatevec.deferred
 import pennylane_custatevec.fusion
 from pennylane_custatevec import options
-from pennylane_custatevec.device import DEFAULT_FUSION_QUBITS
+from pennylane_custatevec.backends import CPUBackend, CuStateVecBackend
 from pennylane_custatevec.settings import DifferentiationOptions
 
-CPU_DEFAULT = DifferentiationOptions("deferred", DEFAULT_FUSION_QUBITS["cpu"])
+CPU_DEFAULT = DifferentiationOptions("deferred", CPUBackend.fusion_traits.default_width)
 THREADS_INHERIT_CONTEXT = bool(getattr(sys.flags, "thread_inherit_context", 0))
 """Python 3.14 can start threads in a copy of the caller's context (off by default on
 the GIL build): then a thread started inside a block sees its overrides."""
@@ -46,7 +46,7 @@ def in_force(dev):
 
 
 def test_defaults():
-    assert DEFAULT_FUSION_QUBITS["cpu"] == 2
+    assert CPUBackend.fusion_traits.default_width == 2
     assert in_force(cpu_device()) == CPU_DEFAULT
     assert in_force(cpu_device()).as_device_options() == {
         "grad_accumulation": "deferred",
@@ -56,8 +56,9 @@ def test_defaults():
 
 def test_custatevec_default_fusion(gpu_double):
     dev = qml.device("custatevec.qubit", wires=3, backend="custatevec")
-    assert in_force(dev) == DifferentiationOptions("deferred", DEFAULT_FUSION_QUBITS["custatevec"])
-    assert DEFAULT_FUSION_QUBITS["custatevec"] == 4
+    default_width = CuStateVecBackend.fusion_traits.default_width
+    assert in_force(dev) == DifferentiationOptions("deferred", default_width)
+    assert default_width == 4
 
 
 @pytest.mark.parametrize("k", range(7))
@@ -258,7 +259,7 @@ def spies(mocker):
 
 
 def _fusion_used(spy):
-    return [call.args[2] for call in spy.call_args_list]
+    return [call.args[1] for call in spy.call_args_list]
 
 
 def test_decorated_qnode_calling_function(spies):
@@ -479,7 +480,7 @@ def test_backward_uses_the_forward_options(device_mode, forward_mode, spies):
     assert (eager_calls, deferred_calls) == ((1, 0) if forward_mode == "eager" else (0, 1))
     if forward_mode == "deferred":
         (sweep,) = spies["sweep"].call_args_list
-        assert sweep.args[5] == 3  # the forward's fusion_qubits
+        assert sweep.args[4] == 3  # the forward's fusion_qubits
     assert _fusion_used(spies["fused_program"]) == [3]
 
     reference = _weights()
@@ -532,7 +533,7 @@ def test_forward_preprocessing_follows_the_override(spies):
     qnode(x, v).sum().backward()
     assert spies["deferred_vjps"].call_count == 1
     (sweep,) = spies["sweep"].call_args_list
-    assert sweep.args[1].batch_size == 3
+    assert sweep.args[1].register.batch_size == 3
     np.testing.assert_allclose(w.grad.numpy(), v.grad.numpy(), atol=1e-10, rtol=0)
 
 

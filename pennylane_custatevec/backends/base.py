@@ -1,4 +1,4 @@
-"""The backend protocol: the only layer that owns state-vector memory.
+"""The backend base class: the only layer that owns state-vector memory.
 
 A backend holds a *batch* of ``B`` state vectors of ``n`` qubits in one allocation
 (``B`` circuits that share a structure, or the ``B`` entries of a broadcast). The
@@ -13,10 +13,27 @@ Conventions, chosen to be cuStateVec's so that the GPU backend passes them throu
 * batched data (``matrices``, ``diagonals``, ``angles``, ``factors``) has a leading axis
   of length 1 (the same for every vector) or ``B`` (one per vector);
 * Pauli words are strings over ``"IXYZ"``, letter ``j`` acting on ``targets[j]``.
+
+:class:`Backend` splits the operations in two. The *primitives* (abstract) are what a
+backend must implement: memory queries, allocation and transfer, views, the four gate
+applications, ``scale``, ``add_scaled``, the inner product ``braket`` and
+``probabilities``. The *compositions* (concrete) are written once here in terms of the
+primitives: product states, runs of rotations, expectation values, inner products with
+an operator, Pauli sums, sampling and the adjoint sweeps' steps. A backend overrides a
+composition only where it has a faster kernel; a new backend is the primitives plus what
+it wants faster. The compositions' reductions are host (numpy) arrays; a backend's own
+kernels may return backend arrays instead, which ``gather`` brings to the host.
+
+Each backend also carries one :class:`FusionTraits`: what the fusion planner (its only
+consumer besides the deferred sweep's choice of step) needs to know of it.
 """
 
-from collections.abc import Sequence
-from typing import Any, Protocol
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -24,67 +41,112 @@ StateBatch = Any
 """A backend's handle on a batch of state vectors (a numpy or cupy array, shape (B, 2**n))."""
 
 
-class Backend(Protocol):
-    """Operations on a batch of state vectors, in the conventions of this module."""
+@dataclasses.dataclass(frozen=True)
+class FusionTraits:
+    """How gate fusion plans for one backend: the default block width, what blocks cost,
+    which fused kernels the backend has and the batch sizes where fusion pays. The
+    defaults describe a backend with the base class's compositions only: no fusion unless
+    the device asks for it, then greedy dense blocks, no gathered rotations."""
 
-    name: str
-    dtype: np.dtype
-    block_costs: tuple[float, ...] | None
+    default_width: int = 1
+    """The largest fused block (``fusion_qubits``) when the device does not set one; 0 or
+    1: no fusion."""
+    block_costs: tuple[float, ...] | None = None
     """The time of applying a dense block on w bits relative to one native gate, indexed
     by w (0 .. 6), for the fusion planner; None: a block costs one pass whatever its width
     (fuse greedily)."""
-    fuses_z_rotations: bool
+    z_runs: bool = False
     """Whether fusion gathers runs of commuting Z-word rotations (QAOA cost layers) into
-    one Z_ROTATIONS instruction for this backend."""
-    rotations_per_pass: int
+    one Z_ROTATIONS instruction (``apply_z_rotations``) for this backend."""
+    rotations_per_pass: int = 1
     """How many one-qubit Pauli rotations on distinct bits fusion gathers into one
     ROTATIONS instruction (``apply_rotations``); below 2, none."""
-    min_fused_amplitudes: int
+    min_fused_amplitudes: int = 0
     """Batches of fewer amplitudes (vectors x 2**n) run unfused: there, building blocks
     costs more host time than the kernel passes they save."""
-    min_product_state_amplitudes: int
+    rotation_step_for_lone_rotations: bool = False
+    """Whether the deferred sweep takes a block of one Pauli rotation, on one state
+    vector, through ``adjoint_rotation_step`` (one pass, real arithmetic) instead of
+    ``adjoint_block_step``'s dense reduction: on backends whose dense 2**k products are
+    compute-bound (the CPU)."""
+
+
+class Backend(abc.ABC):
+    """Operations on a batch of state vectors, in the conventions of this module:
+    abstract primitives and the default compositions built on them."""
+
+    fusion_traits: FusionTraits = FusionTraits()
+    """What the fusion planner takes from this backend (see :class:`FusionTraits`)."""
+
+    min_product_state_amplitudes: int = 0
     """Batches of fewer amplitudes start from |0...0> and apply their leading one-qubit
     gates one by one: there, tabulating the product state costs more host time than the
-    kernel passes it saves."""
+    kernel passes it saves (a simulation choice, not fusion's: ``simulate`` reads it)."""
 
-    sample_host_bytes: int
+    sample_host_bytes: int = 24
     """Host bytes that ``sample`` allocates at most per shot and state vector (its random
-    numbers and outcomes, with their temporaries), for the memory check before sampling."""
+    numbers and outcomes, with their temporaries), for the memory check before sampling.
+    The default ``sample``: the uniform draws (float64), each vector's outcomes (int64)
+    and their stacked and clipped copies, two of them alive at once."""
 
+    dtype: np.dtype
+    """The amplitudes' complex dtype (complex128 or complex64)."""
+
+    @property
+    @abc.abstractmethod
+    def name(self) -> str:
+        """The backend's name, as ``backend=`` takes it and messages show it."""
+
+    # --- primitives: memory --------------------------------------------------------------
+
+    @abc.abstractmethod
     def available_bytes(self) -> int:
         """Memory that new state vectors may use now."""
 
+    @abc.abstractmethod
     def available_host_bytes(self) -> int:
         """Host memory that new host arrays (samples) may use now."""
 
+    @abc.abstractmethod
     def scratch_vectors(self, kets: int, bras: int, reduction: bool) -> int:
         """The most state vectors the backend allocates as temporaries inside one call on
         ``kets`` kets and ``bras`` bras, for the memory checks of the adjoint sweeps: an
         inner product (``inner_pauli``, ``inner_matrix``, ``adjoint_rotation_step``) or
         ``add_scaled`` (``kets`` its source vectors), or with ``reduction`` one of the
         deferred sweep's steps (``adjoint_block_step``, ``adjoint_z_rotations_step``,
-        ``adjoint_rotations_step``)."""
+        ``adjoint_rotations_step``). The default compositions copy their kets (one copy
+        alive at a time)."""
 
+    # --- primitives: allocation, transfer, views -----------------------------------------
+
+    @abc.abstractmethod
     def zero_state(self, n_qubits: int, batch_size: int) -> StateBatch:
         """A new batch, every vector |0...0>."""
 
+    @abc.abstractmethod
     def from_host(self, vectors: np.ndarray) -> StateBatch:
-        """A new batch holding ``vectors`` (shape (B, 2**n), any complex dtype)."""
+        """A new batch holding ``vectors`` (shape (B, 2**n), any complex dtype; one vector
+        of shape (2**n,) is a batch of one)."""
 
-    def product_state(self, n_qubits: int, factors: np.ndarray, bits: Sequence[int]) -> StateBatch:
-        """A new batch of product states: in vector b, bit ``bits[j]`` (ascending) holds the
-        one-qubit state ``factors[b, j]`` (complex, shape (B, k, 2)) and every other bit
-        is |0>."""
-
+    @abc.abstractmethod
     def to_host(self, state: StateBatch) -> np.ndarray:
         """The amplitudes as a complex128 numpy array of shape (B, 2**n)."""
 
+    @abc.abstractmethod
     def copy(self, state: StateBatch) -> StateBatch:
         """An independent copy of the batch."""
 
+    @abc.abstractmethod
     def vectors(self, state: StateBatch, start: int, stop: int) -> StateBatch:
         """Vectors ``start .. stop-1`` of the batch as a batch that shares their memory."""
 
+    @abc.abstractmethod
+    def concatenate(self, states: Sequence[StateBatch]) -> StateBatch:
+        """A new batch holding the vectors of ``states`` one batch after the other."""
+
+    # --- primitives: gates ---------------------------------------------------------------
+
+    @abc.abstractmethod
     def apply_matrix(
         self,
         state: StateBatch,
@@ -93,8 +155,10 @@ class Backend(Protocol):
         controls: Sequence[int] = (),
         control_values: Sequence[int] = (),
     ) -> None:
-        """psi <- M psi with M of shape (1 or B, 2**k, 2**k) acting on ``targets``."""
+        """psi <- M psi with M of shape (1 or B, 2**k, 2**k) acting on ``targets`` (k >= 1;
+        M need not be unitary)."""
 
+    @abc.abstractmethod
     def apply_diagonal(
         self,
         state: StateBatch,
@@ -105,6 +169,18 @@ class Backend(Protocol):
     ) -> None:
         """psi <- diag(d) psi with d of shape (1 or B, 2**k) acting on ``targets``."""
 
+    @abc.abstractmethod
+    def apply_pauli(
+        self,
+        state: StateBatch,
+        paulis: str,
+        targets: Sequence[int],
+        controls: Sequence[int] = (),
+        control_values: Sequence[int] = (),
+    ) -> None:
+        """psi <- P psi for the Pauli word P (X, CNOT, Toffoli, CZ, ...)."""
+
+    @abc.abstractmethod
     def apply_pauli_rotation(
         self,
         state: StateBatch,
@@ -116,58 +192,134 @@ class Backend(Protocol):
     ) -> None:
         """psi <- exp(-i angle/2 P) psi, PennyLane's sign; ``angles`` of shape (1 or B,)."""
 
+    # --- primitives: linear algebra, measurement -----------------------------------------
+
+    @abc.abstractmethod
+    def scale(self, state: StateBatch, factors: np.ndarray) -> None:
+        """psi_b <- factors[b] psi_b (global phases, renormalisation); one factor serves
+        every vector."""
+
+    @abc.abstractmethod
+    def add_scaled(self, dst: StateBatch, src: StateBatch, factors: np.ndarray) -> None:
+        """dst_b <- dst_b + factors[b] src_b; one src vector or factor serves every dst."""
+
+    @abc.abstractmethod
+    def braket(self, bra: StateBatch, kets: StateBatch) -> np.ndarray:
+        """<bra_b|kets_b> for each bra, complex128 of shape (B,); a batch of one ket serves
+        every bra. ``kets`` is scratch: it may hold anything afterwards (a backend may
+        conjugate it in place rather than copy the bras)."""
+
+    @abc.abstractmethod
+    def probabilities(self, state: StateBatch, bits: Sequence[int]) -> np.ndarray:
+        """Marginal probabilities, float64 (B, 2**k); bit j of the outcome is state bit bits[j]."""
+
+    # --- compositions: preparation and runs of rotations ---------------------------------
+
+    def product_state(self, n_qubits: int, factors: np.ndarray, bits: Sequence[int]) -> StateBatch:
+        """A new batch of product states: in vector b, bit ``bits[j]`` (ascending) holds the
+        one-qubit state ``factors[b, j]`` (complex, shape (B, k, 2)) and every other bit
+        is |0>."""
+        # each factor enters as a matrix whose first column is the one-qubit state: applied
+        # to a bit still |0>, it prepares that state (one matrix application per bit)
+        factors = np.asarray(factors, dtype=np.complex128)
+        state = self.zero_state(n_qubits, factors.shape[0])
+        for j, bit in enumerate(bits):
+            matrices = np.zeros((factors.shape[0], 2, 2), dtype=np.complex128)
+            matrices[:, :, 0] = factors[:, j]
+            self.apply_matrix(state, matrices, (bit,))
+        return state
+
     def apply_z_rotations(
         self, state: StateBatch, angles: np.ndarray, z_masks: Sequence[int]
     ) -> None:
         """psi <- prod_j exp(-i angles[:, j]/2 Z_j) psi, Z_j the word of Z letters on the
         bits set in ``z_masks[j]``; ``angles`` of shape (1 or B, J). The rotations commute:
-        a backend may apply them in one pass."""
+        a backend may apply them in one pass (the default: one rotation after the other)."""
+        angles = np.asarray(angles, dtype=np.float64)
+        for j, (paulis, bits) in enumerate(z_words(z_masks)):
+            self.apply_pauli_rotation(state, angles[:, j], paulis, bits)
 
     def apply_rotations(
         self, state: StateBatch, angles: np.ndarray, paulis: str, targets: Sequence[int]
     ) -> None:
         """psi <- prod_j exp(-i angles[:, j]/2 P_j) psi for one-qubit rotations on the
         distinct bits ``targets[j]``, P_j the letter ``paulis[j]`` (X, Y or Z); ``angles``
-        of shape (1 or B, m), 2 <= m <= ``rotations_per_pass``. They commute: a backend
-        applies them in one pass."""
+        of shape (1 or B, m), 2 <= m <= ``fusion_traits.rotations_per_pass``. They commute:
+        a backend may apply them in one pass (the default: one rotation after the other)."""
+        angles = np.asarray(angles, dtype=np.float64)
+        for j, (letter, bit) in enumerate(zip(paulis, targets, strict=True)):
+            self.apply_pauli_rotation(state, angles[:, j], letter, (bit,))
 
-    def apply_pauli(
-        self,
-        state: StateBatch,
-        paulis: str,
-        targets: Sequence[int],
-        controls: Sequence[int] = (),
-        control_values: Sequence[int] = (),
-    ) -> None:
-        """psi <- P psi for the Pauli word P (X, CNOT, Toffoli, CZ, ...)."""
-
-    def scale(self, state: StateBatch, factors: np.ndarray) -> None:
-        """psi_b <- factors[b] psi_b (global phases, renormalisation)."""
+    # --- compositions: expectation values and inner products -----------------------------
 
     def expval_pauli(self, state: StateBatch, paulis: str, targets: Sequence[int]) -> np.ndarray:
         """<psi_b|P|psi_b> for each vector, float64 of shape (B,)."""
+        return np.real(self.inner_pauli(state, state, paulis, targets))
 
     def expval_pauli_words(
         self, state: StateBatch, words: Sequence[tuple[str, Sequence[int]]]
     ) -> np.ndarray:
         """<psi_b|P_k|psi_b> for each vector and each Pauli word (paulis, targets), float64
-        of shape (B, K): a backend may measure all the words in one pass."""
+        of shape (B, K): a backend may measure all the words in one pass (the default: one
+        ``expval_pauli`` per word)."""
+        values = [self.expval_pauli(state, paulis, targets) for paulis, targets in words]
+        return np.stack(values, axis=1) if values else np.zeros((state.shape[0], 0))
 
     def expval_matrix(
         self, state: StateBatch, matrix: np.ndarray, targets: Sequence[int]
     ) -> np.ndarray:
         """<psi_b|M|psi_b> for each vector, complex128 of shape (B,)."""
+        return self.inner_matrix(state, state, matrix, targets)
 
     def inner_pauli(
         self, bra: StateBatch, ket: StateBatch, paulis: str, targets: Sequence[int]
     ) -> np.ndarray:
         """<bra_b|P|ket_b> for each bra, complex128 of shape (B,); a batch of one ket
-        serves every bra."""
+        serves every bra. The default applies P to a copy of the kets."""
+        applied = self.copy(ket)
+        self.apply_pauli(applied, paulis, targets)
+        return self.braket(bra, applied)
 
     def inner_matrix(
         self, bra: StateBatch, ket: StateBatch, matrix: np.ndarray, targets: Sequence[int]
     ) -> np.ndarray:
-        """<bra_b|M|ket_b> for each bra, complex128 of shape (B,); one ket serves every bra."""
+        """<bra_b|M|ket_b> for each bra, complex128 of shape (B,); one ket serves every bra.
+        The default applies M (shape (d, d)) to a copy of the kets."""
+        applied = self.copy(ket)
+        self.apply_matrix(applied, np.asarray(matrix)[None], targets)
+        return self.braket(bra, applied)
+
+    def add_pauli_sum(
+        self,
+        dst: StateBatch,
+        src: StateBatch,
+        words: Sequence[tuple[str, Sequence[int]]],
+        coefficients: np.ndarray,
+    ) -> None:
+        """dst_b <- dst_b + sum_k coefficients[k] P_k src_b for the Pauli words (paulis,
+        targets); ``src`` ends unchanged (the default applies each word to it in place and
+        undoes it: P P = 1 exactly). One src vector serves every dst."""
+        coefficients = np.asarray(coefficients, dtype=np.complex128).reshape(-1)
+        for (paulis, targets), coefficient in zip(words, coefficients, strict=True):
+            self.apply_pauli(src, paulis, targets)
+            self.add_scaled(dst, src, np.full(1, coefficient))
+            self.apply_pauli(src, paulis, targets)  # P P = 1: src is back, exactly
+
+    def sample(
+        self, state: StateBatch, bits: Sequence[int], shots: int, rng: np.random.Generator
+    ) -> np.ndarray:
+        """``shots`` outcomes per vector, int64 (B, shots), outcome bits as in probabilities.
+        The default inverts the cumulative marginal distribution at ``rng``'s uniform
+        draws (one per shot, so that a seed fixes the samples)."""
+        probs = self.probabilities(state, bits)
+        cumulative = np.cumsum(probs, axis=1)
+        cumulative /= cumulative[:, -1:]
+        draws = rng.random((probs.shape[0], shots))
+        return np.stack(
+            [np.searchsorted(c, d, side="right") for c, d in zip(cumulative, draws, strict=True)]
+        ).clip(max=probs.shape[1] - 1)
+
+    # --- compositions: the adjoint sweeps' steps -----------------------------------------
 
     def adjoint_rotation_step(
         self,
@@ -181,6 +333,10 @@ class Backend(Protocol):
         returns <bra_r|P|phi> for every bra (complex128, shape (R,)), then applies
         exp(+i angle/2 P) to ``phi`` (one vector) and to every bra. ``angles`` has shape
         (1,). A backend may fuse the three into one pass over the vectors."""
+        products = self.inner_pauli(bras, phi, paulis, targets)
+        self.apply_pauli_rotation(phi, -np.asarray(angles), paulis, targets)
+        self.apply_pauli_rotation(bras, -np.asarray(angles), paulis, targets)
+        return products
 
     def adjoint_block_step(
         self, phi: StateBatch, bras: StateBatch, matrices: np.ndarray, targets: Sequence[int]
@@ -194,7 +350,27 @@ class Backend(Protocol):
 
         of each bra before the step with phi after it (a, c: the block's matrix index),
         shape (B, R, d, d), complex128, as a backend array: it stays in the backend's
-        memory until ``gather``. A backend may fuse the three into one pass."""
+        memory until ``gather``. A backend may fuse the three into one pass.
+
+        The default: T[b, r, a, c] = <bra_{b,r}| E_ac |phi_b'> with E_ac = |a><c| on the
+        targets, one ``braket`` per entry and vector (d**2 passes: a backend with a dense
+        reduction overrides it)."""
+        matrices = np.asarray(matrices, dtype=np.complex128)
+        rows = bra_rows(phi, bras, matrices.shape[0])
+        adjoints = np.conj(np.swapaxes(matrices, -1, -2))
+        self._apply_block(phi, adjoints, targets)
+        d = 1 << len(targets)
+        reduction = np.empty((phi.shape[0], rows, d, d), dtype=np.complex128)
+        for a in range(d):
+            for c in range(d):
+                moved = self.copy(phi)
+                if d > 1:
+                    entry = np.zeros((1, d, d), dtype=np.complex128)
+                    entry[0, a, c] = 1.0
+                    self.apply_matrix(moved, entry, targets)
+                reduction[:, :, a, c] = self._bra_products(bras, moved, rows)
+        self._apply_block(bras, per_bra(adjoints, rows), targets)
+        return reduction
 
     def adjoint_z_rotations_step(
         self, phi: StateBatch, bras: StateBatch, angles: np.ndarray, z_masks: Sequence[int]
@@ -203,6 +379,9 @@ class Backend(Protocol):
         ``apply_z_rotations``: returns <bra_{b,r}|Z_j|phi_b> for every bra and word,
         complex128 of shape (B, R, J), as a backend array (see ``gather``); then applies
         the inverse rotations to phi and to the bras (bras as in ``adjoint_block_step``)."""
+        return self._commuting_step(
+            phi, bras, angles, z_words(z_masks), lambda s, a: self.apply_z_rotations(s, a, z_masks)
+        )
 
     def adjoint_rotations_step(
         self,
@@ -216,31 +395,83 @@ class Backend(Protocol):
         ``apply_rotations``: returns <bra_{b,r}|P_j|phi_b> for every bra and rotation,
         complex128 of shape (B, R, m), as a backend array (see ``gather``); then applies
         the inverse rotations to phi and to the bras (bras as in ``adjoint_block_step``)."""
+        words = [(letter, (bit,)) for letter, bit in zip(paulis, targets, strict=True)]
+        return self._commuting_step(
+            phi, bras, angles, words, lambda s, a: self.apply_rotations(s, a, paulis, targets)
+        )
 
     def gather(self, arrays: Sequence[Any]) -> list[np.ndarray]:
-        """Backend arrays (the reductions of a sweep) as numpy arrays, in one transfer."""
+        """The reductions of a sweep (backend arrays, or host arrays from the default
+        steps) as numpy arrays, in one transfer."""
+        return [np.asarray(array) for array in arrays]
 
-    def concatenate(self, states: Sequence[StateBatch]) -> StateBatch:
-        """A new batch holding the vectors of ``states`` one batch after the other."""
+    # --- helpers of the default compositions ----------------------------------------------
 
-    def add_pauli_sum(
+    def _apply_block(self, state: StateBatch, matrices: np.ndarray, targets: Sequence[int]) -> None:
+        """psi <- M psi for matrices (1 or B, d, d); a 1 x 1 block is a factor (no
+        zero-target matrix application)."""
+        if len(targets):
+            self.apply_matrix(state, matrices, targets)
+        else:
+            self.scale(state, matrices[:, 0, 0])
+
+    def _bra_products(self, bras: StateBatch, kets: StateBatch, rows: int) -> np.ndarray:
+        """<bra_{b,r}|kets_b>, complex128 (B, R): vector b's R bras against its ket (one
+        ``braket`` per vector); ``kets`` is scratch."""
+        batch = kets.shape[0]
+        products = np.empty((batch, rows), dtype=np.complex128)
+        for b in range(batch):
+            own_bras = self.vectors(bras, b * rows, (b + 1) * rows)
+            products[b] = self.braket(own_bras, self.vectors(kets, b, b + 1))
+        return products
+
+    def _commuting_step(
         self,
-        dst: StateBatch,
-        src: StateBatch,
+        phi: StateBatch,
+        bras: StateBatch,
+        angles: np.ndarray,
         words: Sequence[tuple[str, Sequence[int]]],
-        coefficients: np.ndarray,
-    ) -> None:
-        """dst_b <- dst_b + sum_k coefficients[k] P_k src_b for the Pauli words (paulis,
-        targets); ``src`` ends unchanged (a backend may apply each word to it in place and
-        undo it: P P = 1 exactly). One src vector serves every dst."""
-
-    def add_scaled(self, dst: StateBatch, src: StateBatch, factors: np.ndarray) -> None:
-        """dst_b <- dst_b + factors[b] src_b; one src vector or factor serves every dst."""
-
-    def probabilities(self, state: StateBatch, bits: Sequence[int]) -> np.ndarray:
-        """Marginal probabilities, float64 (B, 2**k); bit j of the outcome is state bit bits[j]."""
-
-    def sample(
-        self, state: StateBatch, bits: Sequence[int], shots: int, rng: np.random.Generator
+        rotate: Callable[[StateBatch, np.ndarray], None],
     ) -> np.ndarray:
-        """``shots`` outcomes per vector, int64 (B, shots), outcome bits as in probabilities."""
+        """A sweep step back through commuting rotations exp(-i angles_j/2 P_j) (the Pauli
+        ``words``): <bra_{b,r}|P_j|phi_b> at their end, shape (B, R, J); then
+        ``rotate(state, angles)`` with the negated angles undoes them on phi and on the
+        bras (shared angles stay shared, vector b's row repeats for its bras)."""
+        rows = bra_rows(phi, bras)
+        products = np.empty((phi.shape[0], rows, len(words)), dtype=np.complex128)
+        for j, (paulis, bits) in enumerate(words):
+            flipped = self.copy(phi)
+            self.apply_pauli(flipped, paulis, bits)
+            products[:, :, j] = self._bra_products(bras, flipped, rows)
+        angles = np.asarray(angles, dtype=np.float64)
+        rotate(phi, -angles)
+        rotate(bras, -per_bra(angles, rows))
+        return products
+
+
+def bra_rows(phi: StateBatch, bras: StateBatch, n_matrices: int = 1) -> int:
+    """R, the bras per vector of ``phi`` in a deferred step; refuses bras that are not R
+    per vector and per-vector data (``n_matrices``) that is not 1 or one per vector."""
+    batch = phi.shape[0]
+    rows, remainder = divmod(bras.shape[0], batch)
+    if remainder or n_matrices not in (1, batch):
+        raise ValueError(
+            f"{bras.shape[0]} bras, {batch} vectors and {n_matrices} matrices: "
+            "the bras must be R per vector and the matrices 1 or one per vector"
+        )
+    return rows
+
+
+def per_bra(data: np.ndarray, rows: int) -> np.ndarray:
+    """Batched data of the vectors (leading axis 1 or B) for their bras, R per vector:
+    per-vector rows repeated R times, shared data as it is."""
+    return data if data.shape[0] == 1 else np.repeat(data, rows, axis=0)
+
+
+def z_words(z_masks: Sequence[int]) -> list[tuple[str, tuple[int, ...]]]:
+    """The Pauli words (paulis, targets) of Z letters on the bits set in each mask."""
+    words = []
+    for mask in z_masks:
+        bits = tuple(bit for bit in range(int(mask).bit_length()) if mask >> bit & 1)
+        words.append(("Z" * len(bits), bits))
+    return words

@@ -2,14 +2,14 @@
 
 import functools
 import math
-import os
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
 
 from ._cpu_kernels import chunks_per_vector, kernel
-from .base import StateBatch
+from .base import Backend, FusionTraits, StateBatch
+from .host import free_host_bytes
 
 _I_POWERS = (1.0 + 0.0j, 1.0j, -1.0 + 0.0j, -1.0j)
 
@@ -106,70 +106,33 @@ def _z_rotation_diagonals(angles: np.ndarray, paulis: str) -> np.ndarray:
     return np.cos(half) - 1j * np.sin(half) * signs
 
 
-MEMINFO_PATH = "/proc/meminfo"
-"""Linux's memory statistics; its MemAvailable counts free memory and reclaimable caches."""
-
-UNKNOWN_PLATFORM_BYTES = 4 << 30
-"""Free memory assumed where the platform says nothing (no /proc/meminfo, no psutil, no
-os.sysconf): 4 GiB, up to 28 qubits at complex128. Install psutil for the true figure."""
-
-
-def free_host_bytes() -> int:
-    """Free host memory in bytes, from the first source the platform has:
-
-    1. Linux: MemAvailable of /proc/meminfo (free memory plus reclaimable caches);
-    2. psutil, when importable (macOS, Windows): ``virtual_memory().available``;
-    3. ``os.sysconf``: free pages times the page size (SC_AVPHYS_PAGES: free memory
-       only, below what the system could reclaim), else half the physical memory
-       (SC_PHYS_PAGES; macOS has no count of free pages);
-    4. ``UNKNOWN_PLATFORM_BYTES``.
-    """
-    try:
-        with open(MEMINFO_PATH, encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        import psutil  # optional: only where /proc/meminfo is missing
-    except ImportError:
-        pass
-    else:
-        return int(psutil.virtual_memory().available)
-    return _sysconf_bytes() or UNKNOWN_PLATFORM_BYTES
+CPU_FUSION_TRAITS = FusionTraits(
+    # What the benchmarks chose (doc/options.md).
+    default_width=2,
+    # Measured with benchmarks/kernels.py-style timings at 20 qubits (2 cores): a dense
+    # block on w bits against a single-qubit rotation; the 3- to 6-bit blocks share the
+    # generic kernel, compute-bound.
+    block_costs=(1.0, 1.0, 2.2, 5.8, 5.6, 10.6, 21.0),
+    z_runs=True,
+    # Measured at 16 qubits (2 cores): two X rotations in one pass took 68-97 us against
+    # 95-137 us one by one, whatever their bits; wider groups need unrolled kernels.
+    rotations_per_pass=2,
+    # Measured on W1's and W4's steps (2 cores): unfused was 13-20% faster up to 12
+    # qubits, fused 22% faster at 14; W3's batch of 64 vectors on 8 qubits gains from
+    # fusion.
+    min_fused_amplitudes=1 << 13,
+    # The rotation kernels make one pass in real arithmetic; a dense block on k bits is
+    # compute-bound here (block_costs).
+    rotation_step_for_lone_rotations=True,
+)
+"""How fusion plans for the CPU backend (see FusionTraits)."""
 
 
-def _sysconf_bytes() -> int | None:
-    """Free (else half the physical) memory from ``os.sysconf``, or None where it has
-    neither (Windows)."""
-    names = getattr(os, "sysconf_names", {})
-    if "SC_PAGE_SIZE" not in names:
-        return None
-    page = os.sysconf("SC_PAGE_SIZE")
-    for name, share in (("SC_AVPHYS_PAGES", 1), ("SC_PHYS_PAGES", 2)):
-        if name in names:
-            pages = os.sysconf(name)
-            if pages > 0 and page > 0:
-                return pages * page // share
-    return None
-
-
-class CPUBackend:
+class CPUBackend(Backend):
     """State vectors as a C-contiguous numpy array of shape (B, 2**n)."""
 
     name = "cpu"
-    fuses_z_rotations = True
-    rotations_per_pass = 2
-    """Measured at 16 qubits (2 cores): two X rotations in one pass took 68-97 us against
-    95-137 us one by one, whatever their bits; wider groups need unrolled kernels."""
-    min_fused_amplitudes = 1 << 13
-    """Measured on W1's and W4's steps (2 cores): unfused was 13-20% faster up to 12
-    qubits, fused 22% faster at 14; W3's batch of 64 vectors on 8 qubits gains from fusion."""
-    block_costs = (1.0, 1.0, 2.2, 5.8, 5.6, 10.6, 21.0)
-    """Measured with benchmarks/kernels.py-style timings at 20 qubits (2 cores): a dense
-    block on w bits against a single-qubit rotation; the 3- to 6-bit blocks share the
-    generic kernel, compute-bound."""
+    fusion_traits = CPU_FUSION_TRAITS
     min_product_state_amplitudes = 1 << 15
     """Measured with one gate per wire (2 cores): gate by gate took 15 us against the
     product state's 127 us at 4 qubits (RX), 153 us against 406 us on 64 vectors of 8
@@ -179,10 +142,6 @@ class CPUBackend:
 
     def __init__(self, dtype: np.dtype = np.complex128):
         self.dtype = np.dtype(dtype)
-
-    sample_host_bytes = 24
-    """``sample``: the uniform draws (float64), each vector's outcomes (int64) and their
-    stacked and clipped copies, two of them alive at once."""
 
     def available_bytes(self) -> int:
         return free_host_bytes()
@@ -275,18 +234,14 @@ class CPUBackend:
     def scale(self, state, factors) -> None:
         state *= np.asarray(factors, dtype=self.dtype).reshape(-1, 1)
 
-    def expval_pauli(self, state, paulis, targets) -> np.ndarray:
-        return np.real(self.inner_pauli(state, state, paulis, targets))
-
-    def expval_matrix(self, state, matrix, targets) -> np.ndarray:
-        return self.inner_matrix(state, state, matrix, targets)
-
     def expval_pauli_words(self, state, words) -> np.ndarray:
         z_masks = _z_masks(words)
         if z_masks is not None and len(words) >= _MANY_WORDS:
             return _z_word_expectations(state, z_masks)
-        values = [self.expval_pauli(state, paulis, targets) for paulis, targets in words]
-        return np.stack(values, axis=1) if values else np.zeros((state.shape[0], 0))
+        return super().expval_pauli_words(state, words)
+
+    def braket(self, bra, kets) -> np.ndarray:
+        return self.inner_pauli(bra, kets, "", ())  # the empty word: the inner product
 
     def inner_pauli(self, bra, ket, paulis, targets) -> np.ndarray:
         x_mask, z_mask, i_power = _pauli_masks(paulis, targets)
@@ -323,10 +278,7 @@ class CPUBackend:
             step = kernel("diagonal_step", bras)
             step(phi, bras, diagonal, signs, where.targets, where.fixed_bits, out)
             return out
-        out = self.inner_pauli(bras, phi, paulis, targets)
-        self.apply_pauli_rotation(phi, -angles, paulis, targets)
-        self.apply_pauli_rotation(bras, -angles, paulis, targets)
-        return out
+        return super().adjoint_rotation_step(phi, bras, angles, paulis, targets)
 
     def apply_z_rotations(self, state, angles, z_masks) -> None:
         plan = _z_rotation_plan(np.asarray(angles, dtype=np.float64), z_masks, state.shape[1])
@@ -375,9 +327,6 @@ class CPUBackend:
             step(phi, bras, adjoints, where.targets, where.fixed_bits, partial)
         return partial.reshape(batch, per, rows, d, d).sum(axis=1)
 
-    def gather(self, arrays) -> list[np.ndarray]:
-        return list(arrays)
-
     def concatenate(self, states) -> StateBatch:
         return np.concatenate(states)
 
@@ -392,10 +341,7 @@ class CPUBackend:
         if z_masks is not None:
             kernel("add_z_sum", dst)(dst, src, z_masks.astype(np.uint64), coefficients)
             return
-        for (paulis, targets), coefficient in zip(words, coefficients, strict=True):
-            self.apply_pauli(src, paulis, targets)
-            self.add_scaled(dst, src, np.full(1, coefficient))
-            self.apply_pauli(src, paulis, targets)
+        super().add_pauli_sum(dst, src, words, coefficients)
 
     def add_scaled(self, dst, src, factors) -> None:
         factors = np.array(factors, dtype=self.dtype, ndmin=1)
@@ -408,15 +354,6 @@ class CPUBackend:
         out = np.empty((state.shape[0], 1 << len(bits)))
         kernel("marginal_probs", state)(state, _bits(bits), out)
         return out
-
-    def sample(self, state, bits, shots, rng) -> np.ndarray:
-        probs = self.probabilities(state, bits)
-        cumulative = np.cumsum(probs, axis=1)
-        cumulative /= cumulative[:, -1:]
-        draws = rng.random((probs.shape[0], shots))
-        return np.stack(
-            [np.searchsorted(c, d, side="right") for c, d in zip(cumulative, draws, strict=True)]
-        ).clip(max=probs.shape[1] - 1)
 
 
 class _ZRotationPlan(NamedTuple):

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from ..pauli import pauli_word_matrix
-from .base import StateBatch
-from .cpu import free_host_bytes
+from .base import Backend, FusionTraits, StateBatch, bra_rows
+from .host import free_host_bytes
 
 SMALL_BATCHED_TARGETS = 4
 """A batch of vectors with a diagonal, Pauli word or rotation on at most this many targets
@@ -166,14 +166,27 @@ def _on_device(method):
     return on_device
 
 
-class CuStateVecBackend:
-    """State vectors as a C-contiguous cupy array of shape (B, 2**n) on one GPU."""
+CUSTATEVEC_FUSION_TRAITS = FusionTraits(
+    default_width=4,  # what the benchmarks chose (doc/options.md)
+    block_costs=None,  # bandwidth-bound: a block on up to ~5 bits costs one pass (fuse greedily)
+    z_runs=False,  # Z words are cheap there, and join the greedy dense blocks
+    rotations_per_pass=1,  # rotations join the greedy dense blocks (one pass each) there
+    min_fused_amplitudes=0,  # every fused block saves a kernel launch
+    rotation_step_for_lone_rotations=False,  # a dense reduction is bandwidth-bound here too
+)
+"""How fusion plans for the cuStateVec backend (see FusionTraits)."""
+
+
+class CuStateVecBackend(Backend):
+    """State vectors as a C-contiguous cupy array of shape (B, 2**n) on one GPU.
+
+    Its own kernels: everything but the runs of rotations (``apply_z_rotations``,
+    ``apply_rotations`` and their sweep steps, which fusion never plans here: see its
+    traits), ``product_state``, ``inner_pauli``, ``inner_matrix``, ``add_pauli_sum`` and
+    ``adjoint_rotation_step``, which are the base class's compositions of these kernels."""
 
     name = "custatevec"
-    block_costs = None  # bandwidth-bound: a block on up to ~5 bits costs one pass (fuse greedily)
-    fuses_z_rotations = False  # Z words are cheap there, and join the greedy dense blocks
-    min_fused_amplitudes = 0  # every fused block saves a kernel launch
-    rotations_per_pass = 1  # rotations join the greedy dense blocks (one pass each) there
+    fusion_traits = CUSTATEVEC_FUSION_TRAITS
     min_product_state_amplitudes = 0  # one kernel launch instead of one per gate
 
     def __init__(
@@ -217,8 +230,7 @@ class CuStateVecBackend:
         # an inner product applies the operator to a copy of the kets (add_scaled's
         # product is the size of its source); a deferred step copies the bras to reduce
         # over them (adjoint_block_step, whose view of phi may be a copy too) or holds a
-        # conjugated copy of the bras and two copies of phi as it moves from word to word
-        # (the commuting steps)
+        # copy of phi as it moves from word to word (the base class's commuting steps)
         return bras + 2 * kets if reduction else kets
 
     @_on_device
@@ -231,17 +243,6 @@ class CuStateVecBackend:
     def zero_state(self, n_qubits: int, batch_size: int) -> StateBatch:
         state = self._cp.zeros((batch_size, 1 << n_qubits), dtype=self.dtype)
         state[:, 0] = 1.0
-        return state
-
-    def product_state(self, n_qubits, factors, bits) -> StateBatch:
-        # each factor enters as a matrix whose first column is the one-qubit state: applied
-        # to a bit still |0>, it prepares that state (one matrix application per bit)
-        factors = np.asarray(factors, dtype=np.complex128)
-        state = self.zero_state(n_qubits, factors.shape[0])
-        for j, bit in enumerate(bits):
-            matrices = np.zeros((factors.shape[0], 2, 2), dtype=np.complex128)
-            matrices[:, :, 0] = factors[:, j]
-            self.apply_matrix(state, matrices, (bit,))
         return state
 
     @_on_device
@@ -498,18 +499,7 @@ class CuStateVecBackend:
         return out
 
     @_on_device
-    def inner_pauli(self, bra, ket, paulis, targets) -> np.ndarray:
-        applied = ket.copy()
-        self.apply_pauli(applied, paulis, targets)
-        return self._braket(bra, applied)
-
-    @_on_device
-    def inner_matrix(self, bra, ket, matrix, targets) -> np.ndarray:
-        applied = ket.copy()
-        self.apply_matrix(applied, np.asarray(matrix)[None], targets)
-        return self._braket(bra, applied)
-
-    def _braket(self, bra, kets) -> np.ndarray:
+    def braket(self, bra, kets) -> np.ndarray:
         """<bra_b|kets_b> (one ket serves every bra); ``kets`` is scratch: it is conjugated
         in place so that one matrix product, <a|b> = conj(a . conj(b)), needs no copy of
         the bras."""
@@ -522,72 +512,10 @@ class CuStateVecBackend:
         return np.conj(cp.asnumpy(products).astype(np.complex128))
 
     @_on_device
-    def adjoint_rotation_step(self, phi, bras, angles, paulis, targets) -> np.ndarray:
-        products = self.inner_pauli(bras, phi, paulis, targets)
-        self.apply_pauli_rotation(phi, -np.asarray(angles), paulis, targets)
-        self.apply_pauli_rotation(bras, -np.asarray(angles), paulis, targets)
-        return products
-
-    @_on_device
-    def apply_z_rotations(self, state, angles, z_masks) -> None:
-        # one apply_pauli_rotation per word: this backend does not plan Z runs
-        # (fuses_z_rotations is False); the method keeps the protocol whole
-        angles = np.asarray(angles, dtype=np.float64)
-        for j, mask in enumerate(z_masks):
-            bits = _mask_bits(mask)
-            self.apply_pauli_rotation(state, angles[:, j], "Z" * len(bits), bits)
-
-    @_on_device
-    def adjoint_z_rotations_step(self, phi, bras, angles, z_masks):
-        words = [("Z" * len(bits), bits) for bits in map(_mask_bits, z_masks)]
-        return self._commuting_step(
-            phi, bras, angles, words, lambda s, a: self.apply_z_rotations(s, a, z_masks)
-        )
-
-    @_on_device
-    def apply_rotations(self, state, angles, paulis, targets) -> None:
-        # one apply_pauli_rotation per rotation: this backend does not gather rotations
-        # (rotations_per_pass is 1); the method keeps the protocol whole
-        angles = np.asarray(angles, dtype=np.float64)
-        for j, (letter, bit) in enumerate(zip(paulis, targets, strict=True)):
-            self.apply_pauli_rotation(state, angles[:, j], letter, (bit,))
-
-    @_on_device
-    def adjoint_rotations_step(self, phi, bras, angles, paulis, targets):
-        words = [(letter, (bit,)) for letter, bit in zip(paulis, targets, strict=True)]
-        return self._commuting_step(
-            phi, bras, angles, words, lambda s, a: self.apply_rotations(s, a, paulis, targets)
-        )
-
-    def _commuting_step(self, phi, bras, angles, words, rotate: Callable) -> Any:
-        """A sweep step back through commuting rotations exp(-i angles_j/2 P_j) (the Pauli
-        ``words``): <bra_{b,r}|P_j|phi_b> at their end, shape (B, R, J), on the device;
-        then ``rotate(state, angles)`` with the negated angles undoes them on phi and on
-        the bras (shared angles stay shared, vector b's row repeats for its bras)."""
-        cp = self._cp
-        batch = phi.shape[0]
-        rows = bras.shape[0] // batch
-        conjugated = cp.conj(bras).reshape(batch, rows, -1)  # a temporary copy of the bras
-        products = cp.zeros((batch, rows, len(words)), dtype=np.complex128)
-        for j, (paulis, bits) in enumerate(words):
-            flipped = phi.copy()
-            self.apply_pauli(flipped, paulis, bits)
-            products[:, :, j] = cp.matmul(conjugated, flipped[:, :, None])[:, :, 0]
-        angles = np.asarray(angles, dtype=np.float64)
-        rotate(phi, -angles)
-        rotate(bras, -(angles if angles.shape[0] == 1 else np.repeat(angles, rows, axis=0)))
-        return products
-
-    @_on_device
     def adjoint_block_step(self, phi, bras, matrices, targets):
         matrices = np.ascontiguousarray(matrices, dtype=np.complex128)
         batch = phi.shape[0]
-        rows, remainder = divmod(bras.shape[0], batch)
-        if remainder or matrices.shape[0] not in (1, batch):
-            raise ValueError(
-                f"{bras.shape[0]} bras, {batch} vectors and {matrices.shape[0]} matrices: "
-                "the bras must be R per vector and the matrices 1 or one per vector"
-            )
+        rows = bra_rows(phi, bras, matrices.shape[0])
         # The bras before the step, target bits first: a temporary copy of all B*R bras (the
         # step's largest allocation), conjugated in place for the reduction below.
         before = self._target_major(bras, targets, copy=True)
@@ -621,6 +549,12 @@ class CuStateVecBackend:
     @_on_device
     def gather(self, arrays) -> list[np.ndarray]:
         arrays = list(arrays)
+        # host arrays (the base class's default steps) pass through
+        fetched = iter(self._to_host_at_once([a for a in arrays if not _on_host(a)]))
+        return [array if _on_host(array) else next(fetched) for array in arrays]
+
+    def _to_host_at_once(self, arrays: list) -> list[np.ndarray]:
+        """Device arrays as numpy arrays, in one transfer."""
         if not arrays:
             return []
         # Each array's bytes, one after the other, in one device buffer: one transfer for
@@ -637,14 +571,6 @@ class CuStateVecBackend:
     @_on_device
     def concatenate(self, states) -> StateBatch:
         return self._cp.concatenate(list(states))
-
-    @_on_device
-    def add_pauli_sum(self, dst, src, words, coefficients) -> None:
-        coefficients = np.asarray(coefficients, dtype=np.complex128).reshape(-1)
-        for (paulis, targets), coefficient in zip(words, coefficients, strict=True):
-            self.apply_pauli(src, paulis, targets)
-            self.add_scaled(dst, src, np.full(1, coefficient))
-            self.apply_pauli(src, paulis, targets)  # P P = 1: src is back, exactly
 
     @_on_device
     def add_scaled(self, dst, src, factors) -> None:
@@ -814,5 +740,7 @@ def _pauli_as_permutation(letters: str) -> tuple[np.ndarray, np.ndarray]:
     return source, diagonal
 
 
-def _mask_bits(mask: int) -> list[int]:
-    return [bit for bit in range(int(mask).bit_length()) if mask >> bit & 1]
+def _on_host(array) -> bool:
+    """Whether a reduction is a host numpy array (a cupy array, or the test double's
+    device array, a numpy subclass, is not)."""
+    return type(array) is np.ndarray
