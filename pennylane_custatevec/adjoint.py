@@ -78,6 +78,7 @@ from pennylane.wires import Wires
 from . import measure, simulate
 from .backends.base import Backend, StateBatch
 from .instructions import apply_instruction, inverse
+from .kept import KeptState
 from .program import (
     Compilation,
     Register,
@@ -603,13 +604,14 @@ def jacobian(
     backend: Backend,
     tape: QuantumScript,
     device_wires: Wires | None,
-    state=None,
-    compilation: Compilation | None = None,
+    kept: KeptState | None = None,
 ):
     """The Jacobian of ``tape``'s results with respect to its trainable parameters, shaped as
-    PennyLane expects. ``state``, the final state if already known, is consumed;
-    ``compilation``, the tape's ``compile_steps`` if already known, is reused."""
-    circuit = Circuit(tape, device_wires, compilation)
+    PennyLane expects. ``kept``, what the forward pass kept of the tape if anything: its
+    final state is consumed, its compilation reused (the eager sweep runs gate by gate, so
+    its fused plan is not read)."""
+    circuit = Circuit(tape, device_wires, kept.compilation if kept else None)
+    state = kept.state if kept else None
     measurements = tape.measurements
     per_measurement: list = [None] * len(measurements)
     swept = [i for i, mp in enumerate(measurements) if not isinstance(mp, StateMP)]
@@ -642,14 +644,14 @@ def vjp(
     tape: QuantumScript,
     cotangents,
     device_wires: Wires | None,
-    state=None,
-    compilation: Compilation | None = None,
+    kept: KeptState | None = None,
 ):
     """The vector-Jacobian product of ``tape`` with ``cotangents`` (PennyLane's per-tape
     cotangent: one value per measurement, not wrapped for a single measurement), a tuple
-    with one entry per trainable parameter. ``state`` and ``compilation`` as in ``jacobian``.
+    with one entry per trainable parameter. ``kept`` as in ``jacobian``.
     A batch of cotangents (``cotangent_batch``) gives a batch of VJPs."""
-    circuit = Circuit(tape, device_wires, compilation)
+    circuit = Circuit(tape, device_wires, kept.compilation if kept else None)
+    state = kept.state if kept else None
     rows = cotangent_batch(circuit, cotangents)
     if rows is not None:
         return batched_vjp(backend, circuit, rows, state)

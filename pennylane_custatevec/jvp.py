@@ -37,6 +37,7 @@ from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
 from .adjoint import Circuit, is_zero, output_shape
+from .kept import KeptState
 
 
 @dataclasses.dataclass
@@ -134,13 +135,13 @@ def zeros(tape: QuantumScript, device_wires: Wires | None, compiled=None, batche
 def jvps(
     tapes: Sequence[QuantumScript],
     tangents: Sequence,
-    kept: Sequence[tuple],
+    kept: Sequence[KeptState | None],
     jacobians,
     zero_jvp,
 ) -> tuple:
-    """The JVP of each tape. ``kept[i]``: what the execution kept for tape i (as the
-    Jacobians take it); ``jacobians(tapes, kept)``: the device Jacobians of a batch of tapes;
-    ``zero_jvp(tape, kept_entry)``: the JVP of a tape whose tangents are all zero."""
+    """The JVP of each tape. ``kept[i]``: what the execution kept for tape i, or None (as
+    the Jacobians take it); ``jacobians(tapes, kept)``: the device Jacobians of a batch of
+    tapes; ``zero_jvp(tape, kept[i])``: the JVP of a tape whose tangents are all zero."""
     if len(tangents) != len(tapes):
         raise DeviceError(
             f"custatevec.qubit got tangents for {len(tangents)} tape(s) and {len(tapes)} "
