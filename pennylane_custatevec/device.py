@@ -31,10 +31,11 @@ from pennylane.measurements import (
 from pennylane.tape import QuantumScript
 from pennylane.transforms import defer_measurements, dynamic_one_shot
 
-from . import adjoint, deferred, jvp, settings
+from . import settings
 from .backends import BACKEND_CHOICES, select_backend
 from .exact import gate_key
 from .execution import run_tapes
+from .gradients import deferred, eager, jvp
 from .kept import KeptState
 from .program import compiles_by_gate
 from .queuing import PipelineWithoutQueuing, without_queuing
@@ -537,7 +538,7 @@ class CuStateVecDevice(Device):
                 self._backend, circuits, cotangents, self.wires, kept, in_force.fusion_qubits
             )
         return tuple(
-            adjoint.vjp(self._backend, tape, dy, self.wires, entry)
+            eager.vjp(self._backend, tape, dy, self.wires, entry)
             for tape, dy, entry in zip(circuits, cotangents, kept, strict=True)
         )
 
@@ -562,7 +563,7 @@ class CuStateVecDevice(Device):
         template's weights; zero or None: not differentiated). Per tape, one JVP per
         measurement shaped like its result (bare for one measurement),
         JVP_m = sum_j J_mj t_j with the adjoint Jacobian J of the mode in force
-        (see ``pennylane_custatevec.jvp``)."""
+        (see ``pennylane_custatevec.gradients.jvp``)."""
         return self._compute_jvp(circuits, tangents, execution_config)
 
     def execute_and_compute_jvp(
@@ -622,7 +623,7 @@ def _adjoint_jacobians(
     if in_force.grad_accumulation == "deferred":
         return deferred.jacobians(backend, tapes, device_wires, kept, in_force.fusion_qubits)
     return tuple(
-        adjoint.jacobian(backend, tape, device_wires, entry)
+        eager.jacobian(backend, tape, device_wires, entry)
         for tape, entry in zip(tapes, kept, strict=True)
     )
 

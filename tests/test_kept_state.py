@@ -14,7 +14,7 @@ from conftest import stable_seed
 from pennylane.devices import ExecutionConfig
 from pennylane.tape import QuantumScript
 
-import pennylane_custatevec
+import pennylane_custatevec.gradients.deferred
 from pennylane_custatevec import execution, fusion, options, simulate
 from pennylane_custatevec.backends.cpu import CPUBackend
 from pennylane_custatevec.kept import KeptState
@@ -144,7 +144,7 @@ def test_the_sweep_reuses_the_kept_compilation_and_plan(derivative, plans, mocke
     forward's)."""
     dev = custatevec_device(3)
     run_tapes = mocker.spy(pennylane_custatevec.device, "run_tapes")
-    sweep = mocker.spy(pennylane_custatevec.deferred, "sweep")
+    sweep = mocker.spy(pennylane_custatevec.gradients.deferred, "sweep")
     tape = layered_tape(random_angles("reuse", derivative))
     dev.execute([tape], ADJOINT)
     kept = run_tapes.spy_return.kept[0]

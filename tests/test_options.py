@@ -20,9 +20,9 @@ import torch
 from pennylane.devices import ExecutionConfig
 
 import pennylane_custatevec
-import pennylane_custatevec.adjoint
-import pennylane_custatevec.deferred
 import pennylane_custatevec.fusion
+import pennylane_custatevec.gradients.deferred
+import pennylane_custatevec.gradients.eager
 from pennylane_custatevec import options
 from pennylane_custatevec.backends import CPUBackend, CuStateVecBackend
 from pennylane_custatevec.settings import DifferentiationOptions
@@ -250,11 +250,11 @@ def spies(mocker):
     mod = pennylane_custatevec
     return {
         "fuse": mocker.spy(mod.fusion, "fuse"),
-        "eager_vjp": mocker.spy(mod.adjoint, "vjp"),
-        "deferred_vjps": mocker.spy(mod.deferred, "vjps"),
-        "eager_jacobian": mocker.spy(mod.adjoint, "jacobian"),
-        "deferred_jacobians": mocker.spy(mod.deferred, "jacobians"),
-        "sweep": mocker.spy(mod.deferred, "sweep"),
+        "eager_vjp": mocker.spy(mod.gradients.eager, "vjp"),
+        "deferred_vjps": mocker.spy(mod.gradients.deferred, "vjps"),
+        "eager_jacobian": mocker.spy(mod.gradients.eager, "jacobian"),
+        "deferred_jacobians": mocker.spy(mod.gradients.deferred, "jacobians"),
+        "sweep": mocker.spy(mod.gradients.deferred, "sweep"),
     }
 
 

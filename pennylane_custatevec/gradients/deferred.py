@@ -1,6 +1,6 @@
 """Adjoint differentiation, deferred mode: fused blocks, one reduction per block, batches.
 
-The eager sweep (adjoint.py) takes one inner product per trainable gate and brings it to
+The eager sweep (eager.py) takes one inner product per trainable gate and brings it to
 the host at once. Here the circuit is fused (fusion.py) into blocks of at most k qubits,
 and the sweep walks back block by block. For a block on the bits S, with phi the state
 before it and lambda a bra after it,
@@ -41,8 +41,15 @@ from pennylane.operation import Operator
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
-from . import batching, fusion, measure, simulate
-from .adjoint import (
+from .. import batching, fusion, measure, simulate
+from ..backends.base import Backend, StateBatch
+from ..exact import generator_key
+from ..instructions import Instruction, apply_instruction, inverse
+from ..kept import KeptState
+from ..pauli import pauli_word_matrix
+from ..program import Compilation, Register, Step, flatten, merge, plain_rotation
+from ..queuing import generator_of
+from .common import (
     Circuit,
     SweepMemory,
     add_cotangent_terms,
@@ -59,13 +66,6 @@ from .adjoint import (
     stacked_gradients,
     state_derivatives,
 )
-from .backends.base import Backend, StateBatch
-from .exact import generator_key
-from .instructions import Instruction, apply_instruction, inverse
-from .kept import KeptState
-from .pauli import pauli_word_matrix
-from .program import Compilation, Register, Step, flatten, merge, plain_rotation
-from .queuing import generator_of
 
 
 @dataclasses.dataclass
@@ -185,7 +185,7 @@ def vjps(
     kept: Sequence[KeptState | None],
     fusion_qubits: int,
 ) -> tuple:
-    """The VJP of each tape (as ``adjoint.vjp``), tapes that share a structure in one
+    """The VJP of each tape (as ``eager.vjp``), tapes that share a structure in one
     sweep. ``kept[i]``: what the forward pass kept of tape i, or None."""
     results: list = [None] * len(tapes)
     tasks = []
@@ -251,7 +251,7 @@ def jacobians(
     kept: Sequence[KeptState | None],
     fusion_qubits: int,
 ) -> tuple:
-    """The Jacobian of each tape (as ``adjoint.jacobian``; a broadcast tape's entries carry
+    """The Jacobian of each tape (as ``eager.jacobian``; a broadcast tape's entries carry
     its batch axis first), tapes that share a structure in one sweep. ``kept`` as in
     ``vjps``."""
     circuits, per_measurement, tasks = [], [], []
@@ -561,7 +561,7 @@ def sweep(
     """d/dtheta Re <bra|psi> for every bra and column, float64 (B, R, n_columns).
 
     ``phi``: the B final states (consumed); ``bras``: R per vector (consumed); ``columns``:
-    {step index: column} of the trainable gates (see ``adjoint.Circuit``); ``plan``: a
+    {step index: column} of the trainable gates (see ``common.Circuit``); ``plan``: a
     fused plan made before (the forward pass's), walked back where it is the plan of
     ``compilation`` for the width wanted here (``fusion.FusedPlan.fits``), else the
     compilation is planned again."""
