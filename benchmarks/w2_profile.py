@@ -20,8 +20,8 @@ import pennylane_lightning.lightning_qubit as lightning
 import torch
 from workloads import BUILDERS, QUICK_SIZES
 
-import pennylane_custatevec.deferred as deferred
 import pennylane_custatevec.device as device
+import pennylane_custatevec.gradients.deferred as deferred
 from pennylane_custatevec.backends.cpu import CPUBackend
 
 PARTS = collections.Counter()

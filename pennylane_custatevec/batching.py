@@ -4,7 +4,7 @@ and the deferred adjoint sweep alike.
 The forward pass (``execution.run_tapes``) groups analytic tapes by their kernel key
 (``Program.kernel_key``) together with their measurements (``exact.measurements_key``):
 a group runs as one batch of state vectors. The deferred sweep (``deferred``) groups its
-tasks by their ``deferred.SweepKey``, which adds what the derivative reads. Both then cut
+tasks by their ``gradients.deferred.SweepKey``, which adds what the derivative reads. Both then cut
 each group into chunks whose memory fits a budget (``Budget``): a group is a set of items
 that *may* share one batch, a chunk a run of them that *does*.
 

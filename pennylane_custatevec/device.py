@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -31,10 +31,12 @@ from pennylane.measurements import (
 from pennylane.tape import QuantumScript
 from pennylane.transforms import defer_measurements, dynamic_one_shot
 
-from . import adjoint, deferred, jvp, settings
+from . import settings
 from .backends import BACKEND_CHOICES, select_backend
 from .exact import gate_key
 from .execution import run_tapes
+from .gradients import deferred, eager, jvp
+from .kept import KeptState
 from .program import compiles_by_gate
 from .queuing import PipelineWithoutQueuing, without_queuing
 from .rotations import PauliRotations
@@ -209,7 +211,7 @@ class CuStateVecDevice(Device):
         self._backend = select_backend(
             backend, dtype, None if device_id is None else int(device_id)
         )
-        self._final_states = _FinalStates()
+        self._kept = _KeptStates()
         self._options = settings.DifferentiationOptions(
             grad_accumulation=grad_accumulation,
             fusion_qubits=(
@@ -472,21 +474,20 @@ class CuStateVecDevice(Device):
     def _execute(self, circuits: Sequence[QuantumScript], config: ExecutionConfig):
         """Results; with adjoint differentiation, the final states are kept for the
         derivatives that usually follow (replacing, and so freeing, the previous ones)."""
-        keep = {} if config.gradient_method == "adjoint" else None
         # the previous batch's states go first: the new ones would replace them anyway,
         # and the memory checks of this run see the memory they held as free
-        self._final_states.replace(circuits, {})
-        results = run_tapes(
+        self._kept.replace(circuits, {})
+        run = run_tapes(
             self._backend,
             circuits,
             self.wires,
             self._rng,
             config.mcm_config.postselect_mode,
-            final_states=keep,
+            keep=config.gradient_method == "adjoint",
             fusion_qubits=self.options_in_force(config).fusion_qubits,
         )
-        self._final_states.replace(circuits, keep or {})
-        return results
+        self._kept.replace(circuits, run.kept)
+        return run.results
 
     # The public entry points are counted by ``simulator_tracking`` (wrapped at class
     # creation). Each one that executes as well calls the untracked implementations
@@ -504,7 +505,7 @@ class CuStateVecDevice(Device):
         self, circuits: Sequence[QuantumScript], execution_config: ExecutionConfig | None
     ):
         in_force = self.options_in_force(execution_config)
-        kept = [self._final_states.pop(tape) for tape in circuits]
+        kept = [self._kept.pop(tape) for tape in circuits]
         return _adjoint_jacobians(self._backend, circuits, self.wires, kept, in_force)
 
     def execute_and_compute_derivatives(
@@ -531,13 +532,13 @@ class CuStateVecDevice(Device):
         execution_config: ExecutionConfig | None,
     ):
         in_force = self.options_in_force(execution_config)
-        kept = [self._final_states.pop(tape) for tape in circuits]
+        kept = [self._kept.pop(tape) for tape in circuits]
         if in_force.grad_accumulation == "deferred":
             return deferred.vjps(
                 self._backend, circuits, cotangents, self.wires, kept, in_force.fusion_qubits
             )
         return tuple(
-            adjoint.vjp(self._backend, tape, dy, self.wires, *entry)
+            eager.vjp(self._backend, tape, dy, self.wires, entry)
             for tape, dy, entry in zip(circuits, cotangents, kept, strict=True)
         )
 
@@ -562,7 +563,7 @@ class CuStateVecDevice(Device):
         template's weights; zero or None: not differentiated). Per tape, one JVP per
         measurement shaped like its result (bare for one measurement),
         JVP_m = sum_j J_mj t_j with the adjoint Jacobian J of the mode in force
-        (see ``pennylane_custatevec.jvp``)."""
+        (see ``pennylane_custatevec.gradients.jvp``)."""
         return self._compute_jvp(circuits, tangents, execution_config)
 
     def execute_and_compute_jvp(
@@ -584,7 +585,7 @@ class CuStateVecDevice(Device):
         its JVPs itself)."""
         in_force = self.options_in_force(config)
         batched = in_force.grad_accumulation == "deferred"
-        kept = [self._final_states.pop(tape) for tape in circuits]
+        kept = [self._kept.pop(tape) for tape in circuits]
         return jvp.jvps(
             circuits,
             tangents,
@@ -592,7 +593,9 @@ class CuStateVecDevice(Device):
             jacobians=lambda tapes, entries: _adjoint_jacobians(
                 self._backend, tapes, self.wires, entries, in_force
             ),
-            zero_jvp=lambda tape, entry: jvp.zeros(tape, self.wires, entry[1], batched),
+            zero_jvp=lambda tape, entry: jvp.zeros(
+                tape, self.wires, entry.compilation if entry else None, batched
+            ),
         )
 
 
@@ -609,14 +612,18 @@ def _require_first_derivatives(config: ExecutionConfig) -> None:
 
 
 def _adjoint_jacobians(
-    backend, tapes: Sequence[QuantumScript], device_wires, kept: Sequence[tuple], in_force
+    backend,
+    tapes: Sequence[QuantumScript],
+    device_wires,
+    kept: Sequence[KeptState | None],
+    in_force,
 ) -> tuple:
     """The adjoint Jacobian of each tape by the accumulation mode in force, untracked
-    (``kept[i]``: tape i's final state and compilation, or (None, None))."""
+    (``kept[i]``: what the forward pass kept of tape i, or None)."""
     if in_force.grad_accumulation == "deferred":
         return deferred.jacobians(backend, tapes, device_wires, kept, in_force.fusion_qubits)
     return tuple(
-        adjoint.jacobian(backend, tape, device_wires, *entry)
+        eager.jacobian(backend, tape, device_wires, entry)
         for tape, entry in zip(tapes, kept, strict=True)
     )
 
@@ -671,25 +678,26 @@ def _with_autograd_parameters(circuit: QuantumScript) -> QuantumScript:
     )
 
 
-class _FinalStates:
-    """The final states of the last batch executed for adjoint differentiation, with the
-    tapes' compilations, so that the VJP or Jacobian that follows neither simulates nor
-    compiles the circuits again. Each is handed out once (the sweep consumes the state)
-    and only for a tape with the same operations and the same parameters, bit for bit."""
+class _KeptStates:
+    """The KeptStates of the last batch executed for adjoint differentiation (final
+    states, compilations, fused plans), so that the VJP or Jacobian that follows neither
+    simulates, compiles nor plans the circuits again. Each is handed out once (the sweep
+    consumes the state) and only for a tape with the same operations and the same
+    parameters, bit for bit."""
 
     def __init__(self):
-        self._entries: dict = {}
+        self._entries: dict[tuple, list[KeptState]] = {}
 
-    def replace(self, tapes: Sequence[QuantumScript], states: dict) -> None:
-        """``states``: {tape index: (final state, compilation)}, as run_tapes fills it."""
+    def replace(self, tapes: Sequence[QuantumScript], kept: Mapping[int, KeptState]) -> None:
+        """``kept``: {tape index: KeptState}, as ``run_tapes`` returns it."""
         self._entries = {}
-        for i, entry in states.items():
+        for i, entry in kept.items():
             self._entries.setdefault(_key(tapes[i]), []).append(entry)
 
-    def pop(self, tape: QuantumScript) -> tuple:
-        """(final state, compilation) of ``tape``, or (None, None)."""
-        kept = self._entries.get(_key(tape)) if self._entries else None
-        return kept.pop(0) if kept else (None, None)
+    def pop(self, tape: QuantumScript) -> KeptState | None:
+        """The KeptState of ``tape`` (removed), or None."""
+        entries = self._entries.get(_key(tape)) if self._entries else None
+        return entries.pop(0) if entries else None
 
 
 def _key(tape: QuantumScript) -> tuple:

@@ -7,7 +7,8 @@ measurement's result (tape -> shot partition -> measurement -> batch).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from pennylane.exceptions import DeviceError
@@ -19,7 +20,19 @@ from . import batching, fusion, measure, simulate
 from .backends.base import Backend
 from .exact import measurements_key
 from .instructions import Kind
+from .kept import KeptState
 from .program import Compilation, Program, Register, compile_steps, flatten, merge, tape_batch_size
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    """What ``run_tapes`` returns."""
+
+    results: tuple
+    """The results of the tapes, in order, nested as PennyLane expects."""
+    kept: Mapping[int, KeptState]
+    """{tape index: its KeptState} for every analytic tape, when asked for and when the
+    final states of all of them fit in free memory together; else empty."""
 
 
 def run_tapes(
@@ -28,24 +41,23 @@ def run_tapes(
     device_wires: Wires | None,
     rng: np.random.Generator,
     postselect_mode: str | None = None,
-    final_states: dict | None = None,
+    keep: bool = False,
     fusion_qubits: int = 0,
-) -> tuple:
-    """The results of ``tapes``, in order.
+) -> RunResult:
+    """The results of ``tapes``, in order, and with ``keep`` the state of each analytic
+    tape for the derivatives.
 
     Analytic tapes whose programs share a structure and whose measurements are equal
     exactly (``exact.measurements_key``: the batch is measured with the first tape's
     measurements), such as parameter-shift tapes or several QNode calls in one
     ``qml.execute``, run as one batch of state vectors (``batching``: grouped by
     ``_batch_key``, in chunks of at most ``batching.BATCH_BYTES``); the others run one
-    by one. With
-    ``final_states`` given, it receives ``{tape index: (final state, compilation)}``
-    of every analytic tape: a view into its batch and its ``program.Compilation`` (see
-    ``program.compile_steps``), for the derivatives,
-    if the final states of all of them fit in free memory together; otherwise it stays
-    empty (the derivatives simulate them again, in chunks that fit) and the batches run
-    in chunks of at most the free memory too, as without ``final_states``
-    (``batching.FORWARD``, ``batching.FORWARD_KEPT``).
+    by one. With ``keep``, ``RunResult.kept`` holds a ``KeptState`` of every analytic
+    tape (its final state, a view into its batch; its ``program.Compilation``; the fused
+    plan where its batch was that tape alone), if the final states of all of them fit in
+    free memory together; otherwise it stays empty (the derivatives simulate them again,
+    in chunks that fit) and the batches run in chunks of at most the free memory too, as
+    without ``keep`` (``batching.FORWARD``, ``batching.FORWARD_KEPT``).
     Analytic batches run fused into blocks of at most ``fusion_qubits`` qubits (see
     ``fusion``; 0 or 1: gate by gate).
     """
@@ -63,10 +75,11 @@ def run_tapes(
     state_bytes = batching.Sum(
         lambda register: simulate.state_bytes(backend, register.num_qubits, register.batch_size)
     )
-    keep = final_states is not None and simulate.fits(
+    keep = keep and simulate.fits(
         backend, batching.tally_of(state_bytes, registers, analytic).bytes()
     )
     budget = batching.FORWARD_KEPT if keep else batching.FORWARD
+    kept: dict[int, KeptState] = {}
     for group in groups:
         for chunk in batching.chunk_by_memory(backend, group, registers, state_bytes, budget):
             batch, states = _run_analytic_batch(
@@ -79,8 +92,8 @@ def run_tapes(
             for position, (i, result) in enumerate(zip(chunk.indices, batch, strict=True)):
                 results[i] = result
                 if keep:
-                    final_states[i] = (states[position], compiled[i])
-    return tuple(results)
+                    kept[i] = states[position]
+    return RunResult(tuple(results), kept)
 
 
 def _batch_key(item: tuple[Program, QuantumScript]) -> tuple:
@@ -96,27 +109,32 @@ def _run_analytic_batch(
     compilations: list[Compilation],
     fusion_qubits: int,
     keep: bool,
-) -> tuple[list, list]:
-    """Results of tapes that share a structure, and with ``keep`` each tape's final states
-    (a view; else none, so that the batch is freed on return)."""
-    compilation = merge(compilations)
+) -> tuple[list, list[KeptState]]:
+    """Results of tapes that share a structure, and with ``keep`` each tape's KeptState
+    (else none, so that the batch is freed on return)."""
+    compilation = merge(compilations)  # a lone tape's own compilation
     register = compilation.register
     fusion_qubits = fusion.width(register, fusion_qubits, backend.fusion_traits)
+    plan = None
     if fusion_qubits > 1:
-        program = fusion.fused_program(compilation, fusion_qubits, backend.fusion_traits)
+        plan = fusion.fused_plan(compilation, fusion_qubits, backend.fusion_traits)
+        program = plan.program
     else:
         program = flatten(compilation)
     state, _ = simulate.final_state(backend, program)
     values = measure.measure_all_analytic(backend, state, register, tapes[0].measurements)
-    results, states, offset = [], [], 0
+    results, kept, offset = [], [], 0
     for tape, tape_compilation in zip(tapes, compilations, strict=True):
         tape_register = tape_compilation.register
         rows = slice(offset, offset + tape_register.batch_size)
         results.append(_nest(tape, [_unbatch(tape_register, v[rows]) for v in values]))
         if keep:
-            states.append(backend.vectors(state, rows.start, rows.stop))
+            own_plan = plan if plan is not None and plan.compilation is tape_compilation else None
+            kept.append(
+                KeptState(backend.vectors(state, rows.start, rows.stop), tape_compilation, own_plan)
+            )
         offset += tape_register.batch_size
-    return results, states
+    return results, kept
 
 
 def _run_sampled(backend, program: Program, tape: QuantumScript, rng, postselect_mode):

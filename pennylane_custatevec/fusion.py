@@ -32,7 +32,6 @@ leading axis of length 1 or B.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 from collections.abc import Sequence
@@ -263,26 +262,8 @@ def fuse(compilation: Compilation, max_qubits: int, traits: FusionTraits = GREED
     """The units of the compilation's steps. A block of one operation runs as that
     operation's own instructions (a CNOT stays a permutation); its matrix is built only if
     asked for. ``traits``: the backend's (Z runs and rotations per pass, see ``plan``).
-
-    The last few results are kept, for the same ``compilation`` object (the forward pass
-    and the adjoint sweep that follows fuse one compilation; the cache holds the
-    compilation, so its identity cannot be reused while cached)."""
-    key = (id(compilation), max_qubits, traits)
-    kept = _RECENT.get(key)
-    if kept is not None and kept[0] is compilation:
-        return kept[1]
-    fused = _fuse(compilation, max_qubits, traits)
-    _RECENT[key] = (compilation, fused)
-    while len(_RECENT) > _RECENT_SIZE:
-        _RECENT.popitem(last=False)
-    return fused
-
-
-_RECENT: collections.OrderedDict = collections.OrderedDict()
-_RECENT_SIZE = 8
-
-
-def _fuse(compilation: Compilation, max_qubits: int, traits: FusionTraits) -> list[Fused]:
+    Stateless: a plan that the forward pass made travels to the sweep in its
+    ``FusedPlan`` (``fused_plan``)."""
     steps = compilation.steps
     bits = [step_bits(compilation.register, s.operation, s.instructions) for s in steps]
     z_flags = rotation_flags = None  # without fusion, nothing gathers
@@ -357,14 +338,53 @@ def _stacked_angles(instructions: Sequence[Instruction]) -> np.ndarray:
     return np.array(columns).T
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class FusedPlan:
+    """A compilation's fused units, with what they were planned for: the forward pass
+    makes it, and the kept state (``kept.KeptState``) hands it to the adjoint sweep, which
+    walks the same units back instead of planning the compilation again."""
+
+    compilation: Compilation
+    """The compilation planned (the very object: the plan holds its data)."""
+    width: int
+    """The largest block planned, ``max_qubits`` of ``fuse``."""
+    traits: FusionTraits
+    """The backend's traits it was planned with."""
+    units: tuple[Fused, ...]
+    """The units, in circuit order (``fuse``)."""
+
+    def fits(self, compilation: Compilation, width: int, traits: FusionTraits) -> bool:
+        """Whether this is the plan of ``compilation`` (the same object) for ``width`` and
+        ``traits``."""
+        return self.compilation is compilation and self.width == width and self.traits == traits
+
+    @property
+    def program(self) -> Program:
+        """The compilation's register with the fused instructions, in order."""
+        instructions = tuple(ins for unit in self.units for ins in unit.instructions)
+        return Program(self.compilation.register, instructions)
+
+
+def fused_plan(
+    compilation: Compilation,
+    max_qubits: int,
+    traits: FusionTraits = GREEDY,
+    reusable: FusedPlan | None = None,
+) -> FusedPlan:
+    """The plan of ``compilation`` for blocks of at most ``max_qubits`` bits: ``reusable``
+    (a plan made before, such as the forward pass's) where it ``fits``, else a new one."""
+    if reusable is not None and reusable.fits(compilation, max_qubits, traits):
+        return reusable
+    units = tuple(fuse(compilation, max_qubits, traits))
+    return FusedPlan(compilation, max_qubits, traits, units)
+
+
 def fused_program(
     compilation: Compilation, max_qubits: int, traits: FusionTraits = GREEDY
 ) -> Program:
     """The compilation's register with the fused instructions of its steps, planned with
     ``traits``."""
-    fused = fuse(compilation, max_qubits, traits)
-    instructions = tuple(ins for unit in fused for ins in unit.instructions)
-    return Program(compilation.register, instructions)
+    return fused_plan(compilation, max_qubits, traits).program
 
 
 def step_matrix(instructions: Sequence[Instruction], targets: tuple[int, ...]) -> np.ndarray:

@@ -110,8 +110,8 @@ class Step:
 @dataclasses.dataclass(frozen=True, eq=False)
 class Compilation:
     """A tape compiled step by step (``compile_steps``): what the adjoint sweeps walk back
-    and fusion plans over; ``flatten`` makes it a Program. Compared by identity: fusion
-    keeps the plan of the last few compilations (``fusion.fuse``)."""
+    and fusion plans over; ``flatten`` makes it a Program. Compared by identity: a fused
+    plan belongs to one compilation object (``fusion.FusedPlan.fits``)."""
 
     register: Register
     """The wires and the batch of state vectors."""

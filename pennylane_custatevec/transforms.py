@@ -22,13 +22,13 @@ from pennylane.transforms import broadcast_expand, diagonalize_measurements, spl
 from pennylane.transforms.core import transform
 from pennylane.wires import Wires
 
-from .adjoint import (
+from .exact import observable_key
+from .gradients.common import (
     MatrixDerivative,
     is_swept,
     observable_derivatives,
     unsupported_reason,
 )
-from .exact import observable_key
 from .measure import DENSE_OBSERVABLE_WIRES
 from .program import is_broadcast, scalar_parameters, tape_batch_size
 from .rotations import ROTATION_GATES, PauliRotations, gate_of
@@ -207,7 +207,7 @@ def measure_through_state(
       in the form PennyLane needs, as Re tr(rho O) and Re tr(rho O^2) - <O>^2 with rho the
       reduced density matrix on O's wires and O = ``qml.matrix(obs)`` of the framework's
       data: data that is neither a scalar coefficient nor a Hermitian matrix
-      (``adjoint.observable_derivatives``); or a Hermitian matrix when the device's
+      (``common.observable_derivatives``); or a Hermitian matrix when the device's
       gradient cannot be a matrix: with device Jacobians (PennyLane's Jacobian
       contraction takes one entry per scalar), with device VJPs when the trainable
       parameters differ in shape (PennyLane's torch interface stacks a tape's VJPs, as

@@ -27,6 +27,7 @@ from pennylane.tape import QuantumScript
 from test_gates import GATES, gate_spec
 
 import pennylane_custatevec
+import pennylane_custatevec.gradients.common
 import pennylane_custatevec.simulate
 
 ATOL = 1e-8
@@ -847,7 +848,7 @@ def test_broadcast_backward_does_not_simulate_again(simulations, mocker):
     pass simulates them as one batch, and every tape's VJP takes its own final state."""
     dev = qml.device("custatevec.qubit", wires=2)
     ref = qml.device("default.qubit", wires=2)
-    compilations = mocker.spy(pennylane_custatevec.adjoint, "compile_steps")
+    compilations = mocker.spy(pennylane_custatevec.gradients.common, "compile_steps")
 
     def circuit(x, y):
         qml.RX(x, wires=0)

@@ -23,7 +23,7 @@ from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
 import pennylane_custatevec
-from pennylane_custatevec import adjoint
+from pennylane_custatevec.gradients import common
 from pennylane_custatevec.transforms import measure_through_state
 
 ATOL = 1e-9
@@ -703,18 +703,18 @@ def test_observable_columns_are_typed_and_after_the_gates():
     )
     n_ops = len(tape.get_parameters(False, operations_only=True))
     tape.trainable_params = [*GATE_PARAMETERS, n_ops + 1, n_ops + 2]
-    circuit = adjoint.Circuit(tape, Wires(WIRES))
+    circuit = common.Circuit(tape, Wires(WIRES))
     assert sorted(circuit.columns.values()) == [0, 1]
     assert circuit.n_columns == 2 + 1 + 4
     first, second = circuit.observable_columns
     assert (first.measurement, first.start, first.stop) == (1, 2, 3)
-    assert isinstance(first.derivative, adjoint.CoefficientDerivative)
+    assert isinstance(first.derivative, common.CoefficientDerivative)
     assert first.derivative.operator.pauli_rep == (qml.X(3) @ qml.Y("q1")).pauli_rep
     assert (second.measurement, second.start, second.stop) == (2, 3, 7)
-    assert second.derivative == adjoint.MatrixDerivative(None, Wires([3]))
+    assert second.derivative == common.MatrixDerivative(None, Wires([3]))
     assert not second.complex_gradient
     plain = QuantumScript(_operations(0.4, 0.9), [qml.expval(qml.Z("a"))])
-    assert adjoint.Circuit(plain, Wires(WIRES)).observable_columns == ()
+    assert common.Circuit(plain, Wires(WIRES)).observable_columns == ()
 
 
 def test_deferred_batch_with_observable_data():

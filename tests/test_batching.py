@@ -14,7 +14,7 @@ from pennylane.devices import ExecutionConfig
 
 from pennylane_custatevec import batching, exact, simulate
 from pennylane_custatevec.batching import Budget, Chunk, Group, Sum
-from pennylane_custatevec.deferred import SweepKey
+from pennylane_custatevec.gradients.deferred import SweepKey
 
 ATOL = 1e-10
 

@@ -42,8 +42,8 @@ from test_adjoint import (
 )
 
 import pennylane_custatevec
-import pennylane_custatevec.adjoint
-import pennylane_custatevec.deferred
+import pennylane_custatevec.gradients.deferred
+import pennylane_custatevec.gradients.eager
 from pennylane_custatevec import simulate
 from pennylane_custatevec.simulate import RunTooLargeError
 
@@ -78,8 +78,8 @@ GATE_CASES = [
 def paths(mocker):
     """Spies on the deferred sweep and the eager one: ``paths.check(mode)`` asserts that
     the run since the last check took that mode's sweep only."""
-    deferred_sweep = mocker.spy(pennylane_custatevec.deferred, "sweep")
-    eager_sweep = mocker.spy(pennylane_custatevec.adjoint, "_sweep")
+    deferred_sweep = mocker.spy(pennylane_custatevec.gradients.deferred, "sweep")
+    eager_sweep = mocker.spy(pennylane_custatevec.gradients.eager, "_sweep")
 
     class Paths:
         seen = [0, 0]
@@ -692,7 +692,7 @@ def test_memory_chunks(derivative, budget_vectors, expected_sizes, mocker, monke
     budget = budget_vectors * (PER_STATE * (1 + rows) + REDUCTIONS_PER_BRA * rows)
     monkeypatch.setattr(dev._backend, "available_bytes", lambda: budget)
     monkeypatch.setattr(simulate, "UNCHECKED_BYTES", 0)  # these vectors are tiny
-    sweeps = mocker.spy(pennylane_custatevec.deferred, "sweep")
+    sweeps = mocker.spy(pennylane_custatevec.gradients.deferred, "sweep")
     eager = device("eager", 2, W4)
     deferred = config("deferred", 2)
     if expected_sizes is None:
@@ -785,7 +785,7 @@ def test_double_device_api(gpu_double):
 
 def _counting_sweeps(monkeypatch, cupy):
     """Wrap deferred.sweep: the list receives each sweep's number of synchronisations."""
-    original = pennylane_custatevec.deferred.sweep
+    original = pennylane_custatevec.gradients.deferred.sweep
     counts = []
 
     def counted(*args, **kwargs):
@@ -794,7 +794,7 @@ def _counting_sweeps(monkeypatch, cupy):
         counts.append(cupy.synchronizations - before)
         return result
 
-    monkeypatch.setattr(pennylane_custatevec.deferred, "sweep", counted)
+    monkeypatch.setattr(pennylane_custatevec.gradients.deferred, "sweep", counted)
     return counts
 
 

@@ -32,11 +32,10 @@ from pennylane.measurements import MeasurementProcess
 from pennylane.operation import Operation, Operator
 
 import pennylane_custatevec
-import pennylane_custatevec.adjoint
-import pennylane_custatevec.deferred
 import pennylane_custatevec.execution
+import pennylane_custatevec.gradients.deferred
 from pennylane_custatevec import exact
-from pennylane_custatevec.adjoint import Circuit
+from pennylane_custatevec.gradients.common import Circuit
 
 ATOL = 1e-10
 W = ["a", 3, "q1", 0]
@@ -307,7 +306,7 @@ def test_deferred_lookalike_gates_phase(fusion_qubits, backend):
 
 def test_same_gates_still_sweep_together(mocker):
     """Tapes with the same gates and other angles keep sweeping as one batch."""
-    sweeps = mocker.spy(pennylane_custatevec.deferred, "_sweep_chunk")
+    sweeps = mocker.spy(pennylane_custatevec.gradients.deferred, "_sweep_chunk")
     dev = qml.device(DEVICE, wires=W, backend="cpu", grad_accumulation="deferred")
     config = adjoint_config(dev)
     index = [name for name, _ in GATES[2]].index("SingleExcitation")
@@ -323,7 +322,7 @@ def test_sweep_merge_refuses_lookalike_operations():
     prep = [qml.Hadamard(0), qml.RY(0.4, wires=1)]
     measured = [qml.expval(qml.Z(0))]
     tasks = [
-        pennylane_custatevec.deferred._Task(
+        pennylane_custatevec.gradients.deferred._Task(
             i,
             Circuit(qml.tape.QuantumScript(prep + [gate], measured), None, batched=True),
             None,
@@ -333,8 +332,8 @@ def test_sweep_merge_refuses_lookalike_operations():
     ]
     assert tasks[0].sweep_key.kernels == tasks[1].sweep_key.kernels  # the same kernels
     with pytest.raises(RuntimeError, match=r"internal error.*step 2: IsingXY.*SingleExcitation"):
-        pennylane_custatevec.deferred._merge_for_sweep(tasks)
-    compilation = pennylane_custatevec.deferred._merge_for_sweep([tasks[0], tasks[0]])
+        pennylane_custatevec.gradients.deferred._merge_for_sweep(tasks)
+    compilation = pennylane_custatevec.gradients.deferred._merge_for_sweep([tasks[0], tasks[0]])
     assert compilation.register.batch_size == 2 and len(compilation.steps) == 3
 
 
@@ -362,7 +361,7 @@ def test_generator_cache_is_exact():
     ops = [_WeightedPhase(0.3, weights, wires=0) for weights in (first, second)]
     assert str(ops[0].hyperparameters) == str(ops[1].hyperparameters)
     assert exact.generator_key(ops[0]) != exact.generator_key(ops[1])
-    matrices = [pennylane_custatevec.deferred._generator_matrix(op) for op in ops]
+    matrices = [pennylane_custatevec.gradients.deferred._generator_matrix(op) for op in ops]
     np.testing.assert_array_equal(matrices[0], np.zeros((2, 2)))
     np.testing.assert_array_equal(matrices[1], np.diag([0.0, 1.0]))
 

@@ -20,9 +20,9 @@ import torch
 from pennylane.devices import ExecutionConfig
 
 import pennylane_custatevec
-import pennylane_custatevec.adjoint
-import pennylane_custatevec.deferred
 import pennylane_custatevec.fusion
+import pennylane_custatevec.gradients.deferred
+import pennylane_custatevec.gradients.eager
 from pennylane_custatevec import options
 from pennylane_custatevec.backends import CPUBackend, CuStateVecBackend
 from pennylane_custatevec.settings import DifferentiationOptions
@@ -249,12 +249,12 @@ def _weights():
 def spies(mocker):
     mod = pennylane_custatevec
     return {
-        "fused_program": mocker.spy(mod.fusion, "fused_program"),
-        "eager_vjp": mocker.spy(mod.adjoint, "vjp"),
-        "deferred_vjps": mocker.spy(mod.deferred, "vjps"),
-        "eager_jacobian": mocker.spy(mod.adjoint, "jacobian"),
-        "deferred_jacobians": mocker.spy(mod.deferred, "jacobians"),
-        "sweep": mocker.spy(mod.deferred, "sweep"),
+        "fuse": mocker.spy(mod.fusion, "fuse"),
+        "eager_vjp": mocker.spy(mod.gradients.eager, "vjp"),
+        "deferred_vjps": mocker.spy(mod.gradients.deferred, "vjps"),
+        "eager_jacobian": mocker.spy(mod.gradients.eager, "jacobian"),
+        "deferred_jacobians": mocker.spy(mod.gradients.deferred, "jacobians"),
+        "sweep": mocker.spy(mod.gradients.deferred, "sweep"),
     }
 
 
@@ -273,12 +273,12 @@ def test_decorated_qnode_calling_function(spies):
 
     w = _weights()
     loss(w).backward()  # the backward pass runs outside the call
-    assert _fusion_used(spies["fused_program"]) == [3]
+    assert _fusion_used(spies["fuse"]) == [3]
     assert spies["eager_vjp"].call_count == 1 and spies["deferred_vjps"].call_count == 0
 
     v = _weights()
     qnode(v).backward()  # outside: the device's own options
-    assert _fusion_used(spies["fused_program"]) == [3, 2]
+    assert _fusion_used(spies["fuse"]) == [3, 2]
     assert spies["eager_vjp"].call_count == 1 and spies["deferred_vjps"].call_count == 1
     np.testing.assert_allclose(w.grad.numpy(), v.grad.numpy(), atol=1e-10, rtol=0)
 
@@ -291,7 +291,7 @@ def test_decorated_qnode(spies):
     decorated = options(grad_accumulation="eager", fusion_qubits=3)(qnode)
     w = _weights()
     decorated(w).backward()
-    assert _fusion_used(spies["fused_program"]) == [3]
+    assert _fusion_used(spies["fuse"]) == [3]
     assert spies["eager_vjp"].call_count == 1 and spies["deferred_vjps"].call_count == 0
     assert in_force(dev) == DifferentiationOptions("deferred", 2)
     v = _weights()
@@ -481,7 +481,7 @@ def test_backward_uses_the_forward_options(device_mode, forward_mode, spies):
     if forward_mode == "deferred":
         (sweep,) = spies["sweep"].call_args_list
         assert sweep.args[4] == 3  # the forward's fusion_qubits
-    assert _fusion_used(spies["fused_program"]) == [3]
+    assert _fusion_used(spies["fuse"]) == [3]
 
     reference = _weights()
     qml.QNode(_circuit, qml.device("default.qubit", wires=3), diff_method="backprop")(
@@ -562,6 +562,6 @@ def test_fusion_qubits_reaches_the_forward(device_k, override, expected, spies):
     else:
         with options(fusion_qubits=override):
             value = qml.QNode(_circuit, dev)(w)
-    assert _fusion_used(spies["fused_program"]) == expected
+    assert _fusion_used(spies["fuse"]) == expected
     reference = qml.QNode(_circuit, qml.device("default.qubit", wires=3))(w)
     np.testing.assert_allclose(value, reference, atol=1e-10, rtol=0)

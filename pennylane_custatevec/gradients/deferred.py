@@ -1,6 +1,6 @@
 """Adjoint differentiation, deferred mode: fused blocks, one reduction per block, batches.
 
-The eager sweep (adjoint.py) takes one inner product per trainable gate and brings it to
+The eager sweep (eager.py) takes one inner product per trainable gate and brings it to
 the host at once. Here the circuit is fused (fusion.py) into blocks of at most k qubits,
 and the sweep walks back block by block. For a block on the bits S, with phi the state
 before it and lambda a bra after it,
@@ -41,8 +41,15 @@ from pennylane.operation import Operator
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
-from . import batching, fusion, measure, simulate
-from .adjoint import (
+from .. import batching, fusion, measure, simulate
+from ..backends.base import Backend, StateBatch
+from ..exact import generator_key
+from ..instructions import Instruction, apply_instruction, inverse
+from ..kept import KeptState
+from ..pauli import pauli_word_matrix
+from ..program import Compilation, Register, Step, flatten, merge, plain_rotation
+from ..queuing import generator_of
+from .common import (
     Circuit,
     SweepMemory,
     add_cotangent_terms,
@@ -59,18 +66,13 @@ from .adjoint import (
     stacked_gradients,
     state_derivatives,
 )
-from .backends.base import Backend, StateBatch
-from .exact import generator_key
-from .instructions import Instruction, apply_instruction, inverse
-from .pauli import pauli_word_matrix
-from .program import Compilation, Register, Step, flatten, merge, plain_rotation
-from .queuing import generator_of
 
 
 @dataclasses.dataclass
 class _Task:
-    """One tape's part of a batched sweep: its rows of cotangents per vector, and the part
-    of its gradients that the observables' trainable data take from the final state
+    """One tape's part of a batched sweep: its final state if known, the fused plan of its
+    compilation if the forward pass made one, its rows of cotangents per vector, and the
+    part of its gradients that the observables' trainable data take from the final state
     (``Circuit.observable_gradients``; None without such data)."""
 
     index: int
@@ -78,16 +80,22 @@ class _Task:
     state: StateBatch | None
     rows: list[list[tuple]]  # rows[b]: the R cotangent rows of vector b
     observable: np.ndarray | None = None
+    plan: fusion.FusedPlan | None = None
 
     @classmethod
-    def make(cls, backend: Backend, index: int, circuit: Circuit, state, rows) -> _Task:
+    def make(
+        cls, backend: Backend, index: int, circuit: Circuit, kept: KeptState | None, rows
+    ) -> _Task:
         """The task, with its observable part taken from the final state before any
         sweep consumes it (the state is computed here for such a task if not kept)."""
+        state = kept.state if kept else None
+        plan = kept.plan if kept else None
         if not circuit.observable_columns:
-            return cls(index, circuit, state, rows)
+            return cls(index, circuit, state, rows, plan=plan)
         if state is None:
             state = circuit.final_state(backend)
-        return cls(index, circuit, state, rows, circuit.observable_gradients(backend, state, rows))
+        observable = circuit.observable_gradients(backend, state, rows)
+        return cls(index, circuit, state, rows, observable, plan)
 
     def gradients(self, swept: np.ndarray) -> np.ndarray:
         """(B, R, P): the sweep's gradients of the task and its observable part."""
@@ -174,17 +182,16 @@ def vjps(
     tapes: Sequence[QuantumScript],
     cotangents: Sequence,
     device_wires: Wires | None,
-    kept: Sequence[tuple],
+    kept: Sequence[KeptState | None],
     fusion_qubits: int,
 ) -> tuple:
-    """The VJP of each tape (as ``adjoint.vjp``), tapes that share a structure in one
-    sweep. ``kept[i]``: (final state or None, compilation or None) of tape i."""
+    """The VJP of each tape (as ``eager.vjp``), tapes that share a structure in one
+    sweep. ``kept[i]``: what the forward pass kept of tape i, or None."""
     results: list = [None] * len(tapes)
     tasks = []
     live_rows: dict[int, tuple] = {}  # a batch of cotangents: (K, the rows swept), by tape
-    for index, (tape, dy) in enumerate(zip(tapes, cotangents, strict=True)):
-        state, compiled = kept[index]
-        circuit = Circuit(tape, device_wires, compiled, batched=True)
+    for index, (tape, dy, entry) in enumerate(zip(tapes, cotangents, kept, strict=True)):
+        circuit = _circuit(tape, device_wires, entry)
         rows = cotangent_batch(circuit, dy)
         if rows is not None:
             live = [k for k, row in enumerate(rows) if not all(is_zero(d) for d in row)]
@@ -192,7 +199,7 @@ def vjps(
             if live and circuit.n_params:
                 live_rows[index] = (len(rows), live)
                 tasks.append(
-                    _Task.make(backend, index, circuit, state, _batch_rows(circuit, rows, live))
+                    _Task.make(backend, index, circuit, entry, _batch_rows(circuit, rows, live))
                 )
             continue
         per_measurement = checked_cotangents(circuit, dy)
@@ -202,7 +209,7 @@ def vjps(
             results[index] = tuple(circuit.fold(np.zeros(circuit.n_columns)))
         else:
             rows = _vector_rows(circuit, per_measurement)
-            tasks.append(_Task.make(backend, index, circuit, state, rows))
+            tasks.append(_Task.make(backend, index, circuit, entry, rows))
     for task, gradients in _run(backend, tasks, fusion_qubits):
         gradients = task.gradients(gradients)
         if task.index in live_rows:
@@ -241,22 +248,22 @@ def jacobians(
     backend: Backend,
     tapes: Sequence[QuantumScript],
     device_wires: Wires | None,
-    kept: Sequence[tuple],
+    kept: Sequence[KeptState | None],
     fusion_qubits: int,
 ) -> tuple:
-    """The Jacobian of each tape (as ``adjoint.jacobian``; a broadcast tape's entries carry
-    its batch axis first), tapes that share a structure in one sweep."""
+    """The Jacobian of each tape (as ``eager.jacobian``; a broadcast tape's entries carry
+    its batch axis first), tapes that share a structure in one sweep. ``kept`` as in
+    ``vjps``."""
     circuits, per_measurement, tasks = [], [], []
-    for index, tape in enumerate(tapes):
-        state, compiled = kept[index]
-        circuit = Circuit(tape, device_wires, compiled, batched=True)
+    for index, (tape, entry) in enumerate(zip(tapes, kept, strict=True)):
+        circuit = _circuit(tape, device_wires, entry)
         circuits.append(circuit)
         per_measurement.append([None] * len(tape.measurements))
         swept = [i for i, mp in enumerate(tape.measurements) if not isinstance(mp, StateMP)]
         if swept and circuit.n_params:
             rows = one_hot_rows(circuit, swept)
             vector_rows = [rows] * circuit.register.batch_size
-            tasks.append(_Task.make(backend, index, circuit, state, vector_rows))
+            tasks.append(_Task.make(backend, index, circuit, entry, vector_rows))
     for task, gradients in _run(backend, tasks, fusion_qubits):
         _split_outputs(task.circuit, task.gradients(gradients), per_measurement[task.index])
     for circuit, entries in zip(circuits, per_measurement, strict=True):
@@ -268,6 +275,11 @@ def jacobians(
         format_jacobian(entries, circuit.n_params) if circuit.n_params else _no_parameters(entries)
         for circuit, entries in zip(circuits, per_measurement, strict=True)
     )
+
+
+def _circuit(tape: QuantumScript, device_wires: Wires | None, kept: KeptState | None) -> Circuit:
+    """The tape compiled for the batched sweep, with the kept compilation if any."""
+    return Circuit(tape, device_wires, kept.compilation if kept else None, batched=True)
 
 
 def _no_parameters(entries: list) -> tuple:
@@ -499,7 +511,18 @@ def _sweep_chunk(backend: Backend, tasks: list[_Task], fusion_qubits: int) -> np
             )
             vector += 1
     circuit = tasks[0].circuit
-    return sweep(backend, compilation, circuit.columns, circuit.n_columns, fusion_qubits, phi, bras)
+    # the forward pass's plan, of the first task's compilation: it fits a chunk of that
+    # task alone (``merge`` of one compilation is that compilation), else it is planned anew
+    return sweep(
+        backend,
+        compilation,
+        circuit.columns,
+        circuit.n_columns,
+        fusion_qubits,
+        phi,
+        bras,
+        plan=tasks[0].plan,
+    )
 
 
 def _pauli_expvals_only(task: _Task) -> bool:
@@ -533,17 +556,21 @@ def sweep(
     fusion_qubits: int,
     phi: StateBatch,
     bras: StateBatch,
+    plan: fusion.FusedPlan | None = None,
 ) -> np.ndarray:
     """d/dtheta Re <bra|psi> for every bra and column, float64 (B, R, n_columns).
 
     ``phi``: the B final states (consumed); ``bras``: R per vector (consumed); ``columns``:
-    {step index: column} of the trainable gates (see ``adjoint.Circuit``)."""
+    {step index: column} of the trainable gates (see ``common.Circuit``); ``plan``: a
+    fused plan made before (the forward pass's), walked back where it is the plan of
+    ``compilation`` for the width wanted here (``fusion.FusedPlan.fits``), else the
+    compilation is planned again."""
     register, steps = compilation.register, compilation.steps
     batch = register.batch_size
     rows = bras.shape[0] // batch
     gradients = np.zeros((batch, rows, n_columns))
     fusion_qubits = fusion.width(register, fusion_qubits, backend.fusion_traits)
-    units = fusion.fuse(compilation, fusion_qubits, backend.fusion_traits)
+    units = fusion.fused_plan(compilation, fusion_qubits, backend.fusion_traits, plan).units
     trainable = [p for p, fused in enumerate(units) if _members(fused.unit) & columns.keys()]
     if not trainable:
         return gradients

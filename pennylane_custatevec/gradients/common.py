@@ -1,18 +1,6 @@
-"""Adjoint differentiation, eager mode (Jones and Gacon, arXiv:2009.02823).
-
-A trainable gate is U_j = exp(i theta_j G_j) (PennyLane's generator convention), so
-dU_j/dtheta_j = i G_j U_j. For |psi> = U_N ... U_1 |psi_0> and a bra |lambda>:
-
-    phi_j    = U_j ... U_1 |psi_0>                          (the state after gate j)
-    lambda_j = U_{j+1}^dagger ... U_N^dagger |lambda>       (the bra carried back to gate j)
-    d/dtheta_j Re <lambda|psi> = Re( i <lambda_j| G_j |phi_j> )
-
-The sweep starts from phi_N = psi and lambda_N = lambda and walks the gates backwards: at
-a trainable gate, one inner product with its generator applied (no temporary vector);
-then U_j^dagger on both vectors. For a Pauli rotation (G = -P/2) the backend does the
-three in one step. The sweep stops at the first trainable gate. Beyond the final state,
-which becomes phi, it holds the bras and at most one temporary vector; all of it is
-checked against free memory before anything is allocated (``SweepMemory``).
+"""What both adjoint accumulation modes share (``eager``, ``deferred``): validation,
+the compiled ``Circuit``, cotangent checks, the Jacobian layout, the derivatives of
+observable data and the memory of sweeps.
 
 The bra encodes what is differentiated, one cotangent dy per measurement:
 
@@ -27,10 +15,6 @@ before the sweep (it does not depend on where in the circuit the sweep is). For 
 word O^2 = I, whose <I> = 1 has no derivative: the term is -4 dy <O> O psi. Otherwise
 O^2 psi is O applied twice (never O^2 built as an operator: a sum of K words would
 square into K^2 products).
-
-A VJP is one bra. A Jacobian is one bra per output (one-hot cotangents) in one batch, so
-one sweep serves every output. The Jacobian of a state output is computed forward
-instead: d psi/d theta_j = U_N ... U_{j+1} i G_j phi_j, one vector per parameter.
 
 Trainable observable data (tape parameters after the operations' ones) needs no sweep:
 its derivative is read off the final state psi, before the sweep consumes it
@@ -75,20 +59,19 @@ from pennylane.queuing import QueuingManager
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
-from . import measure, simulate
-from .backends.base import Backend, StateBatch
-from .instructions import apply_instruction, inverse
-from .program import (
+from .. import measure, simulate
+from ..backends.base import Backend, StateBatch
+from ..instructions import apply_instruction
+from ..program import (
     Compilation,
     Register,
     compile_steps,
     compiles_by_gate,
     flatten,
     is_broadcast,
-    plain_rotation,
     tape_batch_size,
 )
-from .queuing import generator_of
+from ..queuing import generator_of
 
 
 def is_swept(mp: MeasurementProcess) -> bool:
@@ -577,107 +560,6 @@ def require_sweep_memory(
     )
 
 
-def _require_eager_memory(
-    backend: Backend, circuit: Circuit, held: bool, rows: int, kind: str
-) -> None:
-    """Refuse, before allocating, an eager sweep with ``rows`` bras that does not fit,
-    naming device_vjp=True (one bra) for a Jacobian of several outputs. (The deferred
-    mode needs as many bras for one tape: it is no alternative here.)"""
-    if not circuit.columns:
-        return  # no sweep
-    n = circuit.register.num_qubits
-    alternatives = []
-    if rows > 1:
-        alternatives.append(
-            simulate.Alternative(
-                "device_vjp=True",
-                "a VJP sweeps one bra instead of one per output",
-                eager_sweep_memory(backend, held, 1).bytes(backend, n),
-            )
-        )
-    memory = eager_sweep_memory(backend, held, rows)
-    require_sweep_memory(backend, n, memory, f"the eager adjoint {kind} of a circuit", alternatives)
-
-
-def jacobian(
-    backend: Backend,
-    tape: QuantumScript,
-    device_wires: Wires | None,
-    state=None,
-    compilation: Compilation | None = None,
-):
-    """The Jacobian of ``tape``'s results with respect to its trainable parameters, shaped as
-    PennyLane expects. ``state``, the final state if already known, is consumed;
-    ``compilation``, the tape's ``compile_steps`` if already known, is reused."""
-    circuit = Circuit(tape, device_wires, compilation)
-    measurements = tape.measurements
-    per_measurement: list = [None] * len(measurements)
-    swept = [i for i, mp in enumerate(measurements) if not isinstance(mp, StateMP)]
-    if swept:
-        rows = one_hot_rows(circuit, swept)
-        gradients = _row_gradients(backend, circuit, rows, state, "Jacobian")
-        start = 0
-        for i in swept:
-            mp = measurements[i]
-            size = output_size(mp, circuit.register)
-            block = gradients[start : start + size]
-            start += size
-            shape = output_shape(mp, circuit.register)
-            per_measurement[i] = circuit.fold(
-                [block[:, c].reshape(shape) for c in range(circuit.n_columns)]
-            )
-    if len(swept) < len(measurements):
-        derivatives = state_derivatives(backend, circuit)
-        for i, mp in enumerate(measurements):
-            if isinstance(mp, StateMP):
-                wires = circuit.register.wires
-                per_measurement[i] = circuit.fold(
-                    [mp.process_state(d[0], wire_order=wires) for d in derivatives]
-                )
-    return format_jacobian(per_measurement, circuit.n_params)
-
-
-def vjp(
-    backend: Backend,
-    tape: QuantumScript,
-    cotangents,
-    device_wires: Wires | None,
-    state=None,
-    compilation: Compilation | None = None,
-):
-    """The vector-Jacobian product of ``tape`` with ``cotangents`` (PennyLane's per-tape
-    cotangent: one value per measurement, not wrapped for a single measurement), a tuple
-    with one entry per trainable parameter. ``state`` and ``compilation`` as in ``jacobian``.
-    A batch of cotangents (``cotangent_batch``) gives a batch of VJPs."""
-    circuit = Circuit(tape, device_wires, compilation)
-    rows = cotangent_batch(circuit, cotangents)
-    if rows is not None:
-        return batched_vjp(backend, circuit, rows, state)
-    per_measurement = checked_cotangents(circuit, cotangents)
-    if circuit.n_params == 0:
-        return ()
-    if all(is_zero(dy) for dy in per_measurement):
-        return tuple(circuit.fold(np.zeros(circuit.n_columns)))
-    gradients = _row_gradients(backend, circuit, [per_measurement], state, "VJP")
-    return tuple(circuit.fold(gradients[0]))
-
-
-def _row_gradients(
-    backend: Backend, circuit: Circuit, rows: Sequence[tuple], state, kind: str
-) -> np.ndarray:
-    """The eager gradients of the cotangent ``rows`` (each one value per measurement),
-    shaped ``(len(rows), columns)``: one adjoint sweep of that many bras from the final
-    state, plus the part of the observables' trainable data, which reads the final state
-    before the sweep consumes it. ``state``, the final state if already known, is
-    consumed; ``kind`` names the product in a memory refusal."""
-    _require_eager_memory(backend, circuit, state is not None, len(rows), kind)
-    if state is None:
-        state = circuit.final_state(backend)
-    observable = circuit.observable_gradients(backend, state, [rows])
-    gradients = _sweep(backend, circuit, state, rows)
-    return gradients if observable is None else gradients + observable[0]
-
-
 def cotangent_batch(circuit: Circuit, cotangents) -> list[tuple] | None:
     """The K cotangents of a batch of cotangents, each as ``checked_cotangents`` gives it,
     or None for one cotangent. A batch (jax's vmap of a VJP: ``jax.jacobian`` of a QNode
@@ -708,21 +590,6 @@ def cotangent_batch(circuit: Circuit, cotangents) -> list[tuple] | None:
         )
         rows.append(checked_cotangents(circuit, row if len(row) > 1 else row[0]))
     return rows
-
-
-def batched_vjp(backend: Backend, circuit: Circuit, rows: Sequence[tuple], state=None) -> tuple:
-    """The VJPs of the cotangent ``rows`` (each one value per measurement) in one sweep,
-    stacked on a leading axis: per trainable parameter, an array of shape
-    ``(K, *parameter_shape)``. Rows that are all zero are not swept."""
-    if circuit.n_params == 0:
-        return ()
-    live = [k for k, row in enumerate(rows) if not all(is_zero(dy) for dy in row)]
-    if not live:
-        return stacked_gradients(circuit, np.zeros((len(rows), circuit.n_columns)))
-    swept = _row_gradients(backend, circuit, [rows[k] for k in live], state, "VJP")
-    gradients = np.zeros((len(rows), circuit.n_columns), dtype=swept.dtype)
-    gradients[live] = swept
-    return stacked_gradients(circuit, gradients)
 
 
 def stacked_gradients(circuit: Circuit, gradients: np.ndarray) -> tuple:
@@ -788,45 +655,6 @@ def format_jacobian(per_measurement: list[list[np.ndarray]], n_params: int):
     else:
         entries = [tuple(columns) for columns in per_measurement]
     return entries[0] if len(entries) == 1 else tuple(entries)
-
-
-def _sweep(backend: Backend, circuit: Circuit, state: StateBatch, rows: Sequence[tuple]):
-    """d/dtheta of the real cotangent products of every row, float64 (rows, columns)."""
-    gradients = np.zeros((len(rows), circuit.n_columns))
-    if not circuit.columns:
-        return gradients
-    bras = _bras(backend, circuit, state, rows)
-    phi = state
-    first = min(circuit.columns)
-    for index in range(len(circuit.steps) - 1, first - 1, -1):
-        op, instructions = circuit.steps[index].operation, circuit.steps[index].instructions
-        column = circuit.columns.get(index)
-        rotation = plain_rotation(op, instructions)
-        if column is not None and rotation is not None:
-            # G = -P/2: the inner product and both undos in one backend step
-            products = -0.5 * backend.adjoint_rotation_step(
-                phi, bras, rotation.data, rotation.paulis, rotation.targets
-            )
-            gradients[:, column] = np.real(1j * products)
-            continue
-        if column is not None:
-            products = measure.transition(backend, bras, phi, circuit.register, generator_of(op))
-            gradients[:, column] = np.real(1j * products)
-        if index == first:
-            break
-        for instruction in reversed(instructions):
-            undo = inverse(instruction)
-            apply_instruction(backend, phi, undo)
-            apply_instruction(backend, bras, undo)
-    return gradients
-
-
-def _bras(backend: Backend, circuit: Circuit, psi: StateBatch, rows: Sequence[tuple]):
-    """One bra per row (module docstring), in a new batch."""
-    bras = backend.zero_state(circuit.register.num_qubits, len(rows))
-    backend.scale(bras, np.zeros(1))
-    add_cotangent_terms(backend, bras, psi, circuit.register, circuit.tape.measurements, rows)
-    return bras
 
 
 def add_cotangent_terms(

@@ -11,7 +11,7 @@ them last, after the result's axes; for a scalar parameter it is a product). JVP
 shape of result m: a broadcast tape's batch axis first, complex for a state. As PennyLane
 nests results, one measurement's JVP is returned bare, several as a tuple.
 
-The Jacobian is the device's own adjoint Jacobian (adjoint.py or deferred.py, whichever
+The Jacobian is the device's own adjoint Jacobian (eager.py or deferred.py, whichever
 ``grad_accumulation`` is in force): every output of a tape in one reverse sweep, and in the
 deferred mode tapes that share a structure in one batch. Parameters whose tangent is zero
 are left out of it (fewer columns to sweep), and a tape whose tangents are all zero gets
@@ -36,7 +36,8 @@ from pennylane.measurements import StateMP
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
-from .adjoint import Circuit, is_zero, output_shape
+from ..kept import KeptState
+from .common import Circuit, is_zero, output_shape
 
 
 @dataclasses.dataclass
@@ -118,7 +119,7 @@ def contract(tangent_plan: TangentPlan, jacobian):
 def zeros(tape: QuantumScript, device_wires: Wires | None, compiled=None, batched: bool = False):
     """The JVP of a tape whose tangents are all zero: zeros shaped as its results. The tape
     is checked as the sweep would check it (``compiled``, ``batched`` as for
-    ``adjoint.Circuit``), so that it is refused the same way whatever the tangents."""
+    ``common.Circuit``), so that it is refused the same way whatever the tangents."""
     register = Circuit(tape, device_wires, compiled, batched=batched).register
     batch = (register.batch_size,) if register.broadcast else ()
     jvps = [
@@ -134,13 +135,13 @@ def zeros(tape: QuantumScript, device_wires: Wires | None, compiled=None, batche
 def jvps(
     tapes: Sequence[QuantumScript],
     tangents: Sequence,
-    kept: Sequence[tuple],
+    kept: Sequence[KeptState | None],
     jacobians,
     zero_jvp,
 ) -> tuple:
-    """The JVP of each tape. ``kept[i]``: what the execution kept for tape i (as the
-    Jacobians take it); ``jacobians(tapes, kept)``: the device Jacobians of a batch of tapes;
-    ``zero_jvp(tape, kept_entry)``: the JVP of a tape whose tangents are all zero."""
+    """The JVP of each tape. ``kept[i]``: what the execution kept for tape i, or None (as
+    the Jacobians take it); ``jacobians(tapes, kept)``: the device Jacobians of a batch of
+    tapes; ``zero_jvp(tape, kept[i])``: the JVP of a tape whose tangents are all zero."""
     if len(tangents) != len(tapes):
         raise DeviceError(
             f"custatevec.qubit got tangents for {len(tangents)} tape(s) and {len(tapes)} "

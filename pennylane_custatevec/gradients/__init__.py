@@ -1,0 +1,3 @@
+"""Adjoint differentiation: what both accumulation modes share (``common``), the eager
+sweep (``eager``), the deferred sweep (``deferred``), and Jacobian-vector products
+(``jvp``)."""
