@@ -693,8 +693,8 @@ def test_barren_plateaus_hermitian_best_picks_adjoint(device_vjp):
 
 
 def test_observable_columns_are_typed_and_after_the_gates():
-    """Circuit's columns: gate columns first (in trainable order), then one per coefficient
-    and one per matrix element, each naming its measurement and derivative."""
+    """DifferentiatedTape's columns: gate columns first (in trainable order), then one per
+    coefficient and one per matrix element, each naming its measurement and derivative."""
     hamiltonian = qml.Hamiltonian([0.2, -0.5], [qml.Z("a"), qml.X(3) @ qml.Y("q1")])
     hermitian = qml.Hermitian(np.diag([1.0, -1.0]), wires=[3])
     tape = QuantumScript(
@@ -703,7 +703,7 @@ def test_observable_columns_are_typed_and_after_the_gates():
     )
     n_ops = len(tape.get_parameters(False, operations_only=True))
     tape.trainable_params = [*GATE_PARAMETERS, n_ops + 1, n_ops + 2]
-    circuit = common.Circuit(tape, Wires(WIRES))
+    circuit = common.DifferentiatedTape(tape, Wires(WIRES))
     assert sorted(circuit.columns.values()) == [0, 1]
     assert circuit.n_columns == 2 + 1 + 4
     first, second = circuit.observable_columns
@@ -714,7 +714,7 @@ def test_observable_columns_are_typed_and_after_the_gates():
     assert second.derivative == common.MatrixDerivative(None, Wires([3]))
     assert not second.complex_gradient
     plain = QuantumScript(_operations(0.4, 0.9), [qml.expval(qml.Z("a"))])
-    assert common.Circuit(plain, Wires(WIRES)).observable_columns == ()
+    assert common.DifferentiatedTape(plain, Wires(WIRES)).observable_columns == ()
 
 
 def test_deferred_batch_with_observable_data():

@@ -35,7 +35,7 @@ import pennylane_custatevec
 import pennylane_custatevec.execution
 import pennylane_custatevec.gradients.deferred
 from pennylane_custatevec import exact
-from pennylane_custatevec.gradients.common import Circuit
+from pennylane_custatevec.gradients.common import DifferentiatedTape
 
 ATOL = 1e-10
 W = ["a", 3, "q1", 0]
@@ -324,7 +324,7 @@ def test_sweep_merge_refuses_lookalike_operations():
     tasks = [
         pennylane_custatevec.gradients.deferred._Task(
             i,
-            Circuit(qml.tape.QuantumScript(prep + [gate], measured), None, batched=True),
+            DifferentiatedTape(qml.tape.QuantumScript(prep + [gate], measured), None, batched=True),
             None,
             [[(1.0,)]],
         )
@@ -641,7 +641,7 @@ def test_final_state_cache_keys_by_register(mode, backend, mocker):
     dev = qml.device(DEVICE, wires=5, backend=backend, grad_accumulation=mode)
     config = adjoint_config(dev)
     tapes = preprocessed(dev, config, tapes)
-    simulated = mocker.spy(Circuit, "final_state")
+    simulated = mocker.spy(DifferentiatedTape, "final_state")
     dev.execute(tapes, config)
     vjps = dev.compute_vjp(tapes[::-1], cotangents[::-1], config)
     for vjp, reference in zip(vjps, expected[::-1], strict=True):

@@ -1,5 +1,5 @@
 """What both adjoint accumulation modes share (``eager``, ``deferred``): validation,
-the compiled ``Circuit``, cotangent checks, the Jacobian layout, the derivatives of
+the ``DifferentiatedTape``, cotangent checks, the Jacobian layout, the derivatives of
 observable data and the memory of sweeps.
 
 The bra encodes what is differentiated, one cotangent dy per measurement:
@@ -365,8 +365,11 @@ def _require_supported(tape: QuantumScript, broadcast: bool | None, batched: boo
         )
 
 
-class Circuit:
-    """A tape compiled for the sweep: its register, its steps, its trainable gates.
+class DifferentiatedTape:
+    """A tape as the adjoint method sees it: its compilation (register and steps), the
+    columns of its trainable gates and the data of its observables. Named for what it is:
+    the tape that is differentiated, not a circuit in general (the forward pass knows
+    the same tape as a ``Compilation`` and a ``Program``).
     ``batched``: a broadcast tape is differentiated as one batch (the deferred mode).
 
     One column per scalar of the trainable parameters (``n_columns`` in all), in
@@ -560,7 +563,7 @@ def require_sweep_memory(
     )
 
 
-def cotangent_batch(circuit: Circuit, cotangents) -> list[tuple] | None:
+def cotangent_batch(circuit: DifferentiatedTape, cotangents) -> list[tuple] | None:
     """The K cotangents of a batch of cotangents, each as ``checked_cotangents`` gives it,
     or None for one cotangent. A batch (jax's vmap of a VJP: ``jax.jacobian`` of a QNode
     with ``device_vjp=True``) has one leading axis of size K on each measurement's
@@ -592,7 +595,7 @@ def cotangent_batch(circuit: Circuit, cotangents) -> list[tuple] | None:
     return rows
 
 
-def stacked_gradients(circuit: Circuit, gradients: np.ndarray) -> tuple:
+def stacked_gradients(circuit: DifferentiatedTape, gradients: np.ndarray) -> tuple:
     """Per trainable parameter, from the rows of ``gradients`` ``(K, columns)``: an array
     of shape ``(K, *parameter_shape)``; ``()`` without trainable parameters."""
     if circuit.n_params == 0:
@@ -600,7 +603,7 @@ def stacked_gradients(circuit: Circuit, gradients: np.ndarray) -> tuple:
     return tuple(circuit.fold(list(gradients.T)))
 
 
-def checked_cotangents(circuit: Circuit, cotangents) -> tuple:
+def checked_cotangents(circuit: DifferentiatedTape, cotangents) -> tuple:
     """PennyLane's per-tape cotangent as one entry per measurement, each of its result's
     shape (with the batch axis first for a broadcast tape), or a scalar, or None."""
     tape = circuit.tape
@@ -633,7 +636,7 @@ def output_shape(mp: MeasurementProcess, register: Register) -> tuple:
     return () if isinstance(mp, (ExpectationMP, VarianceMP)) else (output_size(mp, register),)
 
 
-def one_hot_rows(circuit: Circuit, measured: list[int]) -> list[tuple]:
+def one_hot_rows(circuit: DifferentiatedTape, measured: list[int]) -> list[tuple]:
     """One cotangent row per output of the measurements ``measured`` (indices into the
     tape's): 1 at that output, None elsewhere."""
     measurements = circuit.tape.measurements
@@ -719,7 +722,7 @@ def _add_term(backend, bra, psi, register: Register, mp: MeasurementProcess, dy)
         backend.add_scaled(bra, applied, [2.0 * float(dy)])
 
 
-def state_derivatives(backend: Backend, circuit: Circuit) -> list[np.ndarray]:
+def state_derivatives(backend: Backend, circuit: DifferentiatedTape) -> list[np.ndarray]:
     """Forward mode: d psi/d theta_j = U_N ... U_{j+1} (i G_j) phi_j for every trainable
     j, as host arrays (B, 2**n), one per column (the Jacobian of a state is that big)."""
     register = circuit.register

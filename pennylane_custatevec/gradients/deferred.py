@@ -50,7 +50,7 @@ from ..pauli import pauli_word_matrix
 from ..program import Compilation, Register, Step, flatten, merge, plain_rotation
 from ..queuing import generator_of
 from .common import (
-    Circuit,
+    DifferentiatedTape,
     SweepMemory,
     add_cotangent_terms,
     bra_build_scratch,
@@ -73,10 +73,10 @@ class _Task:
     """One tape's part of a batched sweep: its final state if known, the fused plan of its
     compilation if the forward pass made one, its rows of cotangents per vector, and the
     part of its gradients that the observables' trainable data take from the final state
-    (``Circuit.observable_gradients``; None without such data)."""
+    (``DifferentiatedTape.observable_gradients``; None without such data)."""
 
     index: int
-    circuit: Circuit
+    circuit: DifferentiatedTape
     state: StateBatch | None
     rows: list[list[tuple]]  # rows[b]: the R cotangent rows of vector b
     observable: np.ndarray | None = None
@@ -84,7 +84,7 @@ class _Task:
 
     @classmethod
     def make(
-        cls, backend: Backend, index: int, circuit: Circuit, kept: KeptState | None, rows
+        cls, backend: Backend, index: int, circuit: DifferentiatedTape, kept: KeptState | None, rows
     ) -> _Task:
         """The task, with its observable part taken from the final state before any
         sweep consumes it (the state is computed here for such a task if not kept)."""
@@ -222,7 +222,7 @@ def vjps(
     return tuple(results)
 
 
-def _vector_rows(circuit: Circuit, per_measurement: tuple) -> list[list[tuple]]:
+def _vector_rows(circuit: DifferentiatedTape, per_measurement: tuple) -> list[list[tuple]]:
     """One cotangent row per vector: a broadcast tape's cotangents split by entry."""
     register = circuit.register
     if not register.broadcast:
@@ -237,7 +237,9 @@ def _vector_rows(circuit: Circuit, per_measurement: tuple) -> list[list[tuple]]:
     return [[tuple(entries[b] for entries in split)] for b in range(batch)]
 
 
-def _batch_rows(circuit: Circuit, rows: list[tuple], live: list[int]) -> list[list[tuple]]:
+def _batch_rows(
+    circuit: DifferentiatedTape, rows: list[tuple], live: list[int]
+) -> list[list[tuple]]:
     """The rows ``live`` of a batch of cotangents, for every vector: rows[b][i] is row
     live[i] for vector b (a broadcast tape's cotangents split by entry)."""
     per_row = [_vector_rows(circuit, rows[k]) for k in live]
@@ -277,16 +279,18 @@ def jacobians(
     )
 
 
-def _circuit(tape: QuantumScript, device_wires: Wires | None, kept: KeptState | None) -> Circuit:
+def _circuit(
+    tape: QuantumScript, device_wires: Wires | None, kept: KeptState | None
+) -> DifferentiatedTape:
     """The tape compiled for the batched sweep, with the kept compilation if any."""
-    return Circuit(tape, device_wires, kept.compilation if kept else None, batched=True)
+    return DifferentiatedTape(tape, device_wires, kept.compilation if kept else None, batched=True)
 
 
 def _no_parameters(entries: list) -> tuple:
     return entries[0] if len(entries) == 1 else tuple(entries)
 
 
-def _split_outputs(circuit: Circuit, gradients: np.ndarray, entries: list) -> None:
+def _split_outputs(circuit: DifferentiatedTape, gradients: np.ndarray, entries: list) -> None:
     """Each swept measurement's rows of ``gradients`` (B, R, P) as per-parameter arrays."""
     register, start = circuit.register, 0
     for i, mp in enumerate(circuit.tape.measurements):
@@ -306,7 +310,7 @@ def _split_outputs(circuit: Circuit, gradients: np.ndarray, entries: list) -> No
         )
 
 
-def _state_outputs(backend: Backend, circuit: Circuit, entries: list) -> None:
+def _state_outputs(backend: Backend, circuit: DifferentiatedTape, entries: list) -> None:
     """The Jacobian of a state output, in forward mode (as the eager mode)."""
     derivatives = state_derivatives(backend, circuit)
     wires = circuit.register.wires
@@ -561,7 +565,7 @@ def sweep(
     """d/dtheta Re <bra|psi> for every bra and column, float64 (B, R, n_columns).
 
     ``phi``: the B final states (consumed); ``bras``: R per vector (consumed); ``columns``:
-    {step index: column} of the trainable gates (see ``common.Circuit``); ``plan``: a
+    {step index: column} of the trainable gates (see ``common.DifferentiatedTape``); ``plan``: a
     fused plan made before (the forward pass's), walked back where it is the plan of
     ``compilation`` for the width wanted here (``fusion.FusedPlan.fits``), else the
     compilation is planned again."""

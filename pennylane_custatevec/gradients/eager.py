@@ -42,7 +42,7 @@ from ..program import (
 )
 from ..queuing import generator_of
 from .common import (
-    Circuit,
+    DifferentiatedTape,
     add_cotangent_terms,
     checked_cotangents,
     cotangent_batch,
@@ -59,7 +59,7 @@ from .common import (
 
 
 def _require_eager_memory(
-    backend: Backend, circuit: Circuit, held: bool, rows: int, kind: str
+    backend: Backend, circuit: DifferentiatedTape, held: bool, rows: int, kind: str
 ) -> None:
     """Refuse, before allocating, an eager sweep with ``rows`` bras that does not fit,
     naming device_vjp=True (one bra) for a Jacobian of several outputs. (The deferred
@@ -90,7 +90,7 @@ def jacobian(
     PennyLane expects. ``kept``, what the forward pass kept of the tape if anything: its
     final state is consumed, its compilation reused (the eager sweep runs gate by gate, so
     its fused plan is not read)."""
-    circuit = Circuit(tape, device_wires, kept.compilation if kept else None)
+    circuit = DifferentiatedTape(tape, device_wires, kept.compilation if kept else None)
     state = kept.state if kept else None
     measurements = tape.measurements
     per_measurement: list = [None] * len(measurements)
@@ -130,7 +130,7 @@ def vjp(
     cotangent: one value per measurement, not wrapped for a single measurement), a tuple
     with one entry per trainable parameter. ``kept`` as in ``jacobian``.
     A batch of cotangents (``cotangent_batch``) gives a batch of VJPs."""
-    circuit = Circuit(tape, device_wires, kept.compilation if kept else None)
+    circuit = DifferentiatedTape(tape, device_wires, kept.compilation if kept else None)
     state = kept.state if kept else None
     rows = cotangent_batch(circuit, cotangents)
     if rows is not None:
@@ -145,7 +145,7 @@ def vjp(
 
 
 def _row_gradients(
-    backend: Backend, circuit: Circuit, rows: Sequence[tuple], state, kind: str
+    backend: Backend, circuit: DifferentiatedTape, rows: Sequence[tuple], state, kind: str
 ) -> np.ndarray:
     """The eager gradients of the cotangent ``rows`` (each one value per measurement),
     shaped ``(len(rows), columns)``: one adjoint sweep of that many bras from the final
@@ -160,7 +160,9 @@ def _row_gradients(
     return gradients if observable is None else gradients + observable[0]
 
 
-def batched_vjp(backend: Backend, circuit: Circuit, rows: Sequence[tuple], state=None) -> tuple:
+def batched_vjp(
+    backend: Backend, circuit: DifferentiatedTape, rows: Sequence[tuple], state=None
+) -> tuple:
     """The VJPs of the cotangent ``rows`` (each one value per measurement) in one sweep,
     stacked on a leading axis: per trainable parameter, an array of shape
     ``(K, *parameter_shape)``. Rows that are all zero are not swept."""
@@ -175,7 +177,7 @@ def batched_vjp(backend: Backend, circuit: Circuit, rows: Sequence[tuple], state
     return stacked_gradients(circuit, gradients)
 
 
-def _sweep(backend: Backend, circuit: Circuit, state: StateBatch, rows: Sequence[tuple]):
+def _sweep(backend: Backend, circuit: DifferentiatedTape, state: StateBatch, rows: Sequence[tuple]):
     """d/dtheta of the real cotangent products of every row, float64 (rows, columns)."""
     gradients = np.zeros((len(rows), circuit.n_columns))
     if not circuit.columns:
@@ -206,7 +208,7 @@ def _sweep(backend: Backend, circuit: Circuit, state: StateBatch, rows: Sequence
     return gradients
 
 
-def _bras(backend: Backend, circuit: Circuit, psi: StateBatch, rows: Sequence[tuple]):
+def _bras(backend: Backend, circuit: DifferentiatedTape, psi: StateBatch, rows: Sequence[tuple]):
     """One bra per row (module docstring), in a new batch."""
     bras = backend.zero_state(circuit.register.num_qubits, len(rows))
     backend.scale(bras, np.zeros(1))

@@ -37,7 +37,7 @@ from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
 from ..kept import KeptState
-from .common import Circuit, is_zero, output_shape
+from .common import DifferentiatedTape, is_zero, output_shape
 
 
 @dataclasses.dataclass
@@ -119,8 +119,8 @@ def contract(tangent_plan: TangentPlan, jacobian):
 def zeros(tape: QuantumScript, device_wires: Wires | None, compiled=None, batched: bool = False):
     """The JVP of a tape whose tangents are all zero: zeros shaped as its results. The tape
     is checked as the sweep would check it (``compiled``, ``batched`` as for
-    ``common.Circuit``), so that it is refused the same way whatever the tangents."""
-    register = Circuit(tape, device_wires, compiled, batched=batched).register
+    ``common.DifferentiatedTape``), so that it is refused the same way whatever the tangents."""
+    register = DifferentiatedTape(tape, device_wires, compiled, batched=batched).register
     batch = (register.batch_size,) if register.broadcast else ()
     jvps = [
         np.zeros(
