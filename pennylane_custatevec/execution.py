@@ -114,7 +114,7 @@ def _run_analytic_batch(
     (else none, so that the batch is freed on return)."""
     compilation = merge(compilations)  # a lone tape's own compilation
     register = compilation.register
-    fusion_qubits = fusion.width(register, fusion_qubits, backend.fusion_traits)
+    fusion_qubits = fusion.block_width(register, fusion_qubits, backend.fusion_traits)
     plan = None
     if fusion_qubits > 1:
         plan = fusion.fused_plan(compilation, fusion_qubits, backend.fusion_traits)

@@ -250,8 +250,8 @@ class Fused:
     member_matrices: list[np.ndarray] | None = None
 
 
-def width(register: Register, max_qubits: int, traits: FusionTraits) -> int:
-    """The largest block for ``register``'s batch: ``max_qubits``, or 1 (no fusion) when
+def block_width(register: Register, max_qubits: int, traits: FusionTraits) -> int:
+    """The largest fused block for ``register``'s batch: ``max_qubits``, or 1 (no fusion) when
     the batch holds fewer than ``traits.min_fused_amplitudes`` amplitudes, where building
     the blocks costs the host more time than the passes they save."""
     amplitudes = register.batch_size << register.num_qubits

@@ -573,7 +573,7 @@ def sweep(
     batch = register.batch_size
     rows = bras.shape[0] // batch
     gradients = np.zeros((batch, rows, n_columns))
-    fusion_qubits = fusion.width(register, fusion_qubits, backend.fusion_traits)
+    fusion_qubits = fusion.block_width(register, fusion_qubits, backend.fusion_traits)
     units = fusion.fused_plan(compilation, fusion_qubits, backend.fusion_traits, plan).units
     trainable = [p for p, fused in enumerate(units) if _members(fused.unit) & columns.keys()]
     if not trainable:
