@@ -128,7 +128,7 @@ APPLY: dict[Kind, Apply | Unsupported] = {
     Kind.Z_ROTATIONS: lambda backend, state, ins: backend.apply_z_rotations(
         state, ins.data, ins.z_masks
     ),
-    Kind.ROTATIONS: lambda backend, state, ins: backend.apply_rotations(
+    Kind.ROTATIONS: lambda backend, state, ins: backend.apply_one_qubit_rotations(
         state, ins.data, ins.paulis, ins.targets
     ),
     Kind.PHASE: lambda backend, state, ins: backend.scale(state, ins.data),

@@ -281,7 +281,7 @@ def test_probabilities(make, bits, batch, dtype):
     ids=lambda check: check.__name__.removeprefix("check_"),
 )
 def test_preparation_and_rotation_runs(make, dtype, check):
-    """product_state, apply_z_rotations / apply_rotations and their sweep steps."""
+    """product_state, apply_z_rotations / apply_one_qubit_rotations and their sweep steps."""
     check(make(dtype))
 
 
@@ -438,14 +438,14 @@ def test_sample_bit_order_unnormalised_and_edge_cases(make):
     [("X", (0,)), ("Y", (4,)), ("Z", (5,)), ("I", (2,)), ("ZZ", (0, 1)), ("ZIZ", (4, 3, 5)),
      ("ZZZ", (1, 4, 0)), ("XY", (2, 0)), ("ZZZZZ", (0, 1, 2, 3, 4))],
 )  # fmt: skip
-def test_adjoint_rotation_step(make, word, targets, rows, dtype):
+def test_adjoint_pauli_rotation_step(make, word, targets, rows, dtype):
     """<bra_r|P|phi>, then exp(+i angle/2 P) on phi and on every bra."""
     rng = np.random.default_rng(stable_seed("rotation_step", word, targets, rows))
     phi, bras = random_states(N, 1, rng), random_states(N, rows, rng)
     angle = np.array([rng.uniform(-3, 3)])
     backend = make(dtype)
     on_phi, on_bras = load(backend, phi), load(backend, bras)
-    products = backend.adjoint_rotation_step(on_phi, on_bras, angle, word, targets)
+    products = backend.adjoint_pauli_rotation_step(on_phi, on_bras, angle, word, targets)
     pauli = dense_operator(N, word_matrix(word), targets)
     np.testing.assert_allclose(
         products, np.einsum("ri,ij,j->r", bras.conj(), pauli, phi[0]), atol=TOL[dtype] * 10

@@ -444,7 +444,7 @@ def test_diagonal_step_on_a_larger_register(word, targets, rows):
     angle = np.array([rng.uniform(-3, 3)])
     backend = CPUBackend()
     fused_phi, fused_bras = backend.from_host(phi), backend.from_host(bras)
-    products = backend.adjoint_rotation_step(fused_phi, fused_bras, angle, word, targets)
+    products = backend.adjoint_pauli_rotation_step(fused_phi, fused_bras, angle, word, targets)
     signs = np.diag(word_matrix(word))
     undo = np.diag(np.exp(0.5j * angle[0] * signs))
     z = ref_apply_blocks(phi, np.diag(signs)[None], targets)
@@ -778,8 +778,8 @@ ROTATION_CASES = [  # n, paulis, targets, angles (1 or B, 2), batch, rows
 
 
 def check_rotations(backend):
-    """apply_rotations equals the rotations one by one (apply_pauli_rotation), and
-    adjoint_rotations_step returns <bra|P_j|phi> and undoes them on phi and the bras."""
+    """apply_one_qubit_rotations equals the rotations one by one (apply_pauli_rotation), and
+    adjoint_one_qubit_rotations_step returns <bra|P_j|phi> and undoes them on phi and the bras."""
     tol = TOL[backend.dtype.type]
     for n, paulis, targets, angles, batch, rows in ROTATION_CASES:
         rng = np.random.default_rng(stable_seed("rotations", n, paulis))
@@ -791,7 +791,7 @@ def check_rotations(backend):
         for j, (letter, bit) in enumerate(zip(paulis, targets, strict=True)):
             backend.apply_pauli_rotation(expected, angles[:, j], letter, (bit,))
         state = backend.from_host(psi)
-        backend.apply_rotations(state, angles, paulis, targets)
+        backend.apply_one_qubit_rotations(state, angles, paulis, targets)
         np.testing.assert_allclose(backend.to_host(state), backend.to_host(expected), atol=tol)
         products = np.zeros((batch, rows, 2), dtype=complex)
         for j, (letter, bit) in enumerate(zip(paulis, targets, strict=True)):
@@ -801,7 +801,7 @@ def check_rotations(backend):
             for b in range(batch):
                 products[b, :, j] = np.conj(bras[b * rows : (b + 1) * rows]) @ flipped[b]
         phi, bra_state = backend.copy(expected), backend.from_host(bras)
-        step = backend.adjoint_rotations_step(phi, bra_state, angles, paulis, targets)
+        step = backend.adjoint_one_qubit_rotations_step(phi, bra_state, angles, paulis, targets)
         np.testing.assert_allclose(backend.gather([step])[0], products, atol=tol * 10)
         np.testing.assert_allclose(backend.to_host(phi), psi, atol=tol)
         undone = backend.from_host(bras)
@@ -816,7 +816,7 @@ def test_rotations_come_in_pairs_on_the_cpu(paulis, targets):
     backend = CPUBackend()
     state = backend.zero_state(3, 1)
     with pytest.raises(ValueError, match="in pairs of X, Y or Z"):
-        backend.apply_rotations(state, np.zeros((1, len(paulis))), paulis, targets)
+        backend.apply_one_qubit_rotations(state, np.zeros((1, len(paulis))), paulis, targets)
 
 
 def check_adjoint_block_step(backend):

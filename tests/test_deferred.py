@@ -919,7 +919,9 @@ def mixer_circuit(angles, entangling, broadcast_x=None):
 def test_one_qubit_rotation_pairs(k, device_vjp, paths, mocker):
     """With fusion on, each pair of the mixer's lone rotations is one step of the sweep
     (5 wires: two pairs and a lone rotation per layer)."""
-    spy = mocker.spy(pennylane_custatevec.backends.cpu.CPUBackend, "adjoint_rotations_step")
+    spy = mocker.spy(
+        pennylane_custatevec.backends.cpu.CPUBackend, "adjoint_one_qubit_rotations_step"
+    )
     assert_modes_match_backprop(mixer_circuit, 31, k, device_vjp, paths)
     assert spy.call_count == (0 if k <= 1 else 4)
 

@@ -60,13 +60,13 @@ class FusionTraits:
     one Z_ROTATIONS instruction (``apply_z_rotations``) for this backend."""
     rotations_per_pass: int = 1
     """How many one-qubit Pauli rotations on distinct bits fusion gathers into one
-    ROTATIONS instruction (``apply_rotations``); below 2, none."""
+    ROTATIONS instruction (``apply_one_qubit_rotations``); below 2, none."""
     min_fused_amplitudes: int = 0
     """Batches of fewer amplitudes (vectors x 2**n) run unfused: there, building blocks
     costs more host time than the kernel passes they save."""
-    rotation_step_for_lone_rotations: bool = False
+    pauli_rotation_step_for_lone_rotations: bool = False
     """Whether the deferred sweep takes a block of one Pauli rotation, on one state
-    vector, through ``adjoint_rotation_step`` (one pass, real arithmetic) instead of
+    vector, through ``adjoint_pauli_rotation_step`` (one pass, real arithmetic) instead of
     ``adjoint_block_step``'s dense reduction: on backends whose dense 2**k products are
     compute-bound (the CPU)."""
 
@@ -111,10 +111,10 @@ class Backend(abc.ABC):
     def scratch_vectors(self, kets: int, bras: int, reduction: bool) -> int:
         """The most state vectors the backend allocates as temporaries inside one call on
         ``kets`` kets and ``bras`` bras, for the memory checks of the adjoint sweeps: an
-        inner product (``inner_pauli``, ``inner_matrix``, ``adjoint_rotation_step``) or
+        inner product (``inner_pauli``, ``inner_matrix``, ``adjoint_pauli_rotation_step``) or
         ``add_scaled`` (``kets`` its source vectors), or with ``reduction`` one of the
         deferred sweep's steps (``adjoint_block_step``, ``adjoint_z_rotations_step``,
-        ``adjoint_rotations_step``). The default compositions copy their kets (one copy
+        ``adjoint_one_qubit_rotations_step``). The default compositions copy their kets (one copy
         alive at a time)."""
 
     # --- primitives: allocation, transfer, views -----------------------------------------
@@ -239,7 +239,7 @@ class Backend(abc.ABC):
         for j, (paulis, bits) in enumerate(z_words(z_masks)):
             self.apply_pauli_rotation(state, angles[:, j], paulis, bits)
 
-    def apply_rotations(
+    def apply_one_qubit_rotations(
         self, state: StateBatch, angles: np.ndarray, paulis: str, targets: Sequence[int]
     ) -> None:
         """psi <- prod_j exp(-i angles[:, j]/2 P_j) psi for one-qubit rotations on the
@@ -321,7 +321,7 @@ class Backend(abc.ABC):
 
     # --- compositions: the adjoint sweeps' steps -----------------------------------------
 
-    def adjoint_rotation_step(
+    def adjoint_pauli_rotation_step(
         self,
         phi: StateBatch,
         bras: StateBatch,
@@ -383,7 +383,7 @@ class Backend(abc.ABC):
             phi, bras, angles, z_words(z_masks), lambda s, a: self.apply_z_rotations(s, a, z_masks)
         )
 
-    def adjoint_rotations_step(
+    def adjoint_one_qubit_rotations_step(
         self,
         phi: StateBatch,
         bras: StateBatch,
@@ -392,12 +392,16 @@ class Backend(abc.ABC):
         targets: Sequence[int],
     ) -> Any:
         """One step of the deferred sweep back through the rotations of
-        ``apply_rotations``: returns <bra_{b,r}|P_j|phi_b> for every bra and rotation,
+        ``apply_one_qubit_rotations``: returns <bra_{b,r}|P_j|phi_b> for every bra and rotation,
         complex128 of shape (B, R, m), as a backend array (see ``gather``); then applies
         the inverse rotations to phi and to the bras (bras as in ``adjoint_block_step``)."""
         words = [(letter, (bit,)) for letter, bit in zip(paulis, targets, strict=True)]
         return self._commuting_step(
-            phi, bras, angles, words, lambda s, a: self.apply_rotations(s, a, paulis, targets)
+            phi,
+            bras,
+            angles,
+            words,
+            lambda s, a: self.apply_one_qubit_rotations(s, a, paulis, targets),
         )
 
     def gather(self, arrays: Sequence[Any]) -> list[np.ndarray]:

@@ -123,7 +123,7 @@ CPU_FUSION_TRAITS = FusionTraits(
     min_fused_amplitudes=1 << 13,
     # The rotation kernels make one pass in real arithmetic; a dense block on k bits is
     # compute-bound here (block_costs).
-    rotation_step_for_lone_rotations=True,
+    pauli_rotation_step_for_lone_rotations=True,
 )
 """How fusion plans for the CPU backend (see FusionTraits)."""
 
@@ -215,7 +215,7 @@ class CPUBackend(Backend):
         apply = kernel("apply_pauli_rotation", state)
         apply(state, angles, x_mask, z_mask, i_power, where.fixed_bits, where.control_mask)
 
-    def apply_rotations(self, state, angles, paulis, targets) -> None:
+    def apply_one_qubit_rotations(self, state, angles, paulis, targets) -> None:
         angles, letters = _rotation_pair(angles, paulis)
         where = _placement(targets)
         apply = kernel("apply_rotation_pair", state)
@@ -262,7 +262,7 @@ class CPUBackend(Backend):
         kernel("inner_matrix", bra)(bra, ket, matrix, where.targets, where.fixed_bits, out)
         return out
 
-    def adjoint_rotation_step(self, phi, bras, angles, paulis, targets) -> np.ndarray:
+    def adjoint_pauli_rotation_step(self, phi, bras, angles, paulis, targets) -> np.ndarray:
         angles = np.ascontiguousarray(angles, dtype=np.float64).reshape(-1)
         out = np.empty(bras.shape[0], dtype=np.complex128)
         x_mask, _, _ = _pauli_masks(paulis, targets)
@@ -278,7 +278,7 @@ class CPUBackend(Backend):
             step = kernel("diagonal_step", bras)
             step(phi, bras, diagonal, signs, where.targets, where.fixed_bits, out)
             return out
-        return super().adjoint_rotation_step(phi, bras, angles, paulis, targets)
+        return super().adjoint_pauli_rotation_step(phi, bras, angles, paulis, targets)
 
     def apply_z_rotations(self, state, angles, z_masks) -> None:
         plan = _z_rotation_plan(np.asarray(angles, dtype=np.float64), z_masks, state.shape[1])
@@ -296,7 +296,7 @@ class CPUBackend(Backend):
         sums = out.reshape(batch, blocks, rows, -1)[..., plan.low_group]
         return np.einsum("bhrj,jh->brj", sums, plan.high_signs)
 
-    def adjoint_rotations_step(self, phi, bras, angles, paulis, targets) -> np.ndarray:
+    def adjoint_one_qubit_rotations_step(self, phi, bras, angles, paulis, targets) -> np.ndarray:
         angles, letters = _rotation_pair(angles, paulis)
         batch, dim = phi.shape
         rows = bras.shape[0] // batch

@@ -172,7 +172,7 @@ CUSTATEVEC_FUSION_TRAITS = FusionTraits(
     z_runs=False,  # Z words are cheap there, and join the greedy dense blocks
     rotations_per_pass=1,  # rotations join the greedy dense blocks (one pass each) there
     min_fused_amplitudes=0,  # every fused block saves a kernel launch
-    rotation_step_for_lone_rotations=False,  # a dense reduction is bandwidth-bound here too
+    pauli_rotation_step_for_lone_rotations=False,  # a dense reduction is bandwidth-bound here too
 )
 """How fusion plans for the cuStateVec backend (see FusionTraits)."""
 
@@ -181,9 +181,9 @@ class CuStateVecBackend(Backend):
     """State vectors as a C-contiguous cupy array of shape (B, 2**n) on one GPU.
 
     Its own kernels: everything but the runs of rotations (``apply_z_rotations``,
-    ``apply_rotations`` and their sweep steps, which fusion never plans here: see its
+    ``apply_one_qubit_rotations`` and their sweep steps, which fusion never plans here: see its
     traits), ``product_state``, ``inner_pauli``, ``inner_matrix``, ``add_pauli_sum`` and
-    ``adjoint_rotation_step``, which are the base class's compositions of these kernels."""
+    ``adjoint_pauli_rotation_step``, which are the base class's compositions of these kernels."""
 
     name = "custatevec"
     fusion_traits = CUSTATEVEC_FUSION_TRAITS

@@ -595,11 +595,11 @@ def sweep(
             reductions.append((unit, None, reduction))
         elif isinstance(unit, fusion.Rotations):
             (instruction,) = fused.instructions
-            reduction = backend.adjoint_rotations_step(
+            reduction = backend.adjoint_one_qubit_rotations_step(
                 phi, bras, instruction.data, instruction.paulis, instruction.targets
             )
             reductions.append((unit, None, reduction))
-        elif isinstance(unit, fusion.Block) and not _rotation_step_pays(
+        elif isinstance(unit, fusion.Block) and not _pauli_rotation_step_pays(
             backend, register, steps, fused
         ):
             matrices = fused.member_matrices or [
@@ -627,11 +627,13 @@ def sweep(
     return gradients
 
 
-def _rotation_step_pays(backend: Backend, register: Register, steps: Sequence[Step], fused) -> bool:
+def _pauli_rotation_step_pays(
+    backend: Backend, register: Register, steps: Sequence[Step], fused
+) -> bool:
     """Whether a block of one Pauli rotation, on one state vector, takes the backend's fused
     rotation step (one pass, real arithmetic) rather than a dense reduction: on backends
     whose traits ask for it (the CPU, whose dense 2**k products are compute-bound)."""
-    wanted = backend.fusion_traits.rotation_step_for_lone_rotations
+    wanted = backend.fusion_traits.pauli_rotation_step_for_lone_rotations
     if fused.member_matrices or not wanted or register.batch_size > 1:
         return False
     step = steps[fused.unit.members[0]]
@@ -661,7 +663,7 @@ def _single_step(
     rows = bras.shape[0] // batch
     rotation = plain_rotation(op, instructions)
     if rotation is not None and batch == 1:
-        step_products = backend.adjoint_rotation_step(
+        step_products = backend.adjoint_pauli_rotation_step(
             phi, bras, rotation.data, rotation.paulis, rotation.targets
         )
         return np.real(-0.5j * step_products)[None]
@@ -671,7 +673,7 @@ def _single_step(
         bras_b = backend.vectors(bras, b * rows, (b + 1) * rows)
         if rotation is not None:
             angles = _entry(rotation.data, b)
-            step_products = backend.adjoint_rotation_step(
+            step_products = backend.adjoint_pauli_rotation_step(
                 phi_b, bras_b, angles, rotation.paulis, rotation.targets
             )
             products[b] = -0.5 * step_products

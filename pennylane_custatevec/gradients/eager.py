@@ -191,7 +191,7 @@ def _sweep(backend: Backend, circuit: DifferentiatedTape, state: StateBatch, row
         rotation = plain_rotation(op, instructions)
         if column is not None and rotation is not None:
             # G = -P/2: the inner product and both undos in one backend step
-            products = -0.5 * backend.adjoint_rotation_step(
+            products = -0.5 * backend.adjoint_pauli_rotation_step(
                 phi, bras, rotation.data, rotation.paulis, rotation.targets
             )
             gradients[:, column] = np.real(1j * products)
