@@ -36,8 +36,10 @@ _FIXED_WORDS = {
 }
 ROTATION_GATES = (*_FIXED_WORDS, qml.MultiRZ, qml.PauliRot)
 
-Gate = tuple[type, tuple, str]
-"""A gate of a run: its class, its wires, and its Pauli word (one letter per wire)."""
+RunGate = tuple[type, tuple, str]
+"""A gate of a run of rotations (``PauliRotations``), without its angle: its class, its
+wires, and its Pauli word (one letter per wire). Not a template's gate
+(``templates.TemplateGate``)."""
 
 
 def rotation_word(op: Operator) -> str:
@@ -65,17 +67,17 @@ def real_angles(values, name: str) -> np.ndarray:
     return angles.astype(np.float64)
 
 
-def gate_of(op: Operator) -> Gate:
+def gate_of(op: Operator) -> RunGate:
     return (type(op), tuple(op.wires), rotation_word(op))
 
 
 class PauliRotations(ResourcesOperation):
     """exp(-i theta_J/2 P_J) ... exp(-i theta_1/2 P_1): the rotation gates ``gates`` (see
-    ``Gate``) applied in order, gate j with the angle ``angles[j]``."""
+    ``RunGate``) applied in order, gate j with the angle ``angles[j]``."""
 
     grad_method = None
 
-    def __init__(self, *angles, gates: tuple[Gate, ...], id=None):
+    def __init__(self, *angles, gates: tuple[RunGate, ...], id=None):
         if len(angles) != len(gates):
             raise ValueError(f"PauliRotations got {len(angles)} angles for {len(gates)} gates.")
         wires = list(dict.fromkeys(w for _, gate_wires, _ in gates for w in gate_wires))
@@ -121,14 +123,14 @@ def _(op: PauliRotations, params) -> PauliRotations:
     return PauliRotations(*params, gates=op.hyperparameters["gates"])
 
 
-def _build(gate: Gate, angle) -> Operation:
+def _build(gate: RunGate, angle) -> Operation:
     cls, wires, word = gate
     if cls is qml.PauliRot:
         return qml.PauliRot(angle, word, wires=wires)
     return cls(angle, wires=wires)
 
 
-def _depth(gates: tuple[Gate, ...]) -> int:
+def _depth(gates: tuple[RunGate, ...]) -> int:
     """Layers of the run: each gate one layer after the last gate on any of its wires."""
     layer: dict = {}
     for _, wires, _ in gates:
@@ -138,7 +140,7 @@ def _depth(gates: tuple[Gate, ...]) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def structure(gates: tuple[Gate, ...]) -> tuple[Operation, ...]:
+def structure(gates: tuple[RunGate, ...]) -> tuple[Operation, ...]:
     """One operator per gate of a run, standing for the gate's structure (its name, wires
     and generator) when the run is compiled; the angles live in the instructions."""
     with without_queuing():

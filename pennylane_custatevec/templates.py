@@ -45,8 +45,9 @@ NATIVE_TEMPLATES = tuple(_UNBATCHED_NDIM)
 _ROTATIONS = (qml.RX, qml.RY, qml.RZ)
 _ENTANGLERS = (qml.CNOT, qml.CZ, qml.CY)
 
-Gate = tuple[Operator, int | None]
-"""A template's gate and, for a rotation, the flat index of its angle in the parameter."""
+TemplateGate = tuple[Operator, int | None]
+"""A native template's gate and, for a rotation, the flat index of its angle in the
+template's parameter. Not a gate of a run of rotations (``rotations.RunGate``)."""
 
 
 def is_native_template(op: Operator) -> bool:
@@ -71,7 +72,7 @@ def is_native_template(op: Operator) -> bool:
     return hyperparameters.get("imprimitive", qml.CNOT) in _ENTANGLERS
 
 
-def template_gates(op: Operator) -> tuple[Gate, ...]:
+def template_gates(op: Operator) -> tuple[TemplateGate, ...]:
     """The gates of the native template ``op``, in the order they act."""
     wires = tuple(op.wires)
     shape = qml.math.shape(op.data[0])
@@ -105,7 +106,7 @@ def template_operations(op: Operator) -> list[Operator]:
 @functools.lru_cache(maxsize=256)
 def _strongly_entangling(wires: tuple, n_layers: int, ranges: tuple, entangler) -> tuple:
     n = len(wires)
-    gates: list[Gate] = []
+    gates: list[TemplateGate] = []
     for layer in range(n_layers):
         for i, wire in enumerate(wires):
             first = (layer * n + i) * 3
@@ -126,7 +127,7 @@ def _strongly_entangling(wires: tuple, n_layers: int, ranges: tuple, entangler) 
 def _basic_entangler(wires: tuple, n_layers: int, rotation) -> tuple:
     n = len(wires)
     ring = [(wires[i], wires[(i + 1) % n]) for i in range(n)] if n > 2 else [wires] * (n == 2)
-    gates: list[Gate] = []
+    gates: list[TemplateGate] = []
     for layer in range(n_layers):
         gates += [(rotation(0.0, wires=wire), layer * n + i) for i, wire in enumerate(wires)]
         gates += [(qml.CNOT(wires=pair), None) for pair in ring]
