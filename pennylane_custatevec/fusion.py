@@ -21,7 +21,7 @@ a CPU a dense 2**k x 2**k product is compute-bound beyond one bit, so wide block
 when they absorb many gates.
 
 Two kinds of unit apply several rotations in one pass without a dense matrix: a ZRun
-gathers commuting Z-word rotations (QAOA cost layers), and Rotations pairs adjacent
+gathers commuting Z-word rotations (QAOA cost layers), and OneQubitRotations pairs adjacent
 one-qubit rotations on distinct bits that would each be a block of their own (QAOA mixers),
 as many as the traits' ``rotations_per_pass``.
 
@@ -67,15 +67,15 @@ class ZRun:
 
 
 @dataclasses.dataclass(frozen=True)
-class Rotations:
+class OneQubitRotations:
     """Adjacent one-qubit rotations exp(-i theta/2 P) on distinct bits (a QAOA mixer
-    layer) that would each be a block of their own, applied as one ROTATIONS instruction:
+    layer) that would each be a block of their own, applied as one ONE_QUBIT_ROTATIONS instruction:
     one pass for up to the traits' ``rotations_per_pass`` of them."""
 
     members: tuple[int, ...]
 
 
-Unit = Block | Single | ZRun | Rotations
+Unit = Block | Single | ZRun | OneQubitRotations
 
 
 def step_bits(
@@ -115,7 +115,7 @@ def plan(
     into ZRuns (a rotation joins the last run that comes no earlier than the last unit
     touching its bits). ``one_qubit_rotations`` flags the one-qubit rotations
     exp(-i theta/2 P): with fusion on, up to ``traits.rotations_per_pass`` adjacent blocks
-    of one such rotation each, on distinct bits, become one Rotations unit."""
+    of one such rotation each, on distinct bits, become one OneQubitRotations unit."""
     count = len(bits_per_step)
     z_flags = tuple(z_rotations) if z_rotations is not None else (False,) * count
     units = _cached_plan(tuple(bits_per_step), max_qubits, traits.block_costs, z_flags)
@@ -128,14 +128,14 @@ def plan(
 @functools.lru_cache(maxsize=256)
 def _paired_rotations(units: tuple[Unit, ...], flags: tuple, per_pass: int) -> tuple[Unit, ...]:
     """``units`` with each run of adjacent one-rotation blocks on distinct bits cut into
-    Rotations of up to ``per_pass`` members (adjacent units run back to back, so nothing
+    OneQubitRotations of up to ``per_pass`` members (adjacent units run back to back, so nothing
     moves across another operation)."""
     paired: list[Unit] = []
     group: list[Block] = []
 
     def close() -> None:
         if len(group) > 1:
-            paired.append(Rotations(tuple(block.members[0] for block in group)))
+            paired.append(OneQubitRotations(tuple(block.members[0] for block in group)))
         else:
             paired.extend(group)
         group.clear()
@@ -280,8 +280,8 @@ def fuse(compilation: Compilation, max_qubits: int, traits: FusionTraits = GREED
         if isinstance(unit, ZRun):
             fused.append(Fused(unit, [_z_rotations(steps, unit)]))
             continue
-        if isinstance(unit, Rotations):
-            fused.append(Fused(unit, [_rotations(steps, unit)]))
+        if isinstance(unit, OneQubitRotations):
+            fused.append(Fused(unit, [_one_qubit_rotations(steps, unit)]))
             continue
         if isinstance(unit, Single) or len(unit.members) == 1:
             member = unit.member if isinstance(unit, Single) else unit.members[0]
@@ -319,10 +319,10 @@ def _z_rotations(steps: Sequence[Step], run: ZRun) -> Instruction:
     return Instruction(Kind.Z_ROTATIONS, data=_stacked_angles(instructions), z_masks=masks)
 
 
-def _rotations(steps: Sequence[Step], unit: Rotations) -> Instruction:
+def _one_qubit_rotations(steps: Sequence[Step], unit: OneQubitRotations) -> Instruction:
     instructions = [steps[m].instructions[0] for m in unit.members]
     return Instruction(
-        Kind.ROTATIONS,
+        Kind.ONE_QUBIT_ROTATIONS,
         targets=tuple(ins.targets[0] for ins in instructions),
         paulis="".join(ins.paulis for ins in instructions),
         data=_stacked_angles(instructions),

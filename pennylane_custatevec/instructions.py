@@ -47,7 +47,7 @@ class Kind(enum.Enum):
     PAULI = "pauli"
     PAULI_ROTATION = "pauli_rotation"
     Z_ROTATIONS = "z_rotations"
-    ROTATIONS = "rotations"
+    ONE_QUBIT_ROTATIONS = "one_qubit_rotations"
     PHASE = "phase"
     MID_MEASURE = "mid_measure"
     POSTSELECT = "postselect"
@@ -60,7 +60,7 @@ class Instruction:
     ``data`` holds, by kind: MATRIX (1 or B, 2**k, 2**k) matrices; DIAGONAL (1 or B, 2**k);
     PAULI_ROTATION (1 or B,) angles of exp(-i angle/2 P); Z_ROTATIONS (1 or B, J) the
     angles of J commuting rotations exp(-i angle_j/2 Z_j), Z_j the word of Z letters on
-    the bits of ``z_masks[j]``; ROTATIONS (1 or B, m) the angles of m one-qubit rotations
+    the bits of ``z_masks[j]``; ONE_QUBIT_ROTATIONS (1 or B, m) the angles of m one-qubit rotations
     exp(-i angle_j/2 P_j) on the distinct bits ``targets[j]``, P_j the letter
     ``paulis[j]``; PHASE (1 or B,) factors;
     POSTSELECT (1, 2**k, 2**k) the projector; PAULI and MID_MEASURE nothing.
@@ -128,7 +128,7 @@ APPLY: dict[Kind, Apply | Unsupported] = {
     Kind.Z_ROTATIONS: lambda backend, state, ins: backend.apply_z_rotations(
         state, ins.data, ins.z_masks
     ),
-    Kind.ROTATIONS: lambda backend, state, ins: backend.apply_one_qubit_rotations(
+    Kind.ONE_QUBIT_ROTATIONS: lambda backend, state, ins: backend.apply_one_qubit_rotations(
         state, ins.data, ins.paulis, ins.targets
     ),
     Kind.PHASE: lambda backend, state, ins: backend.scale(state, ins.data),
@@ -160,7 +160,7 @@ DENSE_MATRIX: dict[Kind, Matrix | Unsupported] = {
     Kind.PAULI: lambda ins: pauli_word_matrix(ins.paulis)[None],
     Kind.PAULI_ROTATION: _rotation_matrix,
     Kind.Z_ROTATIONS: _MADE_BY_FUSION,
-    Kind.ROTATIONS: _MADE_BY_FUSION,
+    Kind.ONE_QUBIT_ROTATIONS: _MADE_BY_FUSION,
     Kind.PHASE: lambda ins: np.asarray(ins.data, dtype=np.complex128).reshape(-1, 1, 1),
     Kind.MID_MEASURE: Unsupported("is no linear map of the state"),
     Kind.POSTSELECT: Unsupported("renormalises the state after its projector"),
@@ -185,7 +185,7 @@ INVERSE: dict[Kind, Inverse | Unsupported] = {
     Kind.PAULI: lambda ins: ins,  # a Pauli word is its own inverse
     Kind.PAULI_ROTATION: _NEGATED_ANGLES,
     Kind.Z_ROTATIONS: _NEGATED_ANGLES,
-    Kind.ROTATIONS: _NEGATED_ANGLES,
+    Kind.ONE_QUBIT_ROTATIONS: _NEGATED_ANGLES,
     Kind.PHASE: _with_data(np.conj),
     Kind.MID_MEASURE: Unsupported("cannot be undone (the adjoint method refuses it)"),
     Kind.POSTSELECT: Unsupported("cannot be undone (the adjoint method refuses it)"),
@@ -229,7 +229,7 @@ MASKED: dict[Kind, Masked | Unsupported] = {
     Kind.PAULI: _masked_pauli,
     Kind.PAULI_ROTATION: _ZERO_ANGLES,
     Kind.Z_ROTATIONS: _ZERO_ANGLES,
-    Kind.ROTATIONS: _ZERO_ANGLES,
+    Kind.ONE_QUBIT_ROTATIONS: _ZERO_ANGLES,
     Kind.PHASE: _masked_data(lambda data: 1.0),
     Kind.MID_MEASURE: Unsupported(
         "cannot be conditioned: PennyLane conditions operations, not measurements"

@@ -230,10 +230,10 @@ _ZERO_KET = np.array([[1.0, 0.0]], dtype=np.complex128)
 
 def _is_one_qubit_gate(instruction: Instruction) -> bool:
     """Whether the instruction is made of one-qubit gates: a gate with a matrix on one
-    target, or ROTATIONS (one-qubit rotations on distinct bits)."""
+    target, or ONE_QUBIT_ROTATIONS (one-qubit rotations on distinct bits)."""
     return (
         (
-            instruction.kind is Kind.ROTATIONS
+            instruction.kind is Kind.ONE_QUBIT_ROTATIONS
             or (has_matrix(instruction.kind) and len(instruction.targets) == 1)
         )
         and not instruction.controls
@@ -243,7 +243,7 @@ def _is_one_qubit_gate(instruction: Instruction) -> bool:
 
 def _one_qubit_gates(instruction: Instruction) -> list[Instruction]:
     """The one-qubit gates of a ``_is_one_qubit_gate`` instruction."""
-    if instruction.kind is not Kind.ROTATIONS:
+    if instruction.kind is not Kind.ONE_QUBIT_ROTATIONS:
         return [instruction]
     return [
         Instruction(Kind.PAULI_ROTATION, targets=(bit,), paulis=letter, data=instruction.data[:, j])

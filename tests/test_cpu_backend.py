@@ -812,7 +812,7 @@ def check_rotations(backend):
 
 @pytest.mark.parametrize("paulis, targets", [("XYZ", (0, 1, 2)), ("X", (0,)), ("XI", (0, 1))])
 def test_rotations_come_in_pairs_on_the_cpu(paulis, targets):
-    """The CPU backend runs ROTATIONS of two X, Y or Z letters (rotations_per_pass)."""
+    """The CPU backend runs ONE_QUBIT_ROTATIONS of two X, Y or Z letters (rotations_per_pass)."""
     backend = CPUBackend()
     state = backend.zero_state(3, 1)
     with pytest.raises(ValueError, match="in pairs of X, Y or Z"):

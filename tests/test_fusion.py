@@ -536,7 +536,7 @@ def test_z_rotations_gather_into_runs():
 
 
 def test_lone_one_qubit_rotations_pair_up():
-    """Adjacent blocks of one flagged rotation each, on distinct bits, become Rotations of
+    """Adjacent blocks of one flagged rotation each, on distinct bits, become OneQubitRotations of
     up to rotations_per_pass members; a block of several operations or of an unflagged
     one stays as it is; with fusion or pairing off nothing changes."""
     bits = [(0,), (1,), (2,), (2,), (3,), (0, 1), (1,), (0,), (3,), (2,)]
@@ -546,22 +546,24 @@ def test_lone_one_qubit_rotations_pair_up():
     def per_pass(rotations_per_pass):
         return FusionTraits(block_costs=costs, rotations_per_pass=rotations_per_pass)
 
-    Rotations = fusion.Rotations
+    OneQubitRotations = fusion.OneQubitRotations
     assert fusion.plan(bits, 2, per_pass(2), None, flags) == (
-        Rotations((0, 1)),
+        OneQubitRotations((0, 1)),
         Block((2,), (2, 3, 9)),  # rotations on one bit: a block, as without pairing
         Block((3,), (4, 8)),
         Block((0, 1), (5,)),  # an unflagged operation
-        Rotations((6, 7)),
+        OneQubitRotations((6, 7)),
     )
-    assert fusion.plan(bits, 2, per_pass(3), None, flags)[0] == Rotations((0, 1))
+    assert fusion.plan(bits, 2, per_pass(3), None, flags)[0] == OneQubitRotations((0, 1))
     pairs = fusion.plan([(0,), (1,), (2,), (3,), (4,)], 2, per_pass(2), None, [True] * 5)
-    assert pairs == (Rotations((0, 1)), Rotations((2, 3)), Block((4,), (4,)))
+    assert pairs == (OneQubitRotations((0, 1)), OneQubitRotations((2, 3)), Block((4,), (4,)))
     triples = fusion.plan([(0,), (1,), (2,), (3,), (4,)], 2, per_pass(3), None, [True] * 5)
-    assert triples == (Rotations((0, 1, 2)), Rotations((3, 4)))
+    assert triples == (OneQubitRotations((0, 1, 2)), OneQubitRotations((3, 4)))
     unpaired = fusion.plan(bits, 2, per_pass(1), None, flags)
     assert unpaired == fusion.plan(bits, 2, per_pass(1))
-    assert not any(isinstance(u, Rotations) for u in fusion.plan(bits, 1, per_pass(2), None, flags))
+    assert not any(
+        isinstance(u, OneQubitRotations) for u in fusion.plan(bits, 1, per_pass(2), None, flags)
+    )
 
 
 @pytest.mark.parametrize("broadcast", [False, True])

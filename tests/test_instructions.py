@@ -31,7 +31,7 @@ OPERATIONS = {
 
 WITHOUT = {
     "apply": {Kind.MID_MEASURE, Kind.POSTSELECT},
-    "matrix": {Kind.Z_ROTATIONS, Kind.ROTATIONS, Kind.MID_MEASURE, Kind.POSTSELECT},
+    "matrix": {Kind.Z_ROTATIONS, Kind.ONE_QUBIT_ROTATIONS, Kind.MID_MEASURE, Kind.POSTSELECT},
     "inverse": {Kind.MID_MEASURE, Kind.POSTSELECT},
     "masked": {Kind.MID_MEASURE, Kind.POSTSELECT},
 }

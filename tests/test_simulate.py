@@ -94,7 +94,7 @@ def case(kind: Kind, rng: np.random.Generator) -> tuple[Instruction, list[np.nda
                 matrix = dense(pauli_rotation(angles[b, j], "Z" * len(bits), bits)) @ matrix
             refs.append(matrix)
         return ins, refs
-    if kind is Kind.ROTATIONS:
+    if kind is Kind.ONE_QUBIT_ROTATIONS:
         # a pair: the CPU backend's rotations_per_pass
         angles = rng.uniform(-np.pi, np.pi, size=(BATCH, 2))
         ins = Instruction(kind, targets=(2, 0), paulis="YX", data=angles)
@@ -117,7 +117,7 @@ GATE_KINDS = [
     Kind.PAULI,
     Kind.PAULI_ROTATION,
     Kind.Z_ROTATIONS,
-    Kind.ROTATIONS,
+    Kind.ONE_QUBIT_ROTATIONS,
     Kind.PHASE,
 ]
 """The kinds that run as gates (all but MID_MEASURE and POSTSELECT)."""
@@ -165,7 +165,7 @@ def test_inverse_undoes_the_instruction(backend, kind):
 @pytest.mark.parametrize("kind", GATE_KINDS, ids=lambda k: k.name)
 def test_masked_acts_on_the_selected_vectors_only(backend, kind):
     """Vector 0 selected, vector 1 not: every gate kind has a masked form (Z_ROTATIONS and
-    ROTATIONS had none before the kinds' tables)."""
+    ONE_QUBIT_ROTATIONS had none before the kinds' tables)."""
     rng = np.random.default_rng(stable_seed("masked", kind.name))
     instruction, matrices = case(kind, rng)
     vectors = _states(rng)
@@ -178,7 +178,7 @@ def test_masked_acts_on_the_selected_vectors_only(backend, kind):
 
 @pytest.mark.parametrize(
     "kind",
-    [k for k in GATE_KINDS if k not in (Kind.Z_ROTATIONS, Kind.ROTATIONS)],
+    [k for k in GATE_KINDS if k not in (Kind.Z_ROTATIONS, Kind.ONE_QUBIT_ROTATIONS)],
     ids=lambda k: k.name,
 )
 def test_instruction_matrix_is_the_dense_matrix(kind):

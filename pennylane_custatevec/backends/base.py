@@ -60,7 +60,7 @@ class FusionTraits:
     one Z_ROTATIONS instruction (``apply_z_rotations``) for this backend."""
     rotations_per_pass: int = 1
     """How many one-qubit Pauli rotations on distinct bits fusion gathers into one
-    ROTATIONS instruction (``apply_one_qubit_rotations``); below 2, none."""
+    ONE_QUBIT_ROTATIONS instruction (``apply_one_qubit_rotations``); below 2, none."""
     min_fused_amplitudes: int = 0
     """Batches of fewer amplitudes (vectors x 2**n) run unfused: there, building blocks
     costs more host time than the kernel passes they save."""

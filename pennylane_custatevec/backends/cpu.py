@@ -62,7 +62,7 @@ def _product_table(factors: np.ndarray) -> np.ndarray:
 
 
 def _rotation_pair(angles, paulis: str) -> tuple[np.ndarray, np.ndarray]:
-    """(angles (1 or B, 2) float64, letters 1: X, 2: Y, 3: Z) of a ROTATIONS instruction,
+    """(angles (1 or B, 2) float64, letters 1: X, 2: Y, 3: Z) of a ONE_QUBIT_ROTATIONS instruction,
     which this backend runs in pairs (``rotations_per_pass``)."""
     if len(paulis) != 2 or not set(paulis) <= set("XYZ"):
         raise ValueError(

@@ -593,7 +593,7 @@ def sweep(
                 phi, bras, instruction.data, instruction.z_masks
             )
             reductions.append((unit, None, reduction))
-        elif isinstance(unit, fusion.Rotations):
+        elif isinstance(unit, fusion.OneQubitRotations):
             (instruction,) = fused.instructions
             reduction = backend.adjoint_one_qubit_rotations_step(
                 phi, bras, instruction.data, instruction.paulis, instruction.targets
@@ -615,7 +615,7 @@ def sweep(
             )
     reduced = backend.gather([reduction for *_, reduction in reductions])
     for (unit, matrices, _), t in zip(reductions, reduced, strict=True):
-        if isinstance(unit, (fusion.ZRun, fusion.Rotations)):
+        if isinstance(unit, (fusion.ZRun, fusion.OneQubitRotations)):
             # every rotation commutes with the others: G_j = -P_j/2 at the unit's end
             for j, member in enumerate(unit.members):
                 if member in columns:
