@@ -138,25 +138,6 @@ def assert_sampled_matches_exact(circuit, values, wires, seed, shots=40000, atol
     assert_allclose_nested(sampled, exact, atol=atol)
 
 
-def random_unitary(dim: int, rng: np.random.Generator) -> np.ndarray:
-    """A Haar-random unitary from a QR decomposition (deterministic for a given rng)."""
-    z = (rng.normal(size=(dim, dim)) + 1j * rng.normal(size=(dim, dim))) / np.sqrt(2)
-    q, r = np.linalg.qr(z)
-    d = np.diagonal(r)
-    return q * (d / np.abs(d))
-
-
-def random_state(num_qubits: int, rng: np.random.Generator, batch=None) -> np.ndarray:
-    shape = (2**num_qubits,) if batch is None else (batch, 2**num_qubits)
-    v = rng.normal(size=shape) + 1j * rng.normal(size=shape)
-    return v / np.linalg.norm(v, axis=-1, keepdims=True)
-
-
-def random_hermitian(dim: int, rng: np.random.Generator) -> np.ndarray:
-    a = rng.normal(size=(dim, dim)) + 1j * rng.normal(size=(dim, dim))
-    return (a + a.conj().T) / 2
-
-
 def generic_layer(wires, angles):
     """RY/RZ on every wire, then a CNOT ladder: makes the state generic (entangled)."""
     for w, (a, b) in zip(wires, angles, strict=True):

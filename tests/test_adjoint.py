@@ -11,19 +11,13 @@ import numpy as np
 import pennylane as qml
 import pytest
 import torch
-from conftest import (
-    MIXED_WIRES,
-    assert_allclose_nested,
-    generic_layer,
-    make_devices,
-    random_hermitian,
-    stable_seed,
-)
+from conftest import MIXED_WIRES, assert_allclose_nested, generic_layer, make_devices, stable_seed
 from pennylane import numpy as pnp
 from pennylane.devices import ExecutionConfig
 from pennylane.exceptions import DeviceError
 from pennylane.ops.functions import bind_new_parameters
 from pennylane.tape import QuantumScript
+from reference import random_hermitian
 from test_gates import GATES, gate_spec
 
 import pennylane_custatevec

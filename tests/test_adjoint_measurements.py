@@ -14,13 +14,14 @@ import numpy as np
 import pennylane as qml
 import pytest
 import torch
-from conftest import assert_allclose_nested, random_hermitian, stable_seed
+from conftest import assert_allclose_nested, stable_seed
 from pennylane import numpy as pnp
 from pennylane.devices import ExecutionConfig
 from pennylane.exceptions import DeviceError
 from pennylane.measurements import ExpectationMP, StateMP, VarianceMP
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
+from reference import random_hermitian
 
 import pennylane_custatevec
 from pennylane_custatevec.gradients import common

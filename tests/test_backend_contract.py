@@ -14,30 +14,31 @@ from __future__ import annotations
 import numpy as np
 import pennylane as qml
 import pytest
-from conftest import random_unitary, stable_seed
+from conftest import stable_seed
 from custatevec_double import make_libraries
-from test_cpu_backend import (
+from reference import (
+    BACKEND_TOL,
     DIAG_CASES,
     MANY_Z_WORDS,
     PAULI_CASES,
     TARGET_CASES,
-    TOL,
-    _ids,
-    _pids,
     check_add_pauli_sum,
     check_adjoint_block_step,
     check_concatenate,
     check_expval_pauli_words,
     check_gather,
+    check_one_qubit_rotations,
     check_product_state,
-    check_rotations,
     check_state_management,
     check_z_rotations,
     dense_operator,
+    pauli_case_id,
     random_states,
+    random_unitary,
     ref_apply,
     ref_probs,
     rotation,
+    target_case_id,
     word_matrix,
 )
 from toy_backend import ToyBackend
@@ -152,7 +153,7 @@ def test_add_scaled_scale_and_vector_views(make, sources, factors):
 @pytest.mark.parametrize("shared", [True, False], ids=["shared", "per-vector"])
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize(
-    "case", TARGET_CASES + WIDE_CASES, ids=[_ids(c) for c in TARGET_CASES + WIDE_CASES]
+    "case", TARGET_CASES + WIDE_CASES, ids=[target_case_id(c) for c in TARGET_CASES + WIDE_CASES]
 )
 def test_apply_matrix(make, case, batch, shared, dtype):
     targets, controls, values = case
@@ -163,7 +164,7 @@ def test_apply_matrix(make, case, batch, shared, dtype):
     state = load(backend, psi)
     backend.apply_matrix(state, mats, targets, controls, values)
     expected = ref_apply(psi, mats, targets, controls, values)
-    np.testing.assert_allclose(backend.to_host(state), expected, atol=TOL[dtype])
+    np.testing.assert_allclose(backend.to_host(state), expected, atol=BACKEND_TOL[dtype])
 
 
 def test_apply_matrix_non_unitary(make):
@@ -182,7 +183,7 @@ def test_apply_matrix_non_unitary(make):
 @pytest.mark.parametrize("shared", [True, False], ids=["shared", "per-vector"])
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize(
-    "case", DIAG_CASES + WIDE_CASES, ids=[_ids(c) for c in DIAG_CASES + WIDE_CASES]
+    "case", DIAG_CASES + WIDE_CASES, ids=[target_case_id(c) for c in DIAG_CASES + WIDE_CASES]
 )
 def test_apply_diagonal(make, case, batch, shared, dtype):
     targets, controls, values = case
@@ -194,13 +195,15 @@ def test_apply_diagonal(make, case, batch, shared, dtype):
     state = load(backend, psi)
     backend.apply_diagonal(state, diags, targets, controls, values)
     expected = ref_apply(psi, np.stack([np.diag(d) for d in diags]), targets, controls, values)
-    np.testing.assert_allclose(backend.to_host(state), expected, atol=TOL[dtype])
+    np.testing.assert_allclose(backend.to_host(state), expected, atol=BACKEND_TOL[dtype])
 
 
 @DTYPES
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize(
-    "case", PAULI_CASES + WIDE_PAULI_CASES, ids=[_pids(c) for c in PAULI_CASES + WIDE_PAULI_CASES]
+    "case",
+    PAULI_CASES + WIDE_PAULI_CASES,
+    ids=[pauli_case_id(c) for c in PAULI_CASES + WIDE_PAULI_CASES],
 )
 def test_apply_pauli(make, case, batch, dtype):
     word, targets, controls, values = case
@@ -210,7 +213,7 @@ def test_apply_pauli(make, case, batch, dtype):
     state = load(backend, psi)
     backend.apply_pauli(state, word, targets, controls, values)
     expected = ref_apply(psi, word_matrix(word)[None], targets, controls, values)
-    np.testing.assert_allclose(backend.to_host(state), expected, atol=TOL[dtype])
+    np.testing.assert_allclose(backend.to_host(state), expected, atol=BACKEND_TOL[dtype])
 
 
 ROTATION_CASES = PAULI_CASES + WIDE_PAULI_CASES + PHASE_CASES
@@ -222,7 +225,7 @@ ROTATION_CASES = PAULI_CASES + WIDE_PAULI_CASES + PHASE_CASES
 @pytest.mark.parametrize(
     "case",
     ROTATION_CASES,
-    ids=[_pids(c) for c in PAULI_CASES + WIDE_PAULI_CASES] + ["phase-controlled", "phase"],
+    ids=[pauli_case_id(c) for c in PAULI_CASES + WIDE_PAULI_CASES] + ["phase-controlled", "phase"],
 )
 def test_apply_pauli_rotation(make, case, batch, shared, dtype):
     word, targets, controls, values = case
@@ -235,7 +238,7 @@ def test_apply_pauli_rotation(make, case, batch, shared, dtype):
     expected = ref_apply(
         psi, np.stack([rotation(word, a) for a in angles]), targets, controls, values
     )
-    np.testing.assert_allclose(backend.to_host(state), expected, atol=TOL[dtype])
+    np.testing.assert_allclose(backend.to_host(state), expected, atol=BACKEND_TOL[dtype])
 
 
 # --- primitives: inner product, probabilities ----------------------------------------------
@@ -252,8 +255,8 @@ def test_braket(make, kets, dtype):
     out = backend.braket(on_bras, load(backend, ket_vectors))
     assert out.dtype == np.complex128 and out.shape == (3,)
     expected = np.einsum("bi,bi->b", bras.conj(), np.broadcast_to(ket_vectors, bras.shape))
-    np.testing.assert_allclose(out, expected, atol=TOL[dtype] * 10)
-    np.testing.assert_allclose(backend.to_host(on_bras), bras, atol=TOL[dtype])  # bras kept
+    np.testing.assert_allclose(out, expected, atol=BACKEND_TOL[dtype] * 10)
+    np.testing.assert_allclose(backend.to_host(on_bras), bras, atol=BACKEND_TOL[dtype])  # bras kept
 
 
 @DTYPES
@@ -267,8 +270,8 @@ def test_probabilities(make, bits, batch, dtype):
     backend = make(dtype)
     out = backend.probabilities(load(backend, psi), bits)
     assert out.dtype == np.float64 and out.shape == (batch, 1 << len(bits))
-    np.testing.assert_allclose(out, ref_probs(psi, bits), atol=TOL[dtype] * 10)
-    np.testing.assert_allclose(out.sum(axis=1), 1.0, atol=TOL[dtype] * 10)
+    np.testing.assert_allclose(out, ref_probs(psi, bits), atol=BACKEND_TOL[dtype] * 10)
+    np.testing.assert_allclose(out.sum(axis=1), 1.0, atol=BACKEND_TOL[dtype] * 10)
 
 
 # --- compositions: preparation, runs of rotations -------------------------------------------
@@ -277,7 +280,7 @@ def test_probabilities(make, bits, batch, dtype):
 @DTYPES
 @pytest.mark.parametrize(
     "check",
-    [check_product_state, check_z_rotations, check_rotations],
+    [check_product_state, check_z_rotations, check_one_qubit_rotations],
     ids=lambda check: check.__name__.removeprefix("check_"),
 )
 def test_preparation_and_rotation_runs(make, dtype, check):
@@ -304,8 +307,8 @@ def test_expval_pauli(make, word, targets, batch, dtype):
     assert out.dtype == np.float64 and out.shape == (batch,)
     op = dense_operator(N, word_matrix(word), targets)
     expected = np.real(np.einsum("bi,ij,bj->b", psi.conj(), op, psi))
-    np.testing.assert_allclose(out, expected, atol=TOL[dtype] * 10)
-    np.testing.assert_allclose(backend.to_host(state), psi, atol=TOL[dtype])  # unchanged
+    np.testing.assert_allclose(out, expected, atol=BACKEND_TOL[dtype] * 10)
+    np.testing.assert_allclose(backend.to_host(state), psi, atol=BACKEND_TOL[dtype])  # unchanged
 
 
 @DTYPES
@@ -335,7 +338,7 @@ def test_expval_matrix(make, targets, batch, dtype):
     out = backend.expval_matrix(load(backend, psi), m, targets)
     assert out.dtype == np.complex128 and out.shape == (batch,)
     expected = np.einsum("bi,ij,bj->b", psi.conj(), dense_operator(N, m, targets), psi)
-    np.testing.assert_allclose(out, expected, atol=TOL[dtype] * 10)
+    np.testing.assert_allclose(out, expected, atol=BACKEND_TOL[dtype] * 10)
 
 
 @DTYPES
@@ -355,8 +358,8 @@ def test_inner_pauli(make, word, targets, kets, dtype):
     assert out.dtype == np.complex128 and out.shape == (3,)
     applied = ket_vectors @ dense_operator(N, word_matrix(word), targets).T
     expected = np.einsum("bi,bi->b", bras.conj(), np.broadcast_to(applied, bras.shape))
-    np.testing.assert_allclose(out, expected, atol=TOL[dtype] * 10)
-    np.testing.assert_allclose(backend.to_host(ket), ket_vectors, atol=TOL[dtype])
+    np.testing.assert_allclose(out, expected, atol=BACKEND_TOL[dtype] * 10)
+    np.testing.assert_allclose(backend.to_host(ket), ket_vectors, atol=BACKEND_TOL[dtype])
 
 
 @DTYPES
@@ -373,8 +376,8 @@ def test_inner_matrix(make, targets, kets, dtype):
     assert out.dtype == np.complex128 and out.shape == (3,)
     applied = ket_vectors @ dense_operator(N, m, targets).T
     expected = np.einsum("bi,bi->b", bras.conj(), np.broadcast_to(applied, bras.shape))
-    np.testing.assert_allclose(out, expected, atol=TOL[dtype] * 10)
-    np.testing.assert_allclose(backend.to_host(ket), ket_vectors, atol=TOL[dtype])
+    np.testing.assert_allclose(out, expected, atol=BACKEND_TOL[dtype] * 10)
+    np.testing.assert_allclose(backend.to_host(ket), ket_vectors, atol=BACKEND_TOL[dtype])
 
 
 @pytest.mark.parametrize(
@@ -448,11 +451,11 @@ def test_adjoint_pauli_rotation_step(make, word, targets, rows, dtype):
     products = backend.adjoint_pauli_rotation_step(on_phi, on_bras, angle, word, targets)
     pauli = dense_operator(N, word_matrix(word), targets)
     np.testing.assert_allclose(
-        products, np.einsum("ri,ij,j->r", bras.conj(), pauli, phi[0]), atol=TOL[dtype] * 10
+        products, np.einsum("ri,ij,j->r", bras.conj(), pauli, phi[0]), atol=BACKEND_TOL[dtype] * 10
     )
     undo = dense_operator(N, rotation(word, -angle[0]), targets)
-    np.testing.assert_allclose(backend.to_host(on_phi), phi @ undo.T, atol=TOL[dtype])
-    np.testing.assert_allclose(backend.to_host(on_bras), bras @ undo.T, atol=TOL[dtype])
+    np.testing.assert_allclose(backend.to_host(on_phi), phi @ undo.T, atol=BACKEND_TOL[dtype])
+    np.testing.assert_allclose(backend.to_host(on_bras), bras @ undo.T, atol=BACKEND_TOL[dtype])
 
 
 @DTYPES

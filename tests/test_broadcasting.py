@@ -12,9 +12,8 @@ from conftest import (
     assert_same_structure,
     generic_layer,
     make_devices,
-    random_hermitian,
-    random_state,
 )
+from reference import random_hermitian, random_state
 from scipy.stats import unitary_group
 
 W = MIXED_WIRES

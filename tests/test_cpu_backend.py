@@ -1,7 +1,7 @@
 """The CPU backend's kernels against dense numpy references: what is particular to it
 (threaded kernels, larger registers, the Z-word and rotation-pair kernels, complex64
-against complex128). The contract every backend meets is test_backend_contract.py, which
-takes its references, cases and checks from here.
+against complex128). The contract every backend meets is test_backend_contract.py; the
+references, cases and checks both use are in reference.py.
 
 Conventions (backends/base.py): state index bits are little-endian; ``targets[j]`` is the
 state bit that becomes bit ``j`` of a matrix index; the gate acts where every control bit
@@ -14,106 +14,28 @@ import itertools
 
 import numpy as np
 import pytest
-from conftest import random_state, random_unitary, stable_seed
+from conftest import stable_seed
+from reference import (
+    BACKEND_TOL,
+    BLOCK_STEP_TARGETS,
+    MANY_Z_WORDS,
+    PAULI,
+    N,
+    dense_operator,
+    random_states,
+    random_unitary,
+    ref_apply,
+    ref_apply_blocks,
+    ref_block_apply,
+    ref_block_reduction,
+    ref_probs,
+    rotation,
+    target_case_id,
+    word_matrix,
+)
 
 from pennylane_custatevec.backends import _cpu_kernels
 from pennylane_custatevec.backends.cpu import CPUBackend, _z_rotation_plan
-
-PAULI = {
-    "I": np.eye(2, dtype=complex),
-    "X": np.array([[0, 1], [1, 0]], dtype=complex),
-    "Y": np.array([[0, -1j], [1j, 0]]),
-    "Z": np.diag([1.0 + 0j, -1.0]),
-}
-TOL = {np.complex128: 1e-12, np.complex64: 2e-5}
-
-
-# --- references --------------------------------------------------------------------------
-
-
-def word_matrix(word: str) -> np.ndarray:
-    """Letter j acts on bit j of the matrix index (so it is the rightmost kron factor)."""
-    m = np.ones((1, 1), dtype=complex)
-    for letter in word:
-        m = np.kron(PAULI[letter], m)
-    return m
-
-
-def dense_operator(n, matrix, targets, controls=(), values=()):
-    """The 2**n x 2**n operator of ``matrix`` on ``targets`` under the controls."""
-    k = len(targets)
-    dim = 1 << n
-    op = np.eye(dim, dtype=complex)
-    offsets = [sum(((a >> j) & 1) << t for j, t in enumerate(targets)) for a in range(1 << k)]
-    target_mask = sum(1 << t for t in targets)
-    for base in range(dim):
-        if base & target_mask:
-            continue
-        if any(((base >> c) & 1) != v for c, v in zip(controls, values, strict=True)):
-            continue
-        rows = [base | o for o in offsets]
-        op[np.ix_(rows, rows)] = matrix
-    return op
-
-
-def ref_apply(psi, matrices, targets, controls=(), values=()):
-    """Reference psi_b <- U_b psi_b with the dense operator (small n) of each matrix."""
-    n = psi.shape[1].bit_length() - 1
-    matrices = np.broadcast_to(matrices, (psi.shape[0],) + matrices.shape[1:])
-    return np.stack(
-        [
-            dense_operator(n, m, targets, controls, values) @ v
-            for m, v in zip(matrices, psi, strict=True)
-        ]
-    )
-
-
-def ref_apply_blocks(psi, matrices, targets, controls=(), values=()):
-    """The same as ref_apply by fancy indexing: usable for large n (threaded kernels)."""
-    batch, dim = psi.shape
-    k = len(targets)
-    matrices = np.broadcast_to(matrices, (batch, 1 << k, 1 << k))
-    idx = np.arange(dim)
-    keep = (idx & sum(1 << t for t in targets)) == 0
-    for c, v in zip(controls, values, strict=True):
-        keep &= ((idx >> c) & 1) == v
-    offsets = np.array(
-        [sum(((a >> j) & 1) << t for j, t in enumerate(targets)) for a in range(1 << k)]
-    )
-    rows = idx[keep][:, None] | offsets[None, :]
-    out = psi.copy()
-    for b in range(batch):
-        out[b, rows] = psi[b, rows] @ matrices[b].T
-    return out
-
-
-def ref_probs(psi, bits):
-    p = np.abs(psi) ** 2
-    idx = np.arange(psi.shape[1])
-    outcome = np.zeros_like(idx)
-    for j, bit in enumerate(bits):
-        outcome |= ((idx >> bit) & 1) << j
-    out = np.zeros((psi.shape[0], 1 << len(bits)))
-    for b in range(psi.shape[0]):
-        np.add.at(out[b], outcome, p[b])
-    return out
-
-
-def random_states(n, batch, rng):
-    v = rng.normal(size=(batch, 1 << n)) + 1j * rng.normal(size=(batch, 1 << n))
-    return v / np.linalg.norm(v, axis=1, keepdims=True)
-
-
-def backend_state(backend, psi):
-    state = backend.from_host(psi)
-    assert state.dtype == backend.dtype and state.flags.c_contiguous
-    return state
-
-
-def rotation(word, angle):
-    p = word_matrix(word)
-    return np.cos(angle / 2) * np.eye(len(p)) - 1j * np.sin(angle / 2) * p
-
 
 # --- reference self-checks ---------------------------------------------------------------
 
@@ -138,89 +60,6 @@ def test_reference_matches_kron_layout():
     np.testing.assert_allclose(
         ref_apply(psi, u, [3, 0, 4], [1], [0]), ref_apply_blocks(psi, u, [3, 0, 4], [1], [0])
     )
-
-
-# --- cases and checks of the backend contract (test_backend_contract.py) ------------------
-
-N = 6
-TARGET_CASES = [
-    # (targets, controls, control values)
-    ((0,), (), ()),
-    ((5,), (), ()),
-    ((2,), (0,), (1,)),
-    ((3,), (5, 1), (0, 1)),
-    ((0,), (1, 2), (0, 0)),  # three fixed bits all low
-    ((1, 0), (), ()),
-    ((0, 5), (), ()),
-    ((4, 2), (3,), (0,)),
-    ((2, 3), (0, 1), (1, 0)),
-    ((5, 0), (2, 4), (1, 1)),
-    ((0, 1, 2), (), ()),
-    ((4, 0, 2), (), ()),
-    ((5, 3, 1), (0,), (0,)),
-    ((1, 4, 3), (5, 0), (1, 0)),
-    ((3, 1, 0, 5), (2,), (1,)),
-]
-
-
-def _ids(case):
-    targets, controls, values = case
-    digits = ["".join(map(str, part)) for part in (targets, controls, values)]
-    return "t{}-c{}-v{}".format(*digits)
-
-
-DIAG_CASES = [
-    ((0,), (), ()),
-    ((5,), (2,), (0,)),
-    ((3, 1), (), ()),
-    ((0, 4), (5, 2), (1, 0)),
-    ((2, 5, 0), (1,), (1,)),
-    ((1,), (0, 2, 3), (0, 1, 0)),
-    ((), (3, 4), (1, 0)),  # a phase on the control subspace only
-]
-
-
-PAULI_CASES = [
-    ("X", (0,), (), ()),
-    ("X", (4,), (1, 5), (1, 0)),
-    ("Y", (5,), (1,), (0,)),
-    ("Z", (3,), (0, 4), (1, 1)),
-    ("I", (2,), (), ()),
-    ("XX", (0, 1), (), ()),
-    ("XY", (4, 1), (), ()),
-    ("ZZ", (2, 5), (3,), (0,)),
-    ("YZ", (0, 3), (5,), (1,)),
-    ("ZX", (1, 4), (), ()),
-    ("XIZ", (5, 2, 0), (), ()),
-    ("YXZ", (2, 0, 5), (3,), (1,)),
-    ("ZZZ", (0, 1, 2), (3,), (0,)),
-    ("YYYY", (5, 3, 1, 0), (), ()),
-    ("XYZX", (1, 2, 4, 5), (0, 3), (0, 1)),
-    ("II", (1, 3), (0,), (1,)),
-]
-
-
-def _pids(case):
-    word, targets, controls, values = case
-    return f"{word}-{_ids((targets, controls, values))}"
-
-
-def check_state_management(backend, dtype):
-    """zero_state, to_host, copy, scale and available_bytes of any backend."""
-    state = backend.zero_state(4, 3)
-    assert state.shape == (3, 16) and state.dtype == dtype
-    expected = np.zeros((3, 16))
-    expected[:, 0] = 1
-    np.testing.assert_array_equal(backend.to_host(state), expected)
-    assert backend.to_host(state).dtype == np.complex128
-    copy = backend.copy(state)
-    backend.apply_pauli(copy, "X", (2,))
-    np.testing.assert_array_equal(backend.to_host(state), expected)  # the copy is independent
-    assert backend.to_host(copy)[0, 4] == 1
-    factors = np.array([1j, -1, 0.5])
-    backend.scale(copy, factors)
-    np.testing.assert_allclose(backend.to_host(copy)[:, 4], factors, atol=1e-7)
-    assert backend.available_bytes() > 0
 
 
 # --- threaded kernels --------------------------------------------------------------------
@@ -256,7 +95,7 @@ def big_states():
 
 
 @pytest.mark.parametrize("shape", BIG_SHAPES, ids=lambda s: f"n{s[0]}b{s[1]}")
-@pytest.mark.parametrize("case", BIG_CASES, ids=[_ids(c) for c in BIG_CASES])
+@pytest.mark.parametrize("case", BIG_CASES, ids=[target_case_id(c) for c in BIG_CASES])
 def test_threaded_apply_matrix(case, shape, big_states):
     targets, controls, values = case
     n, batch = shape
@@ -335,32 +174,6 @@ def test_threaded_reductions(shape, big_states):
         np.testing.assert_allclose(backend.expval_matrix(state, m, targets), expected, atol=1e-12)
 
 
-MANY_Z_WORDS = [
-    ("ZZ", (0, 5)),
-    ("Z", (3,)),
-    ("", ()),
-    ("ZZZ", (1, 2, 4)),
-    ("ZZ", (0, 5)),
-    ("ZIZZ", (5, 1, 2, 0)),
-]
-"""Enough Z words (one repeated, one empty) for the sums' one-diagonal path."""
-
-
-def check_add_pauli_sum(backend, words):
-    """dst += sum_k c_k P_k src with src unchanged, against the dense operator."""
-    rng = np.random.default_rng(stable_seed("pauli_sum", str(words)))
-    dst, src = random_states(N, 3, rng), random_states(N, 1, rng)
-    coefficients = rng.normal(size=len(words)) + 1j * rng.normal(size=len(words))
-    state, source = backend.from_host(dst), backend.from_host(src)
-    backend.add_pauli_sum(state, source, words, coefficients)
-    operator = sum(
-        c * dense_operator(N, word_matrix(w), t)
-        for (w, t), c in zip(words, coefficients, strict=True)
-    )
-    np.testing.assert_allclose(backend.to_host(state), dst + (operator @ src[0])[None], atol=1e-12)
-    np.testing.assert_array_equal(backend.to_host(source), src)
-
-
 @pytest.mark.parametrize("n", [1, 7, 10])
 def test_add_pauli_sum_of_many_z_words_on_other_registers(n):
     """The diagonal factored over the high and low index bits, for odd and even n."""
@@ -394,19 +207,7 @@ def test_add_pauli_sum_of_many_z_words(dtype, complex_coefficients):
         for (w, t), c in zip(MANY_Z_WORDS, coefficients, strict=True)
     )
     expected = dst.astype(dtype) + (operator @ src.astype(dtype)[0])[None]
-    np.testing.assert_allclose(backend.to_host(state), expected, atol=TOL[dtype] * 10)
-
-
-def check_expval_pauli_words(backend, words, dtype):
-    """<P_k> of every word for each of 3 vectors, (3, K) float64, against dense operators."""
-    rng = np.random.default_rng(stable_seed("expval_pauli_words", str(words)))
-    psi = random_states(N, 3, rng)
-    out = backend.expval_pauli_words(backend.from_host(psi), words)
-    assert out.dtype == np.float64 and out.shape == (3, len(words))
-    for k, (word, targets) in enumerate(words):
-        op = dense_operator(N, word_matrix(word), targets)
-        expected = np.real(np.einsum("bi,ij,bj->b", psi.conj(), op, psi))
-        np.testing.assert_allclose(out[:, k], expected, atol=TOL[dtype] * 10)
+    np.testing.assert_allclose(backend.to_host(state), expected, atol=BACKEND_TOL[dtype] * 10)
 
 
 LARGE_REGISTER_CASES = [
@@ -660,45 +461,6 @@ def test_all_target_layouts_two_qubit_small():
 
 # --- deferred adjoint: block step, gather, concatenate -----------------------------------
 
-BLOCK_STEP_TARGETS = [(), (0,), (5,), (3, 1), (0, 5), (0, 1, 2), (4, 0, 2), (1, 5, 3)]
-
-
-def _axis_letters(n):
-    """Letter i names axis i of a (2,) * n state tensor, which is state bit n - 1 - i."""
-    return list("abcdefghijklmnop"[:n])
-
-
-def ref_block_apply(psi, matrices, targets):
-    """psi_v <- M_v psi_v by einsum over the (2,) * n tensor of each vector: ``matrices``
-    (V, d, d) reshaped to (2,) * 2k, row bits then column bits, most significant first."""
-    n, k = psi.shape[1].bit_length() - 1, len(targets)
-    state = _axis_letters(n)
-    new = list("qrstuvwx"[:k])
-    rows = [new[j] for j in reversed(range(k))]
-    cols = [state[n - 1 - targets[j]] for j in reversed(range(k))]
-    out = list(state)
-    for j, bit in enumerate(targets):
-        out[n - 1 - bit] = new[j]
-    spec = "Z{},Z{}->Z{}".format("".join(rows + cols), "".join(state), "".join(out))
-    tensors = np.einsum(
-        spec, matrices.reshape((len(matrices),) + (2,) * 2 * k), psi.reshape((-1,) + (2,) * n)
-    )
-    return tensors.reshape(psi.shape)
-
-
-def ref_block_reduction(bras, phi, targets):
-    """T[v, a, c] = sum_rest conj(bra_v[a, rest]) phi_v[c, rest] by einsum, one phi per bra."""
-    n, k = phi.shape[1].bit_length() - 1, len(targets)
-    state = _axis_letters(n)
-    a_bits, c_bits = list("qrstuvwx"[:k]), list("QRSTUVWX"[:k])
-    bra_axes, phi_axes = list(state), list(state)
-    for j, bit in enumerate(targets):
-        bra_axes[n - 1 - bit], phi_axes[n - 1 - bit] = a_bits[j], c_bits[j]
-    out = "".join(a_bits[::-1] + c_bits[::-1])  # bit j of a (and c) is targets[j]
-    spec = "Z{},Z{}->Z{}".format("".join(bra_axes), "".join(phi_axes), out)
-    tensors = np.einsum(spec, bras.conj().reshape((-1,) + (2,) * n), phi.reshape((-1,) + (2,) * n))
-    return tensors.reshape(len(bras), 1 << k, 1 << k)
-
 
 def test_block_step_references_follow_the_conventions():
     """The einsum references agree with the dense operator (targets[j] = bit j of a)."""
@@ -719,97 +481,6 @@ def test_block_step_references_follow_the_conventions():
             np.testing.assert_allclose(t[:, a, c], expected, atol=1e-12)
 
 
-Z_RUN_CASES = [
-    # (qubits, masks, angles per vector (rows: vectors), rows of bras per vector)
-    (3, [0b011, 0b110, 0b101], [[0.3, 0.3, 0.3]], 1),
-    (9, [0b11, 0b101000000, 0b10010, 0b110000000, 0b1], [[0.3, 0.3, -0.7, 0.3, 1.1]], 3),
-    (8, [0b10000001, 0b01100000, 0b00000110], [[0.5, -0.5, 0.5], [0.5, -0.5, 0.5]], 2),
-    (
-        7,
-        [0b1111111, 0b0000011, 0b1000000, 0b0101010],
-        [[0.1, 0.2, 0.3, 0.4], [1.0, -2.0, 0.5, 0.0]],
-        1,
-    ),
-]
-
-
-def check_z_rotations(backend):
-    """apply_z_rotations equals the rotations one by one (apply_pauli_rotation), and
-    adjoint_z_rotations_step returns <bra|Z_j|phi> and undoes them on phi and the bras."""
-    for n, masks, angles, rows in Z_RUN_CASES:
-        rng = np.random.default_rng(stable_seed("z-run", n, len(masks)))
-        angles = np.array(angles)
-        batch = angles.shape[0]
-        psi = random_state(n, rng, batch).reshape(batch, -1)
-        bras = rng.normal(size=(batch * rows, 2**n)) + 1j * rng.normal(size=(batch * rows, 2**n))
-        expected = backend.from_host(psi)
-        words = [[bit for bit in range(n) if mask >> bit & 1] for mask in masks]
-        for j, bits in enumerate(words):
-            backend.apply_pauli_rotation(expected, angles[:, j], "Z" * len(bits), bits)
-        state = backend.from_host(psi)
-        backend.apply_z_rotations(state, angles, masks)
-        tol = TOL[backend.dtype.type]
-        np.testing.assert_allclose(backend.to_host(state), backend.to_host(expected), atol=tol)
-        products = np.zeros((batch, rows, len(masks)), dtype=complex)
-        expected_host = backend.to_host(expected)
-        for j in range(len(masks)):
-            parity = (np.bitwise_count(np.arange(2**n) & masks[j]) & 1).astype(float)
-            flipped = expected_host * (1.0 - 2.0 * parity)
-            for b in range(batch):
-                products[b, :, j] = np.conj(bras[b * rows : (b + 1) * rows]) @ flipped[b]
-        phi, bra_state = backend.copy(expected), backend.from_host(bras)
-        got = backend.gather([backend.adjoint_z_rotations_step(phi, bra_state, angles, masks)])[0]
-        np.testing.assert_allclose(got, products, atol=tol * 10)
-        np.testing.assert_allclose(backend.to_host(phi), psi, atol=tol)
-        undone = backend.from_host(bras)
-        for j, bits in enumerate(words):
-            backend.apply_pauli_rotation(
-                undone, -np.repeat(angles[:, j], rows), "Z" * len(bits), bits
-            )
-        np.testing.assert_allclose(backend.to_host(bra_state), backend.to_host(undone), atol=tol)
-
-
-ROTATION_CASES = [  # n, paulis, targets, angles (1 or B, 2), batch, rows
-    (3, "XY", (0, 2), [[0.3, -1.1]], 1, 1),
-    (5, "ZX", (4, 1), [[0.7, 2.0], [-0.4, 0.9]], 2, 2),
-    (6, "YY", (5, 0), [[1.3, 0.2]], 2, 3),
-    (7, "XZ", (3, 4), [[-2.1, 0.6], [0.5, 1.7], [0.0, -0.8]], 3, 1),
-]
-
-
-def check_rotations(backend):
-    """apply_one_qubit_rotations equals the rotations one by one (apply_pauli_rotation), and
-    adjoint_one_qubit_rotations_step returns <bra|P_j|phi> and undoes them on phi and the bras."""
-    tol = TOL[backend.dtype.type]
-    for n, paulis, targets, angles, batch, rows in ROTATION_CASES:
-        rng = np.random.default_rng(stable_seed("rotations", n, paulis))
-        angles = np.array(angles)
-        per_vector = np.broadcast_to(angles, (batch, 2))
-        psi = random_state(n, rng, batch).reshape(batch, -1)
-        bras = rng.normal(size=(batch * rows, 2**n)) + 1j * rng.normal(size=(batch * rows, 2**n))
-        expected = backend.from_host(psi)
-        for j, (letter, bit) in enumerate(zip(paulis, targets, strict=True)):
-            backend.apply_pauli_rotation(expected, angles[:, j], letter, (bit,))
-        state = backend.from_host(psi)
-        backend.apply_one_qubit_rotations(state, angles, paulis, targets)
-        np.testing.assert_allclose(backend.to_host(state), backend.to_host(expected), atol=tol)
-        products = np.zeros((batch, rows, 2), dtype=complex)
-        for j, (letter, bit) in enumerate(zip(paulis, targets, strict=True)):
-            flipped = backend.copy(expected)
-            backend.apply_pauli(flipped, letter, (bit,))
-            flipped = backend.to_host(flipped)
-            for b in range(batch):
-                products[b, :, j] = np.conj(bras[b * rows : (b + 1) * rows]) @ flipped[b]
-        phi, bra_state = backend.copy(expected), backend.from_host(bras)
-        step = backend.adjoint_one_qubit_rotations_step(phi, bra_state, angles, paulis, targets)
-        np.testing.assert_allclose(backend.gather([step])[0], products, atol=tol * 10)
-        np.testing.assert_allclose(backend.to_host(phi), psi, atol=tol)
-        undone = backend.from_host(bras)
-        for j, (letter, bit) in enumerate(zip(paulis, targets, strict=True)):
-            backend.apply_pauli_rotation(undone, -np.repeat(per_vector[:, j], rows), letter, (bit,))
-        np.testing.assert_allclose(backend.to_host(bra_state), backend.to_host(undone), atol=tol)
-
-
 @pytest.mark.parametrize("paulis, targets", [("XYZ", (0, 1, 2)), ("X", (0,)), ("XI", (0, 1))])
 def test_rotations_come_in_pairs_on_the_cpu(paulis, targets):
     """The CPU backend runs ONE_QUBIT_ROTATIONS of two X, Y or Z letters (rotations_per_pass)."""
@@ -817,105 +488,3 @@ def test_rotations_come_in_pairs_on_the_cpu(paulis, targets):
     state = backend.zero_state(3, 1)
     with pytest.raises(ValueError, match="in pairs of X, Y or Z"):
         backend.apply_one_qubit_rotations(state, np.zeros((1, len(paulis))), paulis, targets)
-
-
-def check_adjoint_block_step(backend):
-    """M_b^dagger on phi_b and its R bras, and T of each bra before with phi after, for
-    blocks of 0 to 3 (unsorted, non-contiguous) bits, B of 1 and 3, R of 1 and 4, shared
-    and per-vector matrices, against the einsum references."""
-    dtype = backend.dtype.type
-    tol = TOL[dtype]
-    for targets, batch, rows, shared in itertools.product(
-        BLOCK_STEP_TARGETS, (1, 3), (1, 4), (True, False)
-    ):
-        case = (targets, batch, rows, shared)
-        rng = np.random.default_rng(stable_seed("block_step", *case))
-        d = 1 << len(targets)
-        phi = random_states(N, batch, rng).astype(dtype)
-        bras = random_states(N, batch * rows, rng).astype(dtype)
-        matrices = np.stack([random_unitary(d, rng) for _ in range(1 if shared else batch)])
-        adjoints = np.broadcast_to(matrices.conj().transpose(0, 2, 1), (batch, d, d))
-        phi_after = ref_block_apply(phi.astype(complex), adjoints, targets)
-        bras_after = ref_block_apply(
-            bras.astype(complex), np.repeat(adjoints, rows, axis=0), targets
-        )
-        expected = ref_block_reduction(
-            bras.astype(complex), np.repeat(phi_after, rows, axis=0), targets
-        ).reshape(batch, rows, d, d)
-        phi_state, bras_state = backend_state(backend, phi), backend_state(backend, bras)
-        out = backend.adjoint_block_step(phi_state, bras_state, matrices, targets)
-        (t,) = backend.gather([out])
-        assert isinstance(t, np.ndarray), case
-        assert t.shape == (batch, rows, d, d) and t.dtype == np.complex128, case
-        np.testing.assert_allclose(t, expected, atol=tol, err_msg=str(case))
-        np.testing.assert_allclose(backend.to_host(phi_state), phi_after, atol=tol)
-        np.testing.assert_allclose(backend.to_host(bras_state), bras_after, atol=tol)
-
-
-def check_gather(backend):
-    """Backend arrays of several shapes and dtypes come back as numpy arrays, unchanged."""
-    assert backend.gather([]) == []
-    rng = np.random.default_rng(stable_seed("gather", backend.dtype.name))
-    hosts = [random_states(4, 3, rng), random_states(2, 1, rng), random_states(N, 2, rng)]
-    arrays = [backend.from_host(host) for host in hosts]
-    block = backend.adjoint_block_step(
-        arrays[2], backend.from_host(hosts[2][::-1]), random_unitary(4, rng)[None], (3, 0)
-    )  # a complex128 reduction of shape (2, 1, 4, 4) among states of the backend's dtype
-    (alone,) = backend.gather([block])
-    gathered = backend.gather([arrays[0], block, arrays[1]])
-    assert len(gathered) == 3 and all(isinstance(g, np.ndarray) for g in gathered)
-    assert gathered[1].shape == (2, 1, 4, 4) and gathered[1].dtype == np.complex128
-    np.testing.assert_array_equal(gathered[1], alone)
-    for host, out in zip(hosts[:2], (gathered[0], gathered[2]), strict=True):
-        assert out.shape == host.shape and out.dtype == backend.dtype
-        np.testing.assert_array_equal(out, host.astype(backend.dtype))
-
-
-def check_product_state(backend):
-    """Vector b is the Kronecker product of factors[b, j] on bits[j], |0> on other bits."""
-    rng = np.random.default_rng(stable_seed("product-state", backend.dtype.name))
-    tol = 1e-6 if backend.dtype == np.complex64 else 1e-12
-    for n, bits, batch in [
-        (N, (0, 2, 3, 5), 2),
-        (N, tuple(range(N)), 1),
-        (4, (3,), 3),
-        (1, (0,), 1),
-    ]:
-        factors = rng.normal(size=(batch, len(bits), 2)) + 1j * rng.normal(
-            size=(batch, len(bits), 2)
-        )
-        state = backend.to_host(backend.product_state(n, factors, bits))
-        assert state.shape == (batch, 1 << n)
-        for b in range(batch):
-            expected = np.ones(1, dtype=np.complex128)
-            for bit in reversed(range(n)):  # bit n-1 is the most significant
-                one_qubit = factors[b, bits.index(bit)] if bit in bits else np.array([1, 0])
-                expected = np.kron(expected, one_qubit)
-            np.testing.assert_allclose(state[b], expected, atol=tol, rtol=tol)
-
-
-def check_concatenate(backend):
-    """The vectors of each batch one after the other, in a new batch."""
-    rng = np.random.default_rng(stable_seed("concatenate", backend.dtype.name))
-    hosts = [random_states(4, batch, rng).astype(backend.dtype) for batch in (1, 3, 2)]
-    states = [backend.from_host(host) for host in hosts]
-    joined = backend.concatenate(states)
-    assert joined.shape == (6, 16) and joined.dtype == backend.dtype
-    assert joined.flags.c_contiguous
-    np.testing.assert_array_equal(backend.to_host(joined), np.concatenate(hosts))
-    backend.apply_pauli(states[1], "X", (2,))  # the new batch shares no memory
-    backend.apply_pauli(joined, "Y", (0,))
-    np.testing.assert_array_equal(backend.to_host(states[0]), hosts[0])
-    np.testing.assert_array_equal(
-        backend.to_host(joined)[1:4], ref_apply(hosts[1], PAULI["Y"][None], (0,))
-    )
-    views = backend.concatenate(
-        [backend.vectors(states[2], 1, 2), backend.vectors(states[1], 0, 1)]
-    )
-    np.testing.assert_array_equal(
-        backend.to_host(views),
-        np.concatenate([hosts[2][1:2], ref_apply(hosts[1][:1], PAULI["X"][None], (2,))]),
-    )
-    single = backend.concatenate(states[:1])
-    backend.scale(single, np.array([0.0]))
-    np.testing.assert_array_equal(backend.to_host(states[0]), hosts[0])

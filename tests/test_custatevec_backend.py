@@ -13,9 +13,9 @@ import gc
 
 import numpy as np
 import pytest
-from conftest import AUTO_BACKEND, random_unitary, stable_seed
+from conftest import AUTO_BACKEND, stable_seed
 from custatevec_double import make_libraries
-from test_cpu_backend import random_states
+from reference import random_states, random_unitary
 
 from pennylane_custatevec.backends import custatevec
 from pennylane_custatevec.backends.cpu import CPUBackend

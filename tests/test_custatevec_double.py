@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.linalg
-from conftest import random_state, random_unitary
 from custatevec_double import (
     ComputeType,
     DeviceArray,
@@ -24,7 +23,7 @@ from custatevec_double import (
     cuStateVecError,
     make_libraries,
 )
-from test_cpu_backend import dense_operator, word_matrix
+from reference import dense_operator, random_state, random_unitary, word_matrix
 
 SNAPSHOT = json.loads((Path(__file__).parent / "data" / "custatevec_bindings.json").read_text())
 C64F, R64F = cudaDataType.CUDA_C_64F, cudaDataType.CUDA_C_32F

@@ -15,18 +15,11 @@ import numpy as np
 import pennylane as qml
 import pytest
 import torch
-from conftest import (
-    DEVICE,
-    MIXED_WIRES,
-    TOL,
-    assert_allclose_nested,
-    random_hermitian,
-    random_state,
-    stable_seed,
-)
+from conftest import DEVICE, MIXED_WIRES, TOL, assert_allclose_nested, stable_seed
 from pennylane.devices import ExecutionConfig
 from pennylane.ops.functions import bind_new_parameters
 from pennylane.tape import QuantumScript
+from reference import random_hermitian, random_state
 from test_adjoint import (
     COMPOSITE,
     PARAMETRIZED,

@@ -25,11 +25,12 @@ import pennylane as qml
 import pytest
 import scipy.sparse
 import torch
-from conftest import DEVICE, random_unitary, stable_seed
+from conftest import DEVICE, stable_seed
 from pennylane import numpy as pnp
 from pennylane.devices import ExecutionConfig
 from pennylane.measurements import MeasurementProcess
 from pennylane.operation import Operation, Operator
+from reference import random_unitary
 
 import pennylane_custatevec
 import pennylane_custatevec.execution

@@ -19,10 +19,9 @@ from conftest import (
     assert_allclose_nested,
     generic_layer,
     make_devices,
-    random_state,
-    random_unitary,
     stable_seed,
 )
+from reference import random_state, random_unitary
 from scipy.stats import unitary_group
 
 import pennylane_custatevec

@@ -13,9 +13,8 @@ from conftest import (
     assert_same_structure,
     generic_layer,
     make_devices,
-    random_hermitian,
-    random_state,
 )
+from reference import random_hermitian, random_state
 
 W = MIXED_WIRES  # ["a", 3, "q1", 0, "z"]
 ANGLES = np.random.default_rng(42).uniform(0, 2 * np.pi, size=(len(W), 2))

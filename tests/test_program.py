@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pennylane as qml
 import pytest
-from conftest import random_state
 from pennylane.wires import Wires
+from reference import random_state
 
 from pennylane_custatevec.instructions import Kind
 from pennylane_custatevec.program import (

@@ -14,8 +14,9 @@ import dataclasses
 import numpy as np
 import pennylane as qml
 import pytest
-from conftest import random_state, random_unitary, stable_seed
+from conftest import stable_seed
 from pennylane.wires import Wires
+from reference import random_state, random_unitary
 
 from pennylane_custatevec import fusion, simulate
 from pennylane_custatevec.backends.cpu import CPUBackend
