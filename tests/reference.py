@@ -2,7 +2,10 @@
 Hermitian matrices; dense numpy references of the backend operations (``dense_operator``,
 ``ref_apply``, ``ref_probs``, the block-step references); and the cases and ``check_*``
 functions of the backend contract, which ``test_backend_contract.py`` runs on every backend
-and ``test_cpu_backend.py`` and the double's tests use for what is particular to one.
+and ``test_cpu_backend.py`` and the double's tests use for what is particular to one; and
+the device-level pieces that test files in ``tests/`` and ``tests/conformance/`` share
+(a parameter-shift Hessian through PennyLane's cache, the refusal of a state too large for
+the free memory, a lock that tells when a thread waited for a recording).
 
 Conventions (backends/base.py): state index bits are little-endian; ``targets[j]`` is the
 state bit that becomes bit ``j`` of a matrix index; the gate acts where every control bit
@@ -12,9 +15,15 @@ equals its control value; batched data has a leading axis of length 1 (shared) o
 from __future__ import annotations
 
 import itertools
+import threading
 
 import numpy as np
-from conftest import stable_seed
+import pennylane as qml
+import pytest
+from conftest import DEVICE, stable_seed
+from pennylane import numpy as pnp
+
+from pennylane_custatevec.simulate import StateTooLargeError
 
 # --- random states, unitaries, Hermitian matrices ----------------------------------------
 
@@ -488,3 +497,72 @@ def check_concatenate(backend):
     single = backend.concatenate(states[:1])
     backend.scale(single, np.array([0.0]))
     np.testing.assert_array_equal(backend.to_host(states[0]), hosts[0])
+
+
+# --- device-level pieces shared by test files ----------------------------------------------
+
+
+def parameter_shift_hessian(dev, angles) -> tuple[np.ndarray, int]:
+    """(Hessian, executions): the parameter-shift Hessian of a variance by its two angles,
+    through ``qml.execute(cache=True)`` (cache_hash.py), and the tracker's execution count.
+    The shifted tapes repeat, and those whose angles differ only by round-off must hit the
+    cache as on default.qubit."""
+    params = pnp.array(angles, requires_grad=True)
+
+    def cost(x):
+        tape = qml.tape.QuantumScript(
+            [qml.RX(x[0], 0), qml.RY(x[1], 1), qml.CNOT([0, 1])],
+            [qml.var(qml.prod(qml.PauliZ(0), qml.PauliX(1)))],
+        )
+        return qml.execute(
+            [tape], dev, diff_method=qml.gradients.param_shift, cache=True, max_diff=2
+        )[0]
+
+    with qml.Tracker(dev) as tracker:
+        hessian = qml.jacobian(qml.grad(cost))(params)
+    return hessian, tracker.totals["executions"]
+
+
+def assert_21_qubits_refused(backend: str) -> None:
+    """A 21-qubit circuit on ``backend`` (its complex128 state: 2**21 * 16 = 33,554,432
+    bytes), run where the test made 1 MiB the free memory, is refused with a
+    ``StateTooLargeError`` that names both figures and the backend's memory."""
+    dev = qml.device(DEVICE, wires=21, backend=backend)
+
+    @qml.qnode(dev)
+    def circuit():
+        for wire in range(21):
+            qml.Hadamard(wire)
+        return qml.expval(qml.Z(0))
+
+    message = rf"needs 33,554,432 bytes of {backend} memory; 1,048,576 bytes are available"
+    with pytest.raises(StateTooLargeError, match=message):
+        circuit()
+
+
+class SignallingLock:
+    """A re-entrant lock, as PennyLane's recordings hold (``AnnotatedQueue._lock``), that
+    sets ``asked`` when a thread asks for it while another thread holds it: a threading
+    test's way to know that the device waited for a recording to end."""
+
+    def __init__(self):
+        self._lock = threading.RLock()
+        self.asked = threading.Event()
+
+    def acquire(self, blocking=True, timeout=-1):
+        if self._lock.acquire(blocking=False):
+            return True
+        self.asked.set()
+        return self._lock.acquire(blocking, timeout) if blocking else False
+
+    def release(self):
+        self._lock.release()
+
+    def _is_owned(self):
+        return self._lock._is_owned()
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()

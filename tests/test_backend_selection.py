@@ -12,10 +12,10 @@ import pytest
 import torch
 from conftest import AUTO_BACKEND, assert_allclose_nested
 from custatevec_double import make_libraries
+from reference import assert_21_qubits_refused
 
 from pennylane_custatevec import backends
 from pennylane_custatevec.backends import BackendUnavailableError, custatevec
-from pennylane_custatevec.simulate import StateTooLargeError
 
 
 @pytest.fixture
@@ -240,15 +240,5 @@ def test_one_shot_mid_circuit_measurements(gpu_double):
 
 def test_memory_is_refused_before_allocating(gpu_double):
     gpu_double.cupy.free_bytes = 1 << 20
-    dev = qml.device("custatevec.qubit", wires=21, backend="custatevec")
-
-    @qml.qnode(dev)
-    def circuit():
-        for wire in range(21):
-            qml.Hadamard(wire)
-        return qml.expval(qml.Z(0))
-
-    message = r"needs 33,554,432 bytes of custatevec memory; 1,048,576 bytes are available"
-    with pytest.raises(StateTooLargeError, match=message):
-        circuit()
+    assert_21_qubits_refused("custatevec")
     assert gpu_double.cupy.allocations == []

@@ -16,13 +16,14 @@ import torch
 from conftest import DEVICE, assert_allclose_nested
 from pennylane.devices import ExecutionConfig
 from pennylane.exceptions import QuantumFunctionError
+from reference import assert_21_qubits_refused
 
 from pennylane_custatevec import measure, simulate
 from pennylane_custatevec.backends import host
 from pennylane_custatevec.backends.cpu import CPUBackend
 from pennylane_custatevec.backends.custatevec import CuStateVecBackend
 from pennylane_custatevec.program import compile_tape
-from pennylane_custatevec.simulate import StateTooLargeError, UnnormalisedStateError
+from pennylane_custatevec.simulate import UnnormalisedStateError
 
 # --- item 3: Hessians -----------------------------------------------------------------------
 
@@ -539,15 +540,5 @@ def test_too_large_circuit_refused_without_proc_meminfo(no_meminfo, monkeypatch)
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(CPUBackend, method, spy)
-    dev = qml.device(DEVICE, wires=21, backend="cpu")
-
-    @qml.qnode(dev)
-    def circuit():
-        for wire in range(21):
-            qml.Hadamard(wire)
-        return qml.expval(qml.Z(0))
-
-    message = r"needs 33,554,432 bytes of cpu memory; 1,048,576 bytes are available"
-    with pytest.raises(StateTooLargeError, match=message):
-        circuit()
+    assert_21_qubits_refused("cpu")
     assert allocations == []

@@ -16,6 +16,7 @@ from pennylane import numpy as pnp
 from pennylane.devices import ExecutionConfig
 from pennylane.queuing import AnnotatedQueue, QueuingManager
 from pennylane.tape import QuantumScript
+from reference import SignallingLock, parameter_shift_hessian
 
 from pennylane_custatevec.rotations import PauliRotations, gate_of
 from pennylane_custatevec.templates import is_native_template
@@ -32,32 +33,6 @@ def _cpu_device(wires=None, **kwargs):
 
 # ---------------------------------------------------------------------------------------
 # item 5: threads
-
-
-class _WatchedLock:
-    """A re-entrant lock that tells when a thread had to wait for it: in place of the lock
-    that PennyLane's recordings hold, it shows that the device waited for a recording."""
-
-    def __init__(self):
-        self._lock = threading.RLock()
-        self.waited = threading.Event()
-
-    def acquire(self, blocking=True, timeout=-1):
-        if self._lock.acquire(blocking=False):
-            return True
-        self.waited.set()
-        return self._lock.acquire(blocking, timeout)
-
-    def release(self):
-        self._lock.release()
-
-    def _is_owned(self):
-        return self._lock._is_owned()
-
-    __enter__ = acquire
-
-    def __exit__(self, *exc):
-        self.release()
 
 
 def _device_jobs() -> list:
@@ -191,11 +166,11 @@ def test_threads_preprocessing_queues_operators(monkeypatch):
     jobs = _device_jobs()  # built here: thread B builds only what the device builds
     dev = _cpu_device(seed=7)
     alone = _run_device_jobs(_cpu_device(seed=7), jobs)
-    lock = _WatchedLock()
+    lock = SignallingLock()
     monkeypatch.setattr(AnnotatedQueue, "_lock", lock)
     waited, outputs = _record_in_thread(
         _cpu_device(wires=2),
-        lambda: lock.waited.wait(WAIT_S),
+        lambda: lock.asked.wait(WAIT_S),
         lambda: _run_device_jobs(dev, jobs),
     )
     assert waited, "the device built operators while another thread was recording"
@@ -301,6 +276,16 @@ _DIFF_METHODS = {
 }
 
 
+def _assert_as_on_default_qubit(run, method: str) -> None:
+    """``run(dev, qnode_kwargs)`` on a 2-wire CPU-backend device with the QNode arguments
+    of ``method`` gives default.qubit's result (default.qubit takes no ``device_vjp``)."""
+    kwargs = _DIFF_METHODS[method]
+    reference_kwargs = {k: v for k, v in kwargs.items() if k != "device_vjp"}
+    ours = run(_cpu_device(wires=2), kwargs)
+    expected = run(qml.device("default.qubit", wires=2), reference_kwargs)
+    assert_allclose_nested(ours, expected, atol=TOL)
+
+
 def _value_and_gradient(dev, body, weights, qnode_kwargs):
     @qml.qnode(dev, **qnode_kwargs)
     def circuit(w):
@@ -319,13 +304,9 @@ def test_template_subclass(subclass, method, rng):
     define other gates): value and gradient equal default.qubit's."""
     body, size = _TEMPLATE_SUBCLASSES[subclass]
     weights = pnp.array(rng.uniform(-1, 1, size), requires_grad=True)
-    kwargs = _DIFF_METHODS[method]
-    reference_kwargs = {k: v for k, v in kwargs.items() if k != "device_vjp"}
-    ours = _value_and_gradient(_cpu_device(wires=2), body, weights, kwargs)
-    expected = _value_and_gradient(
-        qml.device("default.qubit", wires=2), body, weights, reference_kwargs
+    _assert_as_on_default_qubit(
+        lambda dev, kwargs: _value_and_gradient(dev, body, weights, kwargs), method
     )
-    assert_allclose_nested(ours, expected, atol=TOL)
 
 
 @pytest.mark.parametrize("subclass", sorted(_TEMPLATE_SUBCLASSES))
@@ -370,13 +351,9 @@ def test_gate_subclass_runs_as_its_gate(gate, method, rng):
         gate(w[0], wires=0)
         qml.RY(w[1], wires=1)
 
-    kwargs = _DIFF_METHODS[method]
-    reference_kwargs = {k: v for k, v in kwargs.items() if k != "device_vjp"}
-    ours = _value_and_gradient(_cpu_device(wires=2), body, weights, kwargs)
-    expected = _value_and_gradient(
-        qml.device("default.qubit", wires=2), body, weights, reference_kwargs
+    _assert_as_on_default_qubit(
+        lambda dev, kwargs: _value_and_gradient(dev, body, weights, kwargs), method
     )
-    assert_allclose_nested(ours, expected, atol=TOL)
 
 
 # ---------------------------------------------------------------------------------------
@@ -401,11 +378,7 @@ def test_angle_tuple(container, method):
         b = pnp.array(0.7, requires_grad=True)
         return circuit(a, b), qml.grad(circuit)(a, b)
 
-    kwargs = _DIFF_METHODS[method]
-    reference_kwargs = {k: v for k, v in kwargs.items() if k != "device_vjp"}
-    ours = run(_cpu_device(wires=2), kwargs)
-    expected = run(qml.device("default.qubit", wires=2), reference_kwargs)
-    assert_allclose_nested(ours, expected, atol=TOL)
+    _assert_as_on_default_qubit(run, method)
 
 
 def test_angle_tuple_torch_refused_as_on_default_qubit():
@@ -448,31 +421,16 @@ def test_angle_tuple_one_shot_refused():
 # item 13: PennyLane's cache
 
 
-def _hessian_executions(dev):
-    params = pnp.array([0.1, 0.2], requires_grad=True)
-
-    def cost(x):
-        tape = QuantumScript(
-            [qml.RX(x[0], 0), qml.RY(x[1], 1), qml.CNOT([0, 1])],
-            [qml.var(qml.prod(qml.PauliZ(0), qml.PauliX(1)))],
-        )
-        return qml.execute(
-            [tape], dev, diff_method=qml.gradients.param_shift, cache=True, max_diff=2
-        )[0]
-
-    with qml.Tracker(dev) as tracker:
-        hessian = qml.jacobian(qml.grad(cost))(params)
-    return tracker.totals["executions"], hessian
-
-
 def test_cache_hash():
     """A parameter-shift Hessian through PennyLane's cache: the shifted tapes whose angles
     differ by rounding hit the cache as on default.qubit (the same number of executions)
     and the Hessian is default.qubit's."""
-    ours = _hessian_executions(_cpu_device())
-    expected = _hessian_executions(qml.device("default.qubit"))
-    assert ours[0] == expected[0]
-    np.testing.assert_allclose(ours[1], expected[1], atol=TOL, rtol=0)
+    hessian, executions = parameter_shift_hessian(_cpu_device(), [0.1, 0.2])
+    expected_hessian, expected_executions = parameter_shift_hessian(
+        qml.device("default.qubit"), [0.1, 0.2]
+    )
+    assert executions == expected_executions
+    np.testing.assert_allclose(hessian, expected_hessian, atol=TOL, rtol=0)
 
 
 @pytest.mark.parametrize(

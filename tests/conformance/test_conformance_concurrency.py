@@ -34,6 +34,7 @@ from conformance_support import (
 )
 from pennylane import numpy as pnp
 from pennylane.devices import ExecutionConfig
+from reference import SignallingLock
 
 import pennylane_custatevec
 
@@ -101,6 +102,24 @@ INTERLEAVED_PAIRS = [
 INTERLEAVED_CONFIGS = config_mode_params([*ADJOINT_CONFIGS, BEST])
 
 
+INTERLEAVED_POINT = np.array([0.4, 0.9])
+
+
+def interleaved_passes(dev, pair, config) -> list:
+    """The QNodes of ``pair`` on ``dev`` (torch, ``config``) both run forward at
+    ``INTERLEAVED_POINT``, then each backward in turn: [(name, loss value, gradient)]."""
+    qnodes = [
+        qml.QNode(measuring(name), dev, interface="torch", **config.qnode_kwargs()) for name in pair
+    ]
+    xs = [_t(INTERLEAVED_POINT), _t(INTERLEAVED_POINT)]
+    values = [loss(q(xi)) for q, xi in zip(qnodes, xs, strict=True)]
+    passes = []
+    for name, value, xi in zip(pair, values, xs, strict=True):
+        value.backward()
+        passes.append((name, value.detach().numpy(), xi.grad.numpy()))
+    return passes
+
+
 @pytest.mark.parametrize(("config", "mode"), INTERLEAVED_CONFIGS)
 @pytest.mark.parametrize("pair", INTERLEAVED_PAIRS, ids="-".join)
 def test_interleaved_qnodes_same_gates(pair, config, mode):
@@ -108,17 +127,10 @@ def test_interleaved_qnodes_same_gates(pair, config, mode):
     parameters, different measurements; both forward, then the first's backward, then
     the second's: each gradient is default.qubit's."""
     dev = custatevec_device(N_WIRES, mode)
-    x = np.array([0.4, 0.9])
-    qnodes = [
-        qml.QNode(measuring(name), dev, interface="torch", **config.qnode_kwargs()) for name in pair
-    ]
-    xs = [_t(x), _t(x)]
-    values = [loss(q(xi)) for q, xi in zip(qnodes, xs, strict=True)]
-    for name, value, xi in zip(pair, values, xs, strict=True):
-        value.backward()
-        expected_value, expected_grad = reference_gradient(measuring(name), x)
-        np.testing.assert_allclose(value.detach().numpy(), expected_value, atol=ATOL)
-        np.testing.assert_allclose(xi.grad.numpy(), expected_grad, atol=ATOL, err_msg=name)
+    for name, value, grad in interleaved_passes(dev, pair, config):
+        expected_value, expected_grad = reference_gradient(measuring(name), INTERLEAVED_POINT)
+        np.testing.assert_allclose(value, expected_value, atol=ATOL)
+        np.testing.assert_allclose(grad, expected_grad, atol=ATOL, err_msg=name)
 
 
 @pytest.mark.parametrize("config", [ADJOINT_JACOBIAN, ADJOINT_VJP], ids=lambda c: c.name)
@@ -127,16 +139,9 @@ def test_interleaved_qnodes_on_gpu_backend(pair, config, gpu_double):
     """The same on the cuStateVec backend (its NumPy double), deferred."""
     dev = custatevec_device(N_WIRES, "deferred", backend="custatevec")
     assert dev.backend_name == "custatevec"
-    x = np.array([0.4, 0.9])
-    qnodes = [
-        qml.QNode(measuring(name), dev, interface="torch", **config.qnode_kwargs()) for name in pair
-    ]
-    xs = [_t(x), _t(x)]
-    values = [loss(q(xi)) for q, xi in zip(qnodes, xs, strict=True)]
-    for name, value, xi in zip(pair, values, xs, strict=True):
-        value.backward()
-        expected_grad = reference_gradient(measuring(name), x)[1]
-        np.testing.assert_allclose(xi.grad.numpy(), expected_grad, atol=ATOL, err_msg=name)
+    for name, _, grad in interleaved_passes(dev, pair, config):
+        expected_grad = reference_gradient(measuring(name), INTERLEAVED_POINT)[1]
+        np.testing.assert_allclose(grad, expected_grad, atol=ATOL, err_msg=name)
 
 
 @pytest.mark.parametrize(("config", "mode"), INTERLEAVED_CONFIGS)
@@ -280,34 +285,6 @@ def test_threads_take_turns_on_one_device(config, mode):
     for index in (0, 1):
         expected = reference_gradient(measuring(names[index]), points[index])[1]
         np.testing.assert_allclose(out[index], expected, atol=ATOL, err_msg=names[index])
-
-
-class SignallingLock:
-    """A re-entrant lock, as PennyLane's recordings hold (``AnnotatedQueue._lock``), that
-    sets ``asked`` when a thread asks for it while another thread holds it: the test's
-    way to know that the device waits for a recording to end."""
-
-    def __init__(self):
-        self._lock = threading.RLock()
-        self.asked = threading.Event()
-
-    def acquire(self, blocking=True, timeout=-1):
-        if self._lock.acquire(blocking=False):
-            return True
-        self.asked.set()
-        return self._lock.acquire(blocking, timeout) if blocking else False
-
-    def release(self):
-        self._lock.release()
-
-    def _is_owned(self):
-        return self._lock._is_owned()
-
-    def __enter__(self):
-        return self.acquire()
-
-    def __exit__(self, *exc):
-        self.release()
 
 
 def recorded_while_executing(run_on_device, monkeypatch):

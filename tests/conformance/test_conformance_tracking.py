@@ -21,7 +21,7 @@ from conformance_support import (
     interface_config_params,
     reference_device,
 )
-from pennylane import numpy as pnp
+from reference import parameter_shift_hessian
 
 COUNTS_NOT_COMPARED = {"results", "resources", "errors"}
 """Tracked values that are not counts (results are compared elsewhere; resources count
@@ -121,32 +121,13 @@ def test_tracker_counts_of_a_batch(config, mode):
     assert totals[0] == totals[1]
 
 
-def shift_hessian(dev, angles):
-    """The parameter-shift Hessian of a variance, through ``qml.execute(cache=True)``
-    (cache_hash.py), and the tracker's execution count."""
-    params = pnp.array(angles, requires_grad=True)
-
-    def cost(x):
-        tape = qml.tape.QuantumScript(
-            [qml.RX(x[0], 0), qml.RY(x[1], 1), qml.CNOT([0, 1])],
-            [qml.var(qml.prod(qml.PauliZ(0), qml.PauliX(1)))],
-        )
-        return qml.execute(
-            [tape], dev, diff_method=qml.gradients.param_shift, cache=True, max_diff=2
-        )[0]
-
-    with qml.Tracker(dev) as tracker:
-        hessian = qml.jacobian(qml.grad(cost))(params)
-    return hessian, tracker.totals["executions"]
-
-
 @pytest.mark.parametrize("angles", [[0.1, 0.2], [0.1 + np.pi / 2 - np.pi / 2, 0.2]])
 def test_cache_hits_parameter_shift_hessian(angles):
     """cache_hash.py: the shifted tapes a parameter-shift Hessian repeats hit the cache
     as on default.qubit (12 executions, not 16), also where an angle is 0.1 plus one ulp
     (the shifts then reproduce it only to round-off, as PennyLane's hash rounds)."""
-    hessian, executions = shift_hessian(custatevec_device(2), angles)
-    expected_hessian, expected_executions = shift_hessian(reference_device(2), angles)
+    hessian, executions = parameter_shift_hessian(custatevec_device(2), angles)
+    expected_hessian, expected_executions = parameter_shift_hessian(reference_device(2), angles)
     np.testing.assert_allclose(hessian, expected_hessian, atol=1e-8)
     assert executions == expected_executions
 
