@@ -22,6 +22,7 @@ from reference import (
     MANY_Z_WORDS,
     PAULI_CASES,
     TARGET_CASES,
+    backend_state,
     check_add_pauli_sum,
     check_adjoint_block_step,
     check_concatenate,
@@ -85,10 +86,14 @@ def make(request):
     return lambda dtype=np.complex128: BACKENDS[request.param](dtype)
 
 
-def load(backend, psi):
-    state = backend.from_host(psi)
-    assert state.dtype == backend.dtype and state.flags.c_contiguous
-    return state
+def assert_applies(backend, psi, apply, expected):
+    """``apply(backend, state)`` on ``psi`` loaded into ``backend`` leaves ``expected``
+    (within the tolerance of the backend's dtype)."""
+    state = backend_state(backend, psi)
+    apply(backend, state)
+    np.testing.assert_allclose(
+        backend.to_host(state), expected, atol=BACKEND_TOL[backend.dtype.type]
+    )
 
 
 def test_every_backend_declares_the_base_class():
@@ -149,22 +154,33 @@ def test_add_scaled_scale_and_vector_views(make, sources, factors):
 # --- primitives: gates ---------------------------------------------------------------------
 
 
-@DTYPES
-@pytest.mark.parametrize("shared", [True, False], ids=["shared", "per-vector"])
-@pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize(
-    "case", TARGET_CASES + WIDE_CASES, ids=[target_case_id(c) for c in TARGET_CASES + WIDE_CASES]
-)
+def gate_data_params(cases: list, ids: list):
+    """The parametrization of a gate test whose data (matrices, diagonals, angles) is one
+    for the whole batch ("shared") or one per vector: dtype x shared or per-vector x batch
+    of 1 or 3 x ``cases`` (named by ``ids``)."""
+    marks = [
+        DTYPES,
+        pytest.mark.parametrize("shared", [True, False], ids=["shared", "per-vector"]),
+        pytest.mark.parametrize("batch", [1, 3]),
+        pytest.mark.parametrize("case", cases, ids=ids),
+    ]
+
+    def parametrized(test):
+        for mark in reversed(marks):  # as decorators stacked in this order apply
+            test = mark(test)
+        return test
+
+    return parametrized
+
+
+@gate_data_params(TARGET_CASES + WIDE_CASES, [target_case_id(c) for c in TARGET_CASES + WIDE_CASES])
 def test_apply_matrix(make, case, batch, shared, dtype):
     targets, controls, values = case
     rng = np.random.default_rng(stable_seed("apply_matrix", case, batch, shared))
     mats = np.stack([random_unitary(1 << len(targets), rng) for _ in range(1 if shared else batch)])
     psi = random_states(N, batch, rng)
-    backend = make(dtype)
-    state = load(backend, psi)
-    backend.apply_matrix(state, mats, targets, controls, values)
     expected = ref_apply(psi, mats, targets, controls, values)
-    np.testing.assert_allclose(backend.to_host(state), expected, atol=BACKEND_TOL[dtype])
+    assert_applies(make(dtype), psi, lambda b, s: b.apply_matrix(s, mats, *case), expected)
 
 
 def test_apply_matrix_non_unitary(make):
@@ -179,23 +195,15 @@ def test_apply_matrix_non_unitary(make):
     np.testing.assert_allclose(backend.to_host(state), expected, atol=1e-12)
 
 
-@DTYPES
-@pytest.mark.parametrize("shared", [True, False], ids=["shared", "per-vector"])
-@pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize(
-    "case", DIAG_CASES + WIDE_CASES, ids=[target_case_id(c) for c in DIAG_CASES + WIDE_CASES]
-)
+@gate_data_params(DIAG_CASES + WIDE_CASES, [target_case_id(c) for c in DIAG_CASES + WIDE_CASES])
 def test_apply_diagonal(make, case, batch, shared, dtype):
     targets, controls, values = case
     rng = np.random.default_rng(stable_seed("diag", case, batch, shared))
     size = (1 if shared else batch, 1 << len(targets))
     diags = np.exp(1j * rng.uniform(0, 2 * np.pi, size=size)) * rng.uniform(0.5, 1.5, size=size)
     psi = random_states(N, batch, rng)
-    backend = make(dtype)
-    state = load(backend, psi)
-    backend.apply_diagonal(state, diags, targets, controls, values)
     expected = ref_apply(psi, np.stack([np.diag(d) for d in diags]), targets, controls, values)
-    np.testing.assert_allclose(backend.to_host(state), expected, atol=BACKEND_TOL[dtype])
+    assert_applies(make(dtype), psi, lambda b, s: b.apply_diagonal(s, diags, *case), expected)
 
 
 @DTYPES
@@ -209,36 +217,28 @@ def test_apply_pauli(make, case, batch, dtype):
     word, targets, controls, values = case
     rng = np.random.default_rng(stable_seed("pauli", case, batch))
     psi = random_states(N, batch, rng)
-    backend = make(dtype)
-    state = load(backend, psi)
-    backend.apply_pauli(state, word, targets, controls, values)
     expected = ref_apply(psi, word_matrix(word)[None], targets, controls, values)
-    np.testing.assert_allclose(backend.to_host(state), expected, atol=BACKEND_TOL[dtype])
+    assert_applies(make(dtype), psi, lambda b, s: b.apply_pauli(s, *case), expected)
 
 
 ROTATION_CASES = PAULI_CASES + WIDE_PAULI_CASES + PHASE_CASES
 
 
-@DTYPES
-@pytest.mark.parametrize("shared", [True, False], ids=["shared", "per-vector"])
-@pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize(
-    "case",
+@gate_data_params(
     ROTATION_CASES,
-    ids=[pauli_case_id(c) for c in PAULI_CASES + WIDE_PAULI_CASES] + ["phase-controlled", "phase"],
+    [pauli_case_id(c) for c in PAULI_CASES + WIDE_PAULI_CASES] + ["phase-controlled", "phase"],
 )
 def test_apply_pauli_rotation(make, case, batch, shared, dtype):
     word, targets, controls, values = case
     rng = np.random.default_rng(stable_seed("rotation", case, batch, shared))
     angles = rng.uniform(-2 * np.pi, 2 * np.pi, size=1 if shared else batch)
     psi = random_states(N, batch, rng)
-    backend = make(dtype)
-    state = load(backend, psi)
-    backend.apply_pauli_rotation(state, angles, word, targets, controls, values)
     expected = ref_apply(
         psi, np.stack([rotation(word, a) for a in angles]), targets, controls, values
     )
-    np.testing.assert_allclose(backend.to_host(state), expected, atol=BACKEND_TOL[dtype])
+    assert_applies(
+        make(dtype), psi, lambda b, s: b.apply_pauli_rotation(s, angles, *case), expected
+    )
 
 
 # --- primitives: inner product, probabilities ----------------------------------------------
@@ -251,8 +251,8 @@ def test_braket(make, kets, dtype):
     rng = np.random.default_rng(stable_seed("braket", kets))
     bras, ket_vectors = random_states(N, 3, rng), random_states(N, kets, rng)
     backend = make(dtype)
-    on_bras = load(backend, bras)
-    out = backend.braket(on_bras, load(backend, ket_vectors))
+    on_bras = backend_state(backend, bras)
+    out = backend.braket(on_bras, backend_state(backend, ket_vectors))
     assert out.dtype == np.complex128 and out.shape == (3,)
     expected = np.einsum("bi,bi->b", bras.conj(), np.broadcast_to(ket_vectors, bras.shape))
     np.testing.assert_allclose(out, expected, atol=BACKEND_TOL[dtype] * 10)
@@ -268,7 +268,7 @@ def test_probabilities(make, bits, batch, dtype):
     rng = np.random.default_rng(stable_seed("probs", bits, batch))
     psi = random_states(N, batch, rng)
     backend = make(dtype)
-    out = backend.probabilities(load(backend, psi), bits)
+    out = backend.probabilities(backend_state(backend, psi), bits)
     assert out.dtype == np.float64 and out.shape == (batch, 1 << len(bits))
     np.testing.assert_allclose(out, ref_probs(psi, bits), atol=BACKEND_TOL[dtype] * 10)
     np.testing.assert_allclose(out.sum(axis=1), 1.0, atol=BACKEND_TOL[dtype] * 10)
@@ -302,7 +302,7 @@ def test_expval_pauli(make, word, targets, batch, dtype):
     rng = np.random.default_rng(stable_seed("expval_pauli", word, targets, batch))
     psi = random_states(N, batch, rng)
     backend = make(dtype)
-    state = load(backend, psi)
+    state = backend_state(backend, psi)
     out = backend.expval_pauli(state, word, targets)
     assert out.dtype == np.float64 and out.shape == (batch,)
     op = dense_operator(N, word_matrix(word), targets)
@@ -335,7 +335,7 @@ def test_expval_matrix(make, targets, batch, dtype):
     m = rng.normal(size=(d, d)) + 1j * rng.normal(size=(d, d))  # not Hermitian: complex result
     psi = random_states(N, batch, rng)
     backend = make(dtype)
-    out = backend.expval_matrix(load(backend, psi), m, targets)
+    out = backend.expval_matrix(backend_state(backend, psi), m, targets)
     assert out.dtype == np.complex128 and out.shape == (batch,)
     expected = np.einsum("bi,ij,bj->b", psi.conj(), dense_operator(N, m, targets), psi)
     np.testing.assert_allclose(out, expected, atol=BACKEND_TOL[dtype] * 10)
@@ -353,8 +353,8 @@ def test_inner_pauli(make, word, targets, kets, dtype):
     rng = np.random.default_rng(stable_seed("inner_pauli", word, targets, kets))
     bras, ket_vectors = random_states(N, 3, rng), random_states(N, kets, rng)
     backend = make(dtype)
-    ket = load(backend, ket_vectors)
-    out = backend.inner_pauli(load(backend, bras), ket, word, targets)
+    ket = backend_state(backend, ket_vectors)
+    out = backend.inner_pauli(backend_state(backend, bras), ket, word, targets)
     assert out.dtype == np.complex128 and out.shape == (3,)
     applied = ket_vectors @ dense_operator(N, word_matrix(word), targets).T
     expected = np.einsum("bi,bi->b", bras.conj(), np.broadcast_to(applied, bras.shape))
@@ -371,8 +371,8 @@ def test_inner_matrix(make, targets, kets, dtype):
     m = rng.normal(size=(d, d)) + 1j * rng.normal(size=(d, d))
     bras, ket_vectors = random_states(N, 3, rng), random_states(N, kets, rng)
     backend = make(dtype)
-    ket = load(backend, ket_vectors)
-    out = backend.inner_matrix(load(backend, bras), ket, m, targets)
+    ket = backend_state(backend, ket_vectors)
+    out = backend.inner_matrix(backend_state(backend, bras), ket, m, targets)
     assert out.dtype == np.complex128 and out.shape == (3,)
     applied = ket_vectors @ dense_operator(N, m, targets).T
     expected = np.einsum("bi,bi->b", bras.conj(), np.broadcast_to(applied, bras.shape))
@@ -404,7 +404,7 @@ def test_sample_frequencies_and_seed(make, bits, batch):
     rng = np.random.default_rng(stable_seed("sample", bits, batch))
     psi = random_states(N, batch, rng)
     backend = make()
-    state = load(backend, psi)
+    state = backend_state(backend, psi)
     shots = 40000
     samples = backend.sample(state, bits, shots, np.random.default_rng(7))
     assert samples.shape == (batch, shots) and samples.dtype == np.int64
@@ -447,7 +447,7 @@ def test_adjoint_pauli_rotation_step(make, word, targets, rows, dtype):
     phi, bras = random_states(N, 1, rng), random_states(N, rows, rng)
     angle = np.array([rng.uniform(-3, 3)])
     backend = make(dtype)
-    on_phi, on_bras = load(backend, phi), load(backend, bras)
+    on_phi, on_bras = backend_state(backend, phi), backend_state(backend, bras)
     products = backend.adjoint_pauli_rotation_step(on_phi, on_bras, angle, word, targets)
     pauli = dense_operator(N, word_matrix(word), targets)
     np.testing.assert_allclose(

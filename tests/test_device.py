@@ -312,38 +312,32 @@ def test_result_dtypes(dtype):
     assert np.asarray(var).dtype == np.float64
 
 
-def test_preprocess_rejects_unsupported_measurement():
+def _hadamard_measured(measurement, shots=None):
+    """A QNode on a 2-wire device: a Hadamard on wire 0, then ``measurement()``; with
+    ``shots`` set on the QNode."""
     dev = qml.device("custatevec.qubit", wires=2)
 
     @qml.qnode(dev)
     def circuit():
         qml.Hadamard(0)
-        return qml.classical_shadow(wires=[0])
+        return measurement()
 
+    return circuit if shots is None else qml.set_shots(circuit, shots=shots)
+
+
+def test_preprocess_rejects_unsupported_measurement():
+    circuit = _hadamard_measured(lambda: qml.classical_shadow(wires=[0]))
     with pytest.raises(qml.exceptions.DeviceError):
         circuit()
 
 
 def test_state_with_shots_rejected():
-    dev = qml.device("custatevec.qubit", wires=2)
-
-    @qml.set_shots(shots=10)
-    @qml.qnode(dev)
-    def circuit():
-        qml.Hadamard(0)
-        return qml.state()
-
+    circuit = _hadamard_measured(qml.state, shots=10)
     with pytest.raises(qml.exceptions.DeviceError, match="state"):
         circuit()
 
 
 def test_sample_without_shots_rejected():
-    dev = qml.device("custatevec.qubit", wires=2)
-
-    @qml.qnode(dev)
-    def circuit():
-        qml.Hadamard(0)
-        return qml.sample(wires=[0])
-
+    circuit = _hadamard_measured(lambda: qml.sample(wires=[0]))
     with pytest.raises(qml.exceptions.DeviceError, match="sample"):
         circuit()
