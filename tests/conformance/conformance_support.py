@@ -109,6 +109,16 @@ def reference_qnode(circuit, wires, **kwargs):
     return qml.QNode(circuit, reference_device(wires), diff_method="backprop", **kwargs)
 
 
+def three_qubit_gates(x, y):
+    """The gates of the generic 3-qubit circuit the QNode and shot tests measure: a
+    scalar ``x`` and a 2-vector ``y`` enter them, every wire is entangled."""
+    qml.RX(x, wires=0)
+    qml.RY(y[0], wires=1)
+    qml.CNOT(wires=[0, 1])
+    qml.RX(y[1], wires=2)
+    qml.CNOT(wires=[1, 2])
+
+
 # ---------------------------------------------------------------------------------------
 # ML interfaces
 
@@ -283,6 +293,16 @@ def assert_same_derivatives(derivatives, expected, atol: float = ATOL):
     for i, (d, e) in enumerate(zip(derivatives, expected, strict=True)):
         assert np.shape(d) == np.shape(e), f"derivative {i}: {np.shape(d)} != {np.shape(e)}"
         np.testing.assert_allclose(d, e, atol=atol, rtol=0, err_msg=f"derivative {i}")
+
+
+def assert_same_torch_jacobian(ours: Callable, ref: Callable, x, atol: float = ATOL):
+    """torch's Jacobian of ``ours`` at ``x`` is that of ``ref`` (default.qubit's function)."""
+    np.testing.assert_allclose(
+        torch.autograd.functional.jacobian(ours, x).numpy(),
+        torch.autograd.functional.jacobian(ref, x).numpy(),
+        atol=atol,
+        rtol=0,
+    )
 
 
 _REFERENCE_JACOBIANS: dict = {}

@@ -17,11 +17,11 @@ from conformance_support import (
     ADJOINT_CONFIGS,
     ADJOINT_JACOBIAN,
     ADJOINT_VJP,
-    ATOL,
     BEST,
     PARAMETER_SHIFT,
     assert_same_derivatives,
     assert_same_result,
+    assert_same_torch_jacobian,
     custatevec_device,
     interface,
     interface_config_params,
@@ -176,10 +176,7 @@ def test_lookalike_gates_execute(pair, config, mode, fusion_qubits):
     ours = run_lookalikes(pair, dev, **config.qnode_kwargs())
     ref = run_lookalikes(pair, reference_device(2), diff_method="backprop")
     assert_same_result(ours(x), ref(x))
-    jacobian = torch.autograd.functional.jacobian(ours, x)
-    np.testing.assert_allclose(
-        jacobian.numpy(), torch.autograd.functional.jacobian(ref, x).numpy(), atol=ATOL, rtol=0
-    )
+    assert_same_torch_jacobian(ours, ref, x)
 
 
 @pytest.mark.parametrize("config", [ADJOINT_JACOBIAN, ADJOINT_VJP], ids=lambda c: c.name)
@@ -191,12 +188,7 @@ def test_lookalike_gates_execute_gpu_backend(pair, config, gpu_double):
     x = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
     ours = run_lookalikes(pair, dev, **config.qnode_kwargs())
     ref = run_lookalikes(pair, reference_device(2), diff_method="backprop")
-    np.testing.assert_allclose(
-        torch.autograd.functional.jacobian(ours, x).numpy(),
-        torch.autograd.functional.jacobian(ref, x).numpy(),
-        atol=ATOL,
-        rtol=0,
-    )
+    assert_same_torch_jacobian(ours, ref, x)
 
 
 # ---------------------------------------------------------------------------------------
@@ -280,12 +272,7 @@ def test_large_observables_gradients(kind, config, mode, fusion_qubits):
     ours = run(dev, **config.qnode_kwargs())
     ref = run(reference_device(n), diff_method="parameter-shift")
     assert_same_result(ours(x), ref(x))
-    np.testing.assert_allclose(
-        torch.autograd.functional.jacobian(ours, x).numpy(),
-        torch.autograd.functional.jacobian(ref, x).numpy(),
-        atol=ATOL,
-        rtol=0,
-    )
+    assert_same_torch_jacobian(ours, ref, x)
 
 
 def two_large_hermitians(x):

@@ -33,6 +33,7 @@ from conformance_support import (
     interface_config_params,
     reference_device,
     reference_qnode,
+    three_qubit_gates,
 )
 from pennylane.devices import ExecutionConfig
 from pennylane.exceptions import DeviceError
@@ -84,11 +85,7 @@ def circuit_returning(returns: str):
     """A generic 3-qubit circuit of a scalar ``x`` and a 2-vector ``y``."""
 
     def circuit(x, y):
-        qml.RX(x, wires=0)
-        qml.RY(y[0], wires=1)
-        qml.CNOT(wires=[0, 1])
-        qml.RX(y[1], wires=2)
-        qml.CNOT(wires=[1, 2])
+        three_qubit_gates(x, y)
         qml.RY(x, wires=2)
         return RETURNS[returns]()
 

@@ -21,6 +21,7 @@ from conformance_support import (
     interface,
     reference_device,
     reference_qnode,
+    three_qubit_gates,
     to_numpy,
 )
 from conftest import stable_seed
@@ -31,17 +32,9 @@ Y = np.array([-0.654, 0.321])
 SHOT_VECTOR = ((2000, 2), 6000)
 
 
-def circuit(x, y):
-    qml.RX(x, wires=0)
-    qml.RY(y[0], wires=1)
-    qml.CNOT(wires=[0, 1])
-    qml.RX(y[1], wires=2)
-    qml.CNOT(wires=[1, 2])
-
-
 def estimates(x, y):
     """Measurements whose sampled values estimate exact ones."""
-    circuit(x, y)
+    three_qubit_gates(x, y)
     return (
         qml.expval(qml.Z(0)),
         qml.expval(qml.Hamiltonian([0.4, -0.9], [qml.X(1) @ qml.Z(2), qml.Y(2)])),
@@ -53,12 +46,12 @@ def estimates(x, y):
 def differentiated(x, y):
     """Measurements of the Jacobian tests (few outputs: torch takes one backward pass,
     and so one parameter-shift run, per output)."""
-    circuit(x, y)
+    three_qubit_gates(x, y)
     return qml.expval(qml.Z(0) @ qml.X(2)), qml.probs(wires=[1])
 
 
 def samples(x, y):
-    circuit(x, y)
+    three_qubit_gates(x, y)
     return (
         qml.sample(wires=[0, 1]),
         qml.sample(qml.Z(0) @ qml.Z(2)),
@@ -204,7 +197,7 @@ def test_adjoint_with_shots_refused(interface_name):
     names parameter-shift."""
 
     def expval_circuit(x, y):
-        circuit(x, y)
+        three_qubit_gates(x, y)
         return qml.expval(qml.Z(0) @ qml.X(2))
 
     iface = interface(interface_name)
