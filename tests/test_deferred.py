@@ -9,7 +9,9 @@ must not synchronise with the host but once.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import typing
 
 import numpy as np
 import pennylane as qml
@@ -37,7 +39,8 @@ from test_adjoint import (
 import pennylane_custatevec
 import pennylane_custatevec.gradients.deferred
 import pennylane_custatevec.gradients.eager
-from pennylane_custatevec import simulate
+from pennylane_custatevec import fusion, simulate
+from pennylane_custatevec.gradients import deferred
 from pennylane_custatevec.simulate import RunTooLargeError
 
 ATOL = 1e-10
@@ -926,3 +929,22 @@ def test_rotation_units_broadcast(layers, device_vjp, paths):
     pairs' angles per vector."""
     circuit = functools.partial(layers, broadcast_x=np.array([0.2, -1.0, 2.5]))
     assert_modes_match_backprop(circuit, 29, 2, device_vjp, paths)
+
+
+@pytest.mark.parametrize("kind", typing.get_args(fusion.Unit), ids=lambda kind: kind.__name__)
+def test_every_unit_kind_has_a_sweep_step(kind):
+    """The sweep's dispatch is complete over ``fusion.Unit``'s kinds: each has its step."""
+    assert kind in deferred._UNIT_STEPS
+    assert set(deferred._UNIT_STEPS) == set(typing.get_args(fusion.Unit))
+
+
+def test_a_unit_kind_without_a_step_fails_clearly():
+    """A new kind of unit that the sweep has no step for is refused by name, not swept
+    as something else."""
+
+    @dataclasses.dataclass(frozen=True)
+    class ToyUnit:
+        members: tuple[int, ...]
+
+    with pytest.raises(TypeError, match="no step for a ToyUnit unit"):
+        deferred.step_of(ToyUnit((0,)))
