@@ -283,7 +283,7 @@ def _circuit(
     tape: QuantumScript, device_wires: Wires | None, kept: KeptState | None
 ) -> DifferentiatedTape:
     """The tape compiled for the batched sweep, with the kept compilation if any."""
-    return DifferentiatedTape(tape, device_wires, kept.compilation if kept else None, batched=True)
+    return DifferentiatedTape(tape, device_wires, kept.compilation if kept else None)
 
 
 def _no_parameters(entries: list) -> tuple:
