@@ -36,6 +36,7 @@ from .backends import BACKEND_CHOICES, select_backend
 from .exact import gate_key
 from .execution import run_tapes
 from .gradients import deferred, eager, jvp
+from .gradients.common import require_adjoint_serves
 from .kept import KeptState
 from .program import compiles_by_gate
 from .queuing import PipelineWithoutQueuing, without_queuing
@@ -62,6 +63,16 @@ _MATRIX_DEFINED_OPS = (
 )
 """Operations whose parameters are matrices or states: never decomposed for the adjoint
 method, so that a trainable one is refused by name rather than silently expanded."""
+
+
+ADJOINT_VALIDATED_IN_PREPROCESSING = "adjoint_validated_in_preprocessing"
+"""The key of ``ExecutionConfig.device_options`` that ``setup_execution_config`` sets (True)
+in a config for the adjoint method: the preprocessing of that config
+(``preprocess_transforms``) ends with ``validate_adjoint_differentiation``, so the
+derivative entry points given it (``compute_derivatives``, ``compute_vjp``,
+``compute_jvp``, ``execute_and_compute_*``) take its tapes as validated. Without it (a
+direct call with a config of one's own, or none) they validate each tape themselves
+(``gradients.common.require_adjoint_serves``): a clear DeviceError, never a wrong number."""
 
 
 class UnknownOptionError(ValueError, TypeError):
@@ -326,8 +337,13 @@ class CuStateVecDevice(Device):
             default = "one-shot" if shots_present else "deferred"
             updates["mcm_config"] = dataclasses.replace(config.mcm_config, mcm_method=default)
         # the options of the context in force now, for the backward pass that may run later
-        in_force = self.options_in_force(config).as_device_options()
-        updates["device_options"] = {**config.device_options, **in_force}
+        device_options = dict(config.device_options)
+        device_options.update(self.options_in_force(config).as_device_options())
+        # decided here, never inherited: the preprocessing of this config validates or not
+        device_options.pop(ADJOINT_VALIDATED_IN_PREPROCESSING, None)
+        if updates.get("gradient_method", config.gradient_method) == "adjoint":
+            device_options[ADJOINT_VALIDATED_IN_PREPROCESSING] = True
+        updates["device_options"] = device_options
         return dataclasses.replace(config, **updates)
 
     def preprocess_transforms(self, execution_config: ExecutionConfig | None = None):
@@ -506,6 +522,7 @@ class CuStateVecDevice(Device):
     ):
         in_force = self.options_in_force(execution_config)
         kept = [self._kept.pop(tape) for tape in circuits]
+        _require_adjoint_serves(circuits, kept, execution_config, in_force)
         return _adjoint_jacobians(self._backend, circuits, self.wires, kept, in_force)
 
     def execute_and_compute_derivatives(
@@ -533,6 +550,7 @@ class CuStateVecDevice(Device):
     ):
         in_force = self.options_in_force(execution_config)
         kept = [self._kept.pop(tape) for tape in circuits]
+        _require_adjoint_serves(circuits, kept, execution_config, in_force)
         if in_force.grad_accumulation == "deferred":
             return deferred.vjps(
                 self._backend, circuits, cotangents, self.wires, kept, in_force.fusion_qubits
@@ -584,19 +602,19 @@ class CuStateVecDevice(Device):
         """``compute_jvp`` without the tracker's count (``execute_and_compute_jvp`` counts
         its JVPs itself)."""
         in_force = self.options_in_force(config)
-        batched = in_force.grad_accumulation == "deferred"
         kept = [self._kept.pop(tape) for tape in circuits]
-        return jvp.jvps(
-            circuits,
-            tangents,
-            kept,
-            jacobians=lambda tapes, entries: _adjoint_jacobians(
-                self._backend, tapes, self.wires, entries, in_force
-            ),
-            zero_jvp=lambda tape, entry: jvp.zeros(
-                tape, self.wires, entry.compilation if entry else None, batched
-            ),
-        )
+
+        # the tapes differentiated (their trainable parameters reduced to those with a
+        # nonzero tangent) and those that get zeros, each validated as it comes
+        def jacobians(tapes: Sequence[QuantumScript], entries: Sequence[KeptState | None]):
+            _require_adjoint_serves(tapes, entries, config, in_force)
+            return _adjoint_jacobians(self._backend, tapes, self.wires, entries, in_force)
+
+        def zero_jvp(tape: QuantumScript, entry: KeptState | None):
+            _require_adjoint_serves([tape], [entry], config, in_force)
+            return jvp.zeros(tape, self.wires, entry.compilation if entry else None)
+
+        return jvp.jvps(circuits, tangents, kept, jacobians=jacobians, zero_jvp=zero_jvp)
 
 
 def _require_first_derivatives(config: ExecutionConfig) -> None:
@@ -609,6 +627,25 @@ def _require_first_derivatives(config: ExecutionConfig) -> None:
             "of higher order (a Hessian would be zero). Use diff_method='parameter-shift' "
             "(or 'best', which picks it when max_diff > 1), or max_diff=1."
         )
+
+
+def _require_adjoint_serves(
+    tapes: Sequence[QuantumScript],
+    kept: Sequence[KeptState | None],
+    config: ExecutionConfig | None,
+    in_force: settings.DifferentiationOptions,
+) -> None:
+    """Refuse a tape the sweep of the mode in force cannot differentiate, as the
+    preprocessing would, unless ``config`` says that the preprocessing validated the
+    tapes (``ADJOINT_VALIDATED_IN_PREPROCESSING``). As the sweep reads them: the tape's
+    ``trainable_params``, and whether it is broadcast from the compilation the forward
+    pass kept (``kept[i]``), if any."""
+    if config is not None and config.device_options.get(ADJOINT_VALIDATED_IN_PREPROCESSING):
+        return
+    batched = in_force.grad_accumulation == "deferred"
+    for tape, entry in zip(tapes, kept, strict=True):
+        broadcast = entry.compilation.register.broadcast if entry else None
+        require_adjoint_serves(tape, broadcast=broadcast, batched=batched)
 
 
 def _adjoint_jacobians(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pennylane as qml
 from pennylane import math
-from pennylane.exceptions import DeviceError
 from pennylane.measurements import (
     DensityMatrixMP,
     ExpectationMP,
@@ -27,7 +26,7 @@ from .gradients.common import (
     MatrixDerivative,
     is_swept,
     observable_derivatives,
-    unsupported_reason,
+    require_adjoint_serves,
 )
 from .measure import DENSE_OBSERVABLE_WIRES
 from .program import is_broadcast, scalar_parameters, tape_batch_size
@@ -152,11 +151,7 @@ def _require_adjoint_serves(tape: QuantumScript, batched: bool) -> None:
         if math.requires_grad(value)
     }
     broadcast = tape_batch_size(tape) is not None if batched else False
-    reason = unsupported_reason(tape, trainable, broadcast=broadcast, batched=batched)
-    if reason:
-        raise DeviceError(
-            f"custatevec.qubit cannot differentiate this circuit by adjoint: {reason}."
-        )
+    require_adjoint_serves(tape, trainable, broadcast=broadcast, batched=batched)
 
 
 @transform

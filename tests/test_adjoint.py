@@ -1103,3 +1103,107 @@ def test_broadcast_tapes_are_refused_by_the_device_api(entries, executed_first):
         dev.execute([tape], config)
     with pytest.raises(qml.exceptions.DeviceError, match="expanded by the device's preprocessing"):
         dev.compute_vjp([tape], [np.ones(len(entries))], config)
+
+
+# ---------------------------------------------------------------------------------------
+# 11. Validation: once, in the preprocessing; the entry points validate what skipped it
+
+
+def _validation_circuit(x, w):
+    qml.RY(x, wires=0)
+    qml.CNOT([0, 1])
+    qml.CRX(w, wires=[1, 0])
+    return qml.expval(qml.Z(0)), qml.probs(wires=[1])
+
+
+@pytest.mark.parametrize(
+    "device_vjp, x, tapes",
+    [(False, 0.4, 1), (True, 0.4, 1), (True, [0.4, -0.3, 1.2], 3)],
+    ids=["jacobian", "vjp", "broadcast"],
+)
+def test_a_differentiated_qnode_validates_each_tape_once(device_vjp, x, tapes, mocker):
+    """A QNode differentiated by adjoint: the preprocessing validates each tape, and the
+    derivative that follows (a Jacobian on execution, or a VJP in the backward) does not
+    again. A trainable broadcast: three tapes in both modes (the deferred mode expands a
+    broadcast whose parameter is trainable too). Both modes (``grad_accumulation``)."""
+    reasons = mocker.spy(pennylane_custatevec.gradients.common, "unsupported_reason")
+    dev = qml.device("custatevec.qubit", wires=2)
+    qnode = qml.QNode(_validation_circuit, dev, diff_method="adjoint", device_vjp=device_vjp)
+    x, w = _t(x), _t(0.9)
+    real_vector(qnode(x, w)).sum().backward()
+    assert reasons.call_count == tapes
+    reference = qml.QNode(_validation_circuit, qml.device("default.qubit", wires=2))
+    x_ref, w_ref = _t(x.detach().numpy()), _t(0.9)
+    real_vector(reference(x_ref, w_ref)).sum().backward()
+    np.testing.assert_allclose(w.grad, w_ref.grad, atol=1e-10)
+
+
+def _trainable_unitary_tape():
+    tape = QuantumScript(
+        [qml.RX(0.3, wires=0), qml.QubitUnitary(np.eye(2), wires=1)], [qml.expval(qml.Z(0))]
+    )
+    tape.trainable_params = [0, 1]
+    return tape
+
+
+def _unit_tangents(tape):
+    return tuple(np.ones(np.shape(p)) for p in tape.get_parameters())
+
+
+DIRECT_CALLS = {
+    "compute_derivatives": lambda dev, tape, config: dev.compute_derivatives([tape], config),
+    "compute_vjp": lambda dev, tape, config: dev.compute_vjp([tape], [1.0], config),
+    "compute_jvp": lambda dev, tape, config: dev.compute_jvp(
+        [tape], [_unit_tangents(tape)], config
+    ),
+    "execute_and_compute_derivatives": lambda dev, tape, config: (
+        dev.execute_and_compute_derivatives([tape], config)
+    ),
+    "execute_and_compute_vjp": lambda dev, tape, config: dev.execute_and_compute_vjp(
+        [tape], [1.0], config
+    ),
+    "execute_and_compute_jvp": lambda dev, tape, config: dev.execute_and_compute_jvp(
+        [tape], [_unit_tangents(tape)], config
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "config",
+    [None, ExecutionConfig(), ExecutionConfig(gradient_method="adjoint")],
+    ids=["no-config", "default", "adjoint-by-hand"],
+)
+@pytest.mark.parametrize("entry_point", list(DIRECT_CALLS))
+def test_direct_calls_validate_what_the_preprocessing_did_not(entry_point, config):
+    """The derivative entry points called without the device's preprocessing (a config of
+    one's own, or none) refuse a tape the adjoint method cannot differentiate with the
+    preprocessing's DeviceError, naming the reason (a trainable QubitUnitary), in both
+    modes (``grad_accumulation``)."""
+    dev = qml.device("custatevec.qubit", wires=2)
+    with pytest.raises(DeviceError, match="QubitUnitary has trainable parameters") as info:
+        DIRECT_CALLS[entry_point](dev, _trainable_unitary_tape(), config)
+    assert str(info.value).startswith(ERROR_PREFIX)
+
+
+@pytest.mark.parametrize("entry_point", ["compute_derivatives", "compute_vjp", "compute_jvp"])
+def test_direct_calls_refuse_a_tape_with_shots(entry_point):
+    """The same for a tape with shots (the default ExecutionConfig)."""
+    dev = qml.device("custatevec.qubit", wires=2)
+    tape = QuantumScript([qml.RX(0.3, wires=0)], [qml.expval(qml.Z(0))], shots=100)
+    with pytest.raises(DeviceError, match="needs analytic execution and the circuit has shots"):
+        DIRECT_CALLS[entry_point](dev, tape, ExecutionConfig())
+
+
+def test_the_adjoint_config_of_the_device_says_its_preprocessing_validates():
+    """``setup_execution_config`` marks a config for the adjoint method (whose preprocessing
+    validates) and only such a config, whatever the config it was given said."""
+    dev = qml.device("custatevec.qubit", wires=2)
+    marker = pennylane_custatevec.device.ADJOINT_VALIDATED_IN_PREPROCESSING
+    adjoint = dev.setup_execution_config(ExecutionConfig(gradient_method="adjoint"))
+    assert adjoint.device_options[marker] is True
+    forward = dev.setup_execution_config(
+        ExecutionConfig(gradient_method=None, device_options={marker: True})
+    )
+    assert marker not in forward.device_options
+    with pytest.raises(DeviceError, match="QubitUnitary has trainable parameters"):
+        dev.compute_derivatives([_trainable_unitary_tape()], forward)

@@ -9,7 +9,9 @@ must not synchronise with the host but once.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import typing
 
 import numpy as np
 import pennylane as qml
@@ -20,6 +22,7 @@ from pennylane.devices import ExecutionConfig
 from pennylane.ops.functions import bind_new_parameters
 from pennylane.tape import QuantumScript
 from reference import random_hermitian, random_state
+from spies import swept_batches
 from test_adjoint import (
     COMPOSITE,
     PARAMETRIZED,
@@ -37,7 +40,8 @@ from test_adjoint import (
 import pennylane_custatevec
 import pennylane_custatevec.gradients.deferred
 import pennylane_custatevec.gradients.eager
-from pennylane_custatevec import simulate
+from pennylane_custatevec import fusion, simulate
+from pennylane_custatevec.gradients import deferred
 from pennylane_custatevec.simulate import RunTooLargeError
 
 ATOL = 1e-10
@@ -249,7 +253,7 @@ def test_broadcast(x_trainable, k, outputs, device_vjp, paths):
     circuit = functools.partial(broadcast_circuit, outputs=outputs)
     runs = run_both_modes(circuit, values, 17, k, device_vjp, paths=paths, trainable=trainable)
     # the six entries (a broadcast, or the tapes it expands into) sweep as one batch
-    assert [call.args[1].register.batch_size for call in paths.deferred.call_args_list] == [6]
+    assert [batch for batch, _ in swept_batches(paths.deferred)] == [6]
     ref = qml.device("default.qubit", wires=WIRES)
     reference = torch_run(circuit, ref, values, 17, trainable, diff_method="backprop")
     assert_same_run(runs["deferred"], reference, atol=REF_ATOL)
@@ -415,7 +419,7 @@ def test_mixed_batch(k, device_vjp, paths):
     # one sweep for the four tapes of one structure (and as many bras), one for the
     # broadcast tape's three entries, one for each other tape with trainable parameters
     # (the state's Jacobian is computed forward)
-    sizes = sorted(call.args[1].register.batch_size for call in paths.deferred.call_args_list)
+    sizes = sorted(batch for batch, _ in swept_batches(paths.deferred))
     assert sizes == ([1, 1, 1, 3, 4] if device_vjp else [1, 1, 3, 4])
     ref = qml.device("default.qubit", wires=W4)
     params = [_t(v) for v in values]
@@ -478,8 +482,7 @@ def test_full_jacobian_several_observables(k, device_vjp, paths):
         jacobians[mode] = tuple(j.numpy() for j in jac)
         if mode == "deferred" and not device_vjp:
             # every output's bra in one batch: the Jacobian is one sweep
-            (call,) = paths.deferred.call_args_list
-            assert call.args[6].shape[0] == N_OUTPUTS
+            assert swept_batches(paths.deferred) == [(1, N_OUTPUTS)]
         paths.check(mode)
     assert jacobians["deferred"][0].shape == (N_OUTPUTS, 4, 2)
     assert_allclose_nested(jacobians["deferred"], jacobians["eager"], atol=ATOL)
@@ -702,7 +705,7 @@ def test_memory_chunks(derivative, budget_vectors, expected_sizes, mocker, monke
     else:
         result = dev.compute_derivatives(tapes, deferred)
         expected = eager_jacobians(eager, tapes, 2)
-    assert [call.args[1].register.batch_size for call in sweeps.call_args_list] == expected_sizes
+    assert [batch for batch, _ in swept_batches(sweeps)] == expected_sizes
     assert_allclose_nested(result, expected, atol=ATOL)
 
 
@@ -744,7 +747,7 @@ def test_double_broadcast(device_vjp, gpu_double, paths):
         trainable=[False, True],
         backend="custatevec",
     )
-    assert [call.args[1].register.batch_size for call in paths.deferred.call_args_list] == [6]
+    assert [batch for batch, _ in swept_batches(paths.deferred)] == [6]
 
 
 @VJP
@@ -926,3 +929,22 @@ def test_rotation_units_broadcast(layers, device_vjp, paths):
     pairs' angles per vector."""
     circuit = functools.partial(layers, broadcast_x=np.array([0.2, -1.0, 2.5]))
     assert_modes_match_backprop(circuit, 29, 2, device_vjp, paths)
+
+
+@pytest.mark.parametrize("kind", typing.get_args(fusion.Unit), ids=lambda kind: kind.__name__)
+def test_every_unit_kind_has_a_sweep_step(kind):
+    """The sweep's dispatch is complete over ``fusion.Unit``'s kinds: each has its step."""
+    assert kind in deferred._UNIT_STEPS
+    assert set(deferred._UNIT_STEPS) == set(typing.get_args(fusion.Unit))
+
+
+def test_a_unit_kind_without_a_step_fails_clearly():
+    """A new kind of unit that the sweep has no step for is refused by name, not swept
+    as something else."""
+
+    @dataclasses.dataclass(frozen=True)
+    class ToyUnit:
+        members: tuple[int, ...]
+
+    with pytest.raises(TypeError, match="no step for a ToyUnit unit"):
+        deferred.step_of(ToyUnit((0,)))

@@ -31,6 +31,7 @@ from pennylane.devices import ExecutionConfig
 from pennylane.measurements import MeasurementProcess
 from pennylane.operation import Operation, Operator
 from reference import random_unitary
+from spies import swept_batches
 
 import pennylane_custatevec
 import pennylane_custatevec.execution
@@ -313,8 +314,7 @@ def test_same_gates_still_sweep_together(mocker):
     index = [name for name, _ in GATES[2]].index("SingleExcitation")
     tapes = preprocessed(dev, config, [_gate_tape(2, index, v) for v in (0.1, 0.2, 0.3)])
     dev.execute_and_compute_derivatives(tapes, config)
-    assert sweeps.call_count == 1
-    assert len(sweeps.call_args.args[1]) == 3
+    assert [batch for batch, _ in swept_batches(sweeps)] == [3]
 
 
 def test_sweep_merge_refuses_lookalike_operations():
@@ -325,7 +325,7 @@ def test_sweep_merge_refuses_lookalike_operations():
     tasks = [
         pennylane_custatevec.gradients.deferred._Task(
             i,
-            DifferentiatedTape(qml.tape.QuantumScript(prep + [gate], measured), None, batched=True),
+            DifferentiatedTape(qml.tape.QuantumScript(prep + [gate], measured), None),
             None,
             [[(1.0,)]],
         )

@@ -13,6 +13,7 @@ import pytest
 from conftest import stable_seed
 from pennylane.devices import ExecutionConfig
 from pennylane.tape import QuantumScript
+from spies import calls
 
 import pennylane_custatevec.gradients.deferred
 from pennylane_custatevec import execution, fusion, options, simulate
@@ -58,7 +59,7 @@ def plans(mocker):
     class Plans:
         @staticmethod
         def widths() -> list[int]:
-            return [call.args[1] for call in spy.call_args_list]
+            return [call["max_qubits"] for call in calls(spy)]
 
     return Plans
 
@@ -156,9 +157,9 @@ def test_the_sweep_reuses_the_kept_compilation_and_plan(derivative, plans, mocke
     else:
         (result,) = dev.compute_derivatives([tape], ADJOINT)
         (expected,) = qml.device("default.qubit").compute_derivatives([tape], ADJOINT)
-    (call,) = sweep.call_args_list
-    assert call.args[1] is kept.compilation
-    assert call.kwargs["plan"] is kept.plan
+    (call,) = calls(sweep)
+    assert call["compilation"] is kept.compilation
+    assert call["plan"] is kept.plan
     assert plans.widths() == [3]  # the forward's plan only
     np.testing.assert_allclose(np.array(result), np.array(expected), atol=ATOL, rtol=0)
 

@@ -18,6 +18,7 @@ import pennylane as qml
 import pytest
 import torch
 from pennylane.devices import ExecutionConfig
+from spies import calls, swept_batches
 
 import pennylane_custatevec
 import pennylane_custatevec.fusion
@@ -25,6 +26,7 @@ import pennylane_custatevec.gradients.deferred
 import pennylane_custatevec.gradients.eager
 from pennylane_custatevec import options
 from pennylane_custatevec.backends import CPUBackend, CuStateVecBackend
+from pennylane_custatevec.device import ADJOINT_VALIDATED_IN_PREPROCESSING
 from pennylane_custatevec.settings import DifferentiationOptions
 
 CPU_DEFAULT = DifferentiationOptions("deferred", CPUBackend.fusion_traits.default_width)
@@ -259,7 +261,7 @@ def spies(mocker):
 
 
 def _fusion_used(spy):
-    return [call.args[1] for call in spy.call_args_list]
+    return [call["max_qubits"] for call in calls(spy)]
 
 
 def test_decorated_qnode_calling_function(spies):
@@ -434,7 +436,11 @@ def test_setup_execution_config_records_the_options():
     }
     with options(grad_accumulation="eager"):
         config = dev.setup_execution_config(ExecutionConfig(gradient_method="adjoint"))
-    assert config.device_options == {"grad_accumulation": "eager", "fusion_qubits": 5}
+    assert config.device_options == {
+        "grad_accumulation": "eager",
+        "fusion_qubits": 5,
+        ADJOINT_VALIDATED_IN_PREPROCESSING: True,  # its preprocessing validates
+    }
     # the recorded options outlive the block
     assert dev.options_in_force(config) == DifferentiationOptions("eager", 5)
     with options(grad_accumulation="deferred", fusion_qubits=1):
@@ -479,8 +485,8 @@ def test_backward_uses_the_forward_options(device_mode, forward_mode, spies):
     deferred_calls = spies["deferred_vjps"].call_count
     assert (eager_calls, deferred_calls) == ((1, 0) if forward_mode == "eager" else (0, 1))
     if forward_mode == "deferred":
-        (sweep,) = spies["sweep"].call_args_list
-        assert sweep.args[4] == 3  # the forward's fusion_qubits
+        (sweep,) = calls(spies["sweep"])
+        assert sweep["fusion_qubits"] == 3  # the forward's
     assert _fusion_used(spies["fuse"]) == [3]
 
     reference = _weights()
@@ -532,8 +538,7 @@ def test_forward_preprocessing_follows_the_override(spies):
     v = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
     qnode(x, v).sum().backward()
     assert spies["deferred_vjps"].call_count == 1
-    (sweep,) = spies["sweep"].call_args_list
-    assert sweep.args[1].register.batch_size == 3
+    assert swept_batches(spies["sweep"]) == [(3, 1)]  # one sweep of the three entries
     np.testing.assert_allclose(w.grad.numpy(), v.grad.numpy(), atol=1e-10, rtol=0)
 
 

@@ -139,6 +139,25 @@ def unsupported_reason(
     return None
 
 
+def require_adjoint_serves(
+    tape: QuantumScript,
+    trainable: set[int] | None = None,
+    broadcast: bool | None = None,
+    batched: bool = False,
+) -> None:
+    """Refuse a tape that the adjoint method cannot differentiate (``unsupported_reason``,
+    with the same arguments) with a DeviceError naming the reason. The device's
+    preprocessing calls it for every differentiated tape
+    (``transforms.validate_adjoint_differentiation``); the derivative entry points call
+    it only for tapes that did not come through that preprocessing (device.py,
+    ``ADJOINT_VALIDATED_IN_PREPROCESSING``)."""
+    reason = unsupported_reason(tape, trainable, broadcast=broadcast, batched=batched)
+    if reason:
+        raise DeviceError(
+            f"custatevec.qubit cannot differentiate this circuit by adjoint: {reason}."
+        )
+
+
 def _measurement_reason(mp: MeasurementProcess) -> str | None:
     supported = "it supports expval, var, probs (of wires) and state"
     if not is_swept(mp):
@@ -357,20 +376,13 @@ def observable_values(
 # The circuit and the sweep
 
 
-def _require_supported(tape: QuantumScript, broadcast: bool | None, batched: bool) -> None:
-    reason = unsupported_reason(tape, broadcast=broadcast, batched=batched)
-    if reason:
-        raise DeviceError(
-            f"custatevec.qubit cannot differentiate this circuit by adjoint: {reason}."
-        )
-
-
 class DifferentiatedTape:
     """A tape as the adjoint method sees it: its compilation (register and steps), the
     columns of its trainable gates and the data of its observables. Named for what it is:
     the tape that is differentiated, not a circuit in general (the forward pass knows
     the same tape as a ``Compilation`` and a ``Program``).
-    ``batched``: a broadcast tape is differentiated as one batch (the deferred mode).
+    It does not validate: the tape comes from the device's preprocessing, or the entry
+    point validated it (``require_adjoint_serves``).
 
     One column per scalar of the trainable parameters (``n_columns`` in all), in
     ``tape.trainable_params`` order: a scalar parameter has one, an array parameter (a
@@ -385,11 +397,7 @@ class DifferentiatedTape:
         tape: QuantumScript,
         device_wires: Wires | None,
         compilation: Compilation | None = None,
-        batched: bool = False,
     ):
-        # a compilation kept from the forward pass knows whether the tape is broadcast
-        broadcast = compilation.register.broadcast if compilation else None
-        _require_supported(tape, broadcast, batched)
         self.tape = tape
         self.compilation = compilation or compile_steps(tape, device_wires)
         self.register = self.compilation.register

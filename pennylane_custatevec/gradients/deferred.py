@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pennylane as qml
@@ -111,7 +111,7 @@ class SweepKey:
     """Equal for tasks that may sweep as one batch: everything the sweep reads of a task
     but the data of its instructions and its cotangents. The merged compilation keeps the
     first task's operation of every step (``program.merge``), and the sweep reads from it
-    the generators (``_generator``, ``_single_step``), the wires the generator acts on and
+    the generators (``_generator``, ``_operation_step``), the wires the generator acts on and
     whether the step is a plain Pauli rotation; so the operations of a step must agree in
     type, wires, hyperparameters (exactly) and whatever else their generator depends on
     (``exact.generator_key``), not only in the kernels they compiled to: IsingXY and
@@ -283,7 +283,7 @@ def _circuit(
     tape: QuantumScript, device_wires: Wires | None, kept: KeptState | None
 ) -> DifferentiatedTape:
     """The tape compiled for the batched sweep, with the kept compilation if any."""
-    return DifferentiatedTape(tape, device_wires, kept.compilation if kept else None, batched=True)
+    return DifferentiatedTape(tape, device_wires, kept.compilation if kept else None)
 
 
 def _no_parameters(entries: list) -> tuple:
@@ -552,6 +552,49 @@ def _add_batched_expval_terms(backend: Backend, bras, psi, register: Register, t
         backend.add_scaled(bras, scratch, 2.0 * weights)
 
 
+@dataclasses.dataclass(frozen=True)
+class SweepContext:
+    """What every step of one sweep reads and writes: the B state vectors ``phi`` and
+    their ``rows`` (R) bras each (``bras``: vector b's at rows b*R .. b*R + R - 1), walked
+    back in place; the merged compilation's ``register`` and ``steps``; ``columns``
+    ({step index: column} of the trainable gates, see ``common.DifferentiatedTape``); and
+    ``gradients``, float64 (B, R, n_columns), which the steps and the pending reductions
+    fill."""
+
+    backend: Backend
+    register: Register
+    steps: Sequence[Step]
+    columns: dict[int, int]
+    phi: StateBatch
+    bras: StateBatch
+    rows: int
+    gradients: np.ndarray
+
+    def trainable(self, unit: fusion.Unit) -> bool:
+        """Whether one of the unit's operations is a trainable gate."""
+        return bool(_members(unit) & self.columns.keys())
+
+
+@dataclasses.dataclass(frozen=True)
+class PendingReduction:
+    """A unit's reduction, computed by the backend in the pass that undid the unit and
+    held in the backend's memory until the sweep's one ``Backend.gather``."""
+
+    unit: fusion.Unit
+    """The unit whose step computed the reduction."""
+    add_gradients: Callable[[SweepContext, np.ndarray], None]
+    """Adds to ``SweepContext.gradients`` what the gathered reduction (B, R, ...) gives the
+    unit's trainable gates."""
+    reduction: object
+    """The backend's reduction, in its memory: an item of what ``Backend.gather`` takes."""
+
+
+UnitStep = Callable[[SweepContext, fusion.Fused], PendingReduction | None]
+"""The step back through a unit that holds a trainable gate: it undoes the unit on the
+vectors and their bras, and either writes the unit's gradients at once or returns the
+pending reduction they come from."""
+
+
 def sweep(
     backend: Backend,
     compilation: Compilation,
@@ -568,75 +611,148 @@ def sweep(
     {step index: column} of the trainable gates (see ``common.DifferentiatedTape``); ``plan``: a
     fused plan made before (the forward pass's), walked back where it is the plan of
     ``compilation`` for the width wanted here (``fusion.FusedPlan.fits``), else the
-    compilation is planned again."""
-    register, steps = compilation.register, compilation.steps
+    compilation is planned again.
+
+    The units are walked back from the last one to the first trainable one: a unit
+    without a trainable gate is undone, any other takes the step of its kind
+    (``step_of``); the reductions those steps leave pending reach the host in one
+    transfer at the end, and each then adds its gradients."""
+    register = compilation.register
     batch = register.batch_size
     rows = bras.shape[0] // batch
-    gradients = np.zeros((batch, rows, n_columns))
+    context = SweepContext(
+        backend=backend,
+        register=register,
+        steps=compilation.steps,
+        columns=columns,
+        phi=phi,
+        bras=bras,
+        rows=rows,
+        gradients=np.zeros((batch, rows, n_columns)),
+    )
     fusion_qubits = fusion.block_width(register, fusion_qubits, backend.fusion_traits)
     units = fusion.fused_plan(compilation, fusion_qubits, backend.fusion_traits, plan).units
-    trainable = [p for p, fused in enumerate(units) if _members(fused.unit) & columns.keys()]
+    trainable = [p for p, fused in enumerate(units) if context.trainable(fused.unit)]
     if not trainable:
-        return gradients
-    reductions = []
-    for position in range(len(units) - 1, trainable[0] - 1, -1):
-        fused = units[position]
-        unit = fused.unit
-        if not _members(unit) & columns.keys():
-            for instruction in reversed(fused.instructions):
-                undo = inverse(instruction)
-                apply_instruction(backend, phi, undo)
-                apply_instruction(backend, bras, _for_bras(undo, rows))
-        elif isinstance(unit, fusion.ZRun):
-            (instruction,) = fused.instructions
-            reduction = backend.adjoint_z_rotations_step(
-                phi, bras, instruction.data, instruction.z_masks
-            )
-            reductions.append((unit, None, reduction))
-        elif isinstance(unit, fusion.OneQubitRotations):
-            (instruction,) = fused.instructions
-            reduction = backend.adjoint_one_qubit_rotations_step(
-                phi, bras, instruction.data, instruction.paulis, instruction.targets
-            )
-            reductions.append((unit, None, reduction))
-        elif isinstance(unit, fusion.Block) and not _pauli_rotation_step_pays(
-            backend, register, steps, fused
-        ):
-            matrices = fused.member_matrices or [
-                fusion.step_matrix(steps[unit.members[0]].instructions, unit.targets)
-            ]
-            block = fused.instructions[0].data if fused.member_matrices else matrices[0]
-            reduction = backend.adjoint_block_step(phi, bras, block, unit.targets)
-            reductions.append((unit, matrices, reduction))
-        else:
-            (member,) = _members(unit)
-            gradients[:, :, columns[member]] = _single_step(
-                backend, register, steps[member], phi, bras
-            )
-    reduced = backend.gather([reduction for *_, reduction in reductions])
-    for (unit, matrices, _), t in zip(reductions, reduced, strict=True):
-        if isinstance(unit, (fusion.ZRun, fusion.OneQubitRotations)):
-            # every rotation commutes with the others: G_j = -P_j/2 at the unit's end
-            for j, member in enumerate(unit.members):
-                if member in columns:
-                    gradients[:, :, columns[member]] += np.real(-0.5j * t[:, :, j])
-            continue
-        for member, derivative in _derivatives(register, steps, unit, matrices, columns):
-            contribution = (derivative[:, None] * t).sum(axis=(-2, -1))
-            gradients[:, :, columns[member]] += np.real(contribution)
-    return gradients
+        return context.gradients
+    pending = []
+    for fused in reversed(units[trainable[0] :]):
+        if not context.trainable(fused.unit):
+            _undo(context, fused)
+        elif (reduction := step_of(fused.unit)(context, fused)) is not None:
+            pending.append(reduction)
+    reduced = backend.gather([reduction.reduction for reduction in pending])
+    for reduction, t in zip(pending, reduced, strict=True):
+        reduction.add_gradients(context, t)
+    return context.gradients
 
 
-def _pauli_rotation_step_pays(
-    backend: Backend, register: Register, steps: Sequence[Step], fused
-) -> bool:
+def step_of(unit: fusion.Unit) -> UnitStep:
+    """The step of the unit's kind (``_UNIT_STEPS``); a kind without one is an error."""
+    step = _UNIT_STEPS.get(type(unit))
+    if step is None:
+        raise TypeError(
+            f"custatevec.qubit internal error: the adjoint sweep has no step for a "
+            f"{type(unit).__name__} unit (known: {', '.join(k.__name__ for k in _UNIT_STEPS)})."
+        )
+    return step
+
+
+def _undo(context: SweepContext, fused: fusion.Fused) -> None:
+    """A unit without a trainable gate, undone on the vectors and on their bras."""
+    for instruction in reversed(fused.instructions):
+        undo = inverse(instruction)
+        apply_instruction(context.backend, context.phi, undo)
+        apply_instruction(context.backend, context.bras, _for_bras(undo, context.rows))
+
+
+def _z_run_step(context: SweepContext, fused: fusion.Fused) -> PendingReduction:
+    """A run of commuting rotations exp(-i theta_j/2 Z_word_j), undone in one pass that
+    also takes t[:, :, j] = <bra|Z_word_j|phi> at the run's end."""
+    (instruction,) = fused.instructions
+    reduction = context.backend.adjoint_z_rotations_step(
+        context.phi, context.bras, instruction.data, instruction.z_masks
+    )
+    return PendingReduction(
+        fused.unit, functools.partial(_add_rotation_gradients, fused.unit), reduction
+    )
+
+
+def _one_qubit_rotations_step(context: SweepContext, fused: fusion.Fused) -> PendingReduction:
+    """One-qubit rotations exp(-i theta_j/2 P_j) on distinct bits, undone in one pass that
+    also takes t[:, :, j] = <bra|P_j|phi> at the unit's end."""
+    (instruction,) = fused.instructions
+    reduction = context.backend.adjoint_one_qubit_rotations_step(
+        context.phi, context.bras, instruction.data, instruction.paulis, instruction.targets
+    )
+    return PendingReduction(
+        fused.unit, functools.partial(_add_rotation_gradients, fused.unit), reduction
+    )
+
+
+def _add_rotation_gradients(
+    unit: fusion.ZRun | fusion.OneQubitRotations, context: SweepContext, t: np.ndarray
+) -> None:
+    """Every rotation of the unit commutes with the others, so each one's generator
+    G_j = -P_j/2 acts at the unit's end: d/dtheta_j Re <bra|psi> = Re(-i/2 t[:, :, j])."""
+    for j, member in enumerate(unit.members):
+        if member in context.columns:
+            context.gradients[:, :, context.columns[member]] += np.real(-0.5j * t[:, :, j])
+
+
+def _block_step(context: SweepContext, fused: fusion.Fused) -> PendingReduction | None:
+    """A block on the bits S, undone in the pass that takes the dense reduction
+    T[a, c] = sum_r conj(lambda[a, r]) phi[c, r] (``_add_block_gradients``); a block of
+    one plain Pauli rotation takes the rotation step of an operation wider than the
+    blocks instead where that pays (``_pauli_rotation_step_pays``)."""
+    unit = fused.unit
+    if _pauli_rotation_step_pays(context, fused):
+        (member,) = unit.members
+        _operation_step(context, member)
+        return None
+    matrices = fused.member_matrices or [
+        fusion.step_matrix(context.steps[unit.members[0]].instructions, unit.targets)
+    ]
+    block = fused.instructions[0].data if fused.member_matrices else matrices[0]
+    reduction = context.backend.adjoint_block_step(context.phi, context.bras, block, unit.targets)
+    return PendingReduction(
+        unit, functools.partial(_add_block_gradients, unit, matrices), reduction
+    )
+
+
+def _add_block_gradients(
+    block: fusion.Block, matrices: list, context: SweepContext, t: np.ndarray
+) -> None:
+    """d/dtheta Re <lambda|psi> = Re sum_ac D[a, c] T[a, c] for each trainable gate of the
+    block, D = dB/dtheta (``_derivatives``) from its operations' ``matrices``."""
+    for member, derivative in _derivatives(context, block, matrices):
+        contribution = (derivative[:, None] * t).sum(axis=(-2, -1))
+        context.gradients[:, :, context.columns[member]] += np.real(contribution)
+
+
+def _single_step(context: SweepContext, fused: fusion.Fused) -> None:
+    """An operation wider than the blocks, run as its own instructions: the eager step
+    (``_operation_step``); nothing pending."""
+    _operation_step(context, fused.unit.member)
+
+
+_UNIT_STEPS: dict[type, UnitStep] = {
+    fusion.Block: _block_step,
+    fusion.Single: _single_step,
+    fusion.ZRun: _z_run_step,
+    fusion.OneQubitRotations: _one_qubit_rotations_step,
+}
+"""The step of each kind of ``fusion.Unit`` (complete over the kinds: a test checks)."""
+
+
+def _pauli_rotation_step_pays(context: SweepContext, fused: fusion.Fused) -> bool:
     """Whether a block of one Pauli rotation, on one state vector, takes the backend's fused
     rotation step (one pass, real arithmetic) rather than a dense reduction: on backends
     whose traits ask for it (the CPU, whose dense 2**k products are compute-bound)."""
-    wanted = backend.fusion_traits.pauli_rotation_step_for_lone_rotations
-    if fused.member_matrices or not wanted or register.batch_size > 1:
+    wanted = context.backend.fusion_traits.pauli_rotation_step_for_lone_rotations
+    if fused.member_matrices or not wanted or context.register.batch_size > 1:
         return False
-    step = steps[fused.unit.members[0]]
+    step = context.steps[fused.unit.members[0]]
     return plain_rotation(step.operation, step.instructions) is not None
 
 
@@ -653,20 +769,21 @@ def _for_bras(instruction: Instruction, rows: int) -> Instruction:
     return dataclasses.replace(instruction, data=np.repeat(data, rows, axis=0))
 
 
-def _single_step(
-    backend: Backend, register: Register, step: Step, phi: StateBatch, bras: StateBatch
-) -> np.ndarray:
-    """The eager step through an operation wider than the blocks, vector by vector:
-    Re(i <bra|G|phi>) per bra (B, R), then the operation undone."""
-    op, instructions = step.operation, step.instructions
+def _operation_step(context: SweepContext, member: int) -> None:
+    """The eager step through one operation (step ``member``), vector by vector: its
+    gradients Re(i <bra|G|phi>) per bra (B, R) written at once, then the operation undone."""
+    backend, register, rows = context.backend, context.register, context.rows
+    phi, bras = context.phi, context.bras
+    op, instructions = context.steps[member].operation, context.steps[member].instructions
+    column = context.columns[member]
     batch = register.batch_size
-    rows = bras.shape[0] // batch
     rotation = plain_rotation(op, instructions)
     if rotation is not None and batch == 1:
         step_products = backend.adjoint_pauli_rotation_step(
             phi, bras, rotation.data, rotation.paulis, rotation.targets
         )
-        return np.real(-0.5j * step_products)[None]
+        context.gradients[:, :, column] = np.real(-0.5j * step_products)[None]
+        return
     products = np.empty((batch, rows), dtype=np.complex128)
     for b in range(batch):
         phi_b = backend.vectors(phi, b, b + 1)
@@ -685,7 +802,7 @@ def _single_step(
                 undo = dataclasses.replace(undo, data=_entry(undo.data, b))
             apply_instruction(backend, phi_b, undo)
             apply_instruction(backend, bras_b, undo)
-    return np.real(1j * products)
+    context.gradients[:, :, column] = np.real(1j * products)
 
 
 def _entry(data: np.ndarray, b: int) -> np.ndarray:
@@ -693,11 +810,10 @@ def _entry(data: np.ndarray, b: int) -> np.ndarray:
     return data if data.shape[0] == 1 else data[b : b + 1]
 
 
-def _derivatives(
-    register: Register, steps: Sequence[Step], block: fusion.Block, matrices: list, columns: dict
-):
+def _derivatives(context: SweepContext, block: fusion.Block, matrices: list):
     """(step index, dB/dtheta (1 or B, d, d)) for each trainable operation of the block,
-    from its operations' ``matrices`` on the block's bits."""
+    from its operations' ``matrices`` U_1 .. U_L on the block's bits:
+    D = (U_L ... U_{j+1}) (i G_j U_j) (U_{j-1} ... U_1), from prefix and suffix products."""
     identity = np.eye(1 << len(block.targets))[None]
     prefixes = [identity]
     for matrix in matrices[:-1]:
@@ -707,8 +823,8 @@ def _derivatives(
     for member, matrix, prefix in reversed(
         list(zip(block.members, matrices, prefixes, strict=True))
     ):
-        if member in columns:
-            generator = _generator(register, steps[member], block.targets)
+        if member in context.columns:
+            generator = _generator(context.register, context.steps[member], block.targets)
             derivative = np.matmul(suffix, np.matmul(1j * generator, np.matmul(matrix, prefix)))
             derivatives.append((member, derivative))
         suffix = np.matmul(suffix, matrix)

@@ -37,7 +37,8 @@ from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
 from ..kept import KeptState
-from .common import DifferentiatedTape, is_zero, output_shape
+from ..program import Compilation, compile_steps
+from .common import is_zero, output_shape
 
 
 @dataclasses.dataclass
@@ -116,11 +117,11 @@ def contract(tangent_plan: TangentPlan, jacobian):
     return jvps[0] if len(jvps) == 1 else tuple(jvps)
 
 
-def zeros(tape: QuantumScript, device_wires: Wires | None, compiled=None, batched: bool = False):
-    """The JVP of a tape whose tangents are all zero: zeros shaped as its results. The tape
-    is checked as the sweep would check it (``compiled``, ``batched`` as for
-    ``common.DifferentiatedTape``), so that it is refused the same way whatever the tangents."""
-    register = DifferentiatedTape(tape, device_wires, compiled, batched=batched).register
+def zeros(tape: QuantumScript, device_wires: Wires | None, compiled: Compilation | None = None):
+    """The JVP of a tape whose tangents are all zero: zeros shaped as its results
+    (``compiled``: the tape's compilation if the execution kept it). The device refuses a
+    tape the sweep could not differentiate before it gets here, whatever the tangents."""
+    register = (compiled or compile_steps(tape, device_wires)).register
     batch = (register.batch_size,) if register.broadcast else ()
     jvps = [
         np.zeros(
