@@ -164,6 +164,45 @@ def _target_offsets(targets):
     return offsets
 
 
+@numba.njit(cache=True, inline="always", fastmath=_FASTMATH)
+def _times_2x2(m00, m01, m10, m11, a0, a1):
+    """(m00 a0 + m01 a1, m10 a0 + m11 a1): a 2x2 matrix times an amplitude pair."""
+    return m00 * a0 + m01 * a1, m10 * a0 + m11 * a1
+
+
+@numba.njit(cache=True, inline="always", fastmath=_FASTMATH)
+def _gather(vec, i0, offsets, out):
+    """out[a] <- vec[i0 + offsets[a]]: the d amplitudes of one work item."""
+    for a in range(offsets.shape[0]):
+        out[a] = vec[i0 + offsets[a]]
+
+
+@numba.njit(cache=True, inline="always", fastmath=_FASTMATH)
+def _row_times(m, a, x):
+    """sum_c m[a, c] x[c]: row a of a dense d x d matrix times d amplitudes, returned as a
+    scalar (a product stored in a buffer first measured 1.3-1.5x slower in inner_matrix,
+    k = 3 at 20 qubits on 2 cores)."""
+    acc = m[a, 0] * x[0]
+    for c in range(1, x.shape[0]):
+        acc += m[a, c] * x[c]
+    return acc
+
+
+@numba.njit(cache=True, inline="always", fastmath=_FASTMATH)
+def _store_product(vec, i0, offsets, m, x):
+    """vec[i0 + offsets[a]] <- sum_c m[a, c] x[c]: a work item's amplitudes become m x."""
+    for a in range(offsets.shape[0]):
+        vec[i0 + offsets[a]] = _row_times(m, a, x)
+
+
+@numba.njit(cache=True, inline="always", fastmath=_FASTMATH)
+def _apply_dense(vec, i0, offsets, m, old):
+    """The d amplitudes vec[i0 + offsets[a]] of one work item <- m times them; ``old``
+    holds them as they were."""
+    _gather(vec, i0, offsets, old)
+    _store_product(vec, i0, offsets, m, old)
+
+
 @Kernel.compile
 def apply_1q(state, mats, target, fixed_bits, control_mask):
     batch, dim = state.shape
@@ -179,10 +218,8 @@ def apply_1q(state, mats, target, fixed_bits, control_mask):
             base, first, length = _run(i, hi, run_length, fixed_bits, control_mask)
             for item in range(first, first + length):
                 i0 = np.uint64(base | _spread(item, low0, low1))
-                a0 = vec[i0]
-                a1 = vec[i0 + step]
-                vec[i0] = m00 * a0 + m01 * a1
-                vec[i0 + step] = m10 * a0 + m11 * a1
+                i1 = i0 + step
+                vec[i0], vec[i1] = _times_2x2(m00, m01, m10, m11, vec[i0], vec[i1])
             i += length
 
 
@@ -580,18 +617,12 @@ def apply_kq(state, mats, targets, fixed_bits, control_mask):
         b, i, hi = _job_range(job, per, items)
         m = mats[0] if shared else mats[b]
         vec = state[b]
-        buf = np.empty(d, dtype=state.dtype)
+        old = np.empty(d, dtype=state.dtype)
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, control_mask)
             for item in range(first, first + length):
                 i0 = np.uint64(base | _spread(item, low0, low1))
-                for a in range(d):
-                    buf[a] = vec[i0 + offsets[a]]
-                for a in range(d):
-                    acc = m[a, 0] * buf[0]
-                    for a2 in range(1, d):
-                        acc += m[a, a2] * buf[a2]
-                    vec[i0 + offsets[a]] = acc
+                _apply_dense(vec, i0, offsets, m, old)
             i += length
 
 
@@ -619,9 +650,8 @@ def block_step_1q(phi, bras, adjoints, target, fixed_bits, out):
                 if not fused:
                     for k in range(count):
                         i0 = start + np.uint64(k)
-                        a0, a1 = ket[i0], ket[i0 + step]
-                        ket[i0] = m00 * a0 + m01 * a1
-                        ket[i0 + step] = m10 * a0 + m11 * a1
+                        i1 = i0 + step
+                        ket[i0], ket[i1] = _times_2x2(m00, m01, m10, m11, ket[i0], ket[i1])
                 for r in range(rows):
                     bra = bras[b * rows + r]
                     t00 = t01 = t10 = t11 = 0.0 + 0.0j
@@ -629,9 +659,7 @@ def block_step_1q(phi, bras, adjoints, target, fixed_bits, out):
                         i0 = start + np.uint64(k)
                         i1 = i0 + step
                         if fused:
-                            a0, a1 = ket[i0], ket[i1]
-                            p0 = m00 * a0 + m01 * a1
-                            p1 = m10 * a0 + m11 * a1
+                            p0, p1 = _times_2x2(m00, m01, m10, m11, ket[i0], ket[i1])
                             ket[i0], ket[i1] = p0, p1
                         else:
                             p0, p1 = ket[i0], ket[i1]
@@ -641,8 +669,7 @@ def block_step_1q(phi, bras, adjoints, target, fixed_bits, out):
                         t01 += c0 * p1
                         t10 += c1 * p0
                         t11 += c1 * p1
-                        bra[i0] = m00 * l0 + m01 * l1
-                        bra[i1] = m10 * l0 + m11 * l1
+                        bra[i0], bra[i1] = _times_2x2(m00, m01, m10, m11, l0, l1)
                     sums[r, 0] += t00
                     sums[r, 1] += t01
                     sums[r, 2] += t10
@@ -713,27 +740,19 @@ def block_step(phi, bras, adjoints, targets, fixed_bits, out):
             base, first, length = _run(i, hi, run_length, fixed_bits, 0)
             for item in range(first, first + length):
                 i0 = np.uint64(base | _spread(item, low0, low1))
-                for a in range(d):
-                    old[a] = ket[i0 + offsets[a]]
-                for a in range(d):
-                    acc = m[a, 0] * old[0]
-                    for a2 in range(1, d):
-                        acc += m[a, a2] * old[a2]
-                    new[a] = acc
-                    ket[i0 + offsets[a]] = acc
+                _gather(ket, i0, offsets, old)
+                for a in range(d):  # new: M^dagger phi on the work item
+                    value = _row_times(m, a, old)
+                    new[a] = value
+                    ket[i0 + offsets[a]] = value
                 for r in range(rows):
                     bra = bras[b * rows + r]
-                    for a in range(d):
-                        old[a] = bra[i0 + offsets[a]]
+                    _gather(bra, i0, offsets, old)
                     for a in range(d):
                         left = np.conj(old[a])
-                        for a2 in range(d):
-                            sums[r, a, a2] += left * new[a2]
-                    for a in range(d):
-                        acc = m[a, 0] * old[0]
-                        for a2 in range(1, d):
-                            acc += m[a, a2] * old[a2]
-                        bra[i0 + offsets[a]] = acc
+                        for c in range(d):
+                            sums[r, a, c] += left * new[c]
+                    _store_product(bra, i0, offsets, m, old)
             i += length
         out[job] = sums
 
@@ -941,18 +960,17 @@ def inner_matrix(bra, ket, mat, targets, fixed_bits, out):
         b, i, hi = _job_range(job, per, items)
         left = bra[b]
         right = ket[0] if shared_ket else ket[b]
-        buf = np.empty(d, dtype=np.complex128)
+        amplitudes = np.empty(d, dtype=np.complex128)
         acc = 0.0 + 0.0j
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, 0)
             for item in range(first, first + length):
                 i0 = np.uint64(base | _spread(item, low0, low1))
-                for a in range(d):
-                    buf[a] = right[i0 + offsets[a]]
-                for a in range(d):
+                _gather(right, i0, offsets, amplitudes)
+                for a in range(d):  # a sum from zero: through _row_times 1.1-1.3x slower, k = 3
                     row = 0.0 + 0.0j
-                    for a2 in range(d):
-                        row += mat[a, a2] * buf[a2]
+                    for c in range(d):
+                        row += mat[a, c] * amplitudes[c]
                     acc += np.conj(left[i0 + offsets[a]]) * row
             i += length
         partial[job] = acc
