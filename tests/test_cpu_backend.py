@@ -11,6 +11,7 @@ equals its control value; batched data has a leading axis of length 1 (shared) o
 from __future__ import annotations
 
 import itertools
+import types
 
 import numpy as np
 import pytest
@@ -72,9 +73,42 @@ def test_big_states_use_the_threaded_kernels():
     assert 5 * (1 << 16) >= _cpu_kernels._PARALLEL_THRESHOLD
     big = np.zeros((1, 1 << BIG_N), dtype=np.complex128)
     small = np.zeros((1, 1 << 6), dtype=np.complex128)
-    for name, (threaded, serial) in _cpu_kernels._KERNELS.items():
-        assert _cpu_kernels.kernel(name, big) is threaded
-        assert _cpu_kernels.kernel(name, small) is serial
+    for kernel in _cpu_kernels.ALL_KERNELS:
+        assert kernel.for_size(big) is kernel.threaded
+        assert kernel.for_size(small) is kernel.serial
+
+
+def test_the_threshold_counts_every_vector_of_a_batch():
+    """``for_size`` picks the threaded compilation from _PARALLEL_THRESHOLD amplitudes of the
+    whole batch: two vectors of half the threshold are threaded, one of them is serial."""
+    threshold = _cpu_kernels._PARALLEL_THRESHOLD
+    kernel = _cpu_kernels.apply_1q
+    assert kernel.for_size(np.zeros((2, threshold // 2))) is kernel.threaded
+    assert kernel.for_size(np.zeros((1, threshold // 2))) is kernel.serial
+    assert kernel.for_size(np.zeros((1, threshold - 1))) is kernel.serial
+
+
+def test_every_kernel_is_listed_once_and_compiled_twice():
+    """ALL_KERNELS holds every Kernel of _cpu_kernels, each bound to its own name; no function
+    of the module is left uncompiled (its one plain function is chunks_per_vector); each
+    Kernel holds a threaded and a serial compilation under distinct qualified names (the
+    key of numba's on-disk cache)."""
+    names = vars(_cpu_kernels)
+    kernels = {name: v for name, v in names.items() if isinstance(v, _cpu_kernels.Kernel)}
+    assert sorted(kernel.name for kernel in _cpu_kernels.ALL_KERNELS) == sorted(kernels)
+    for kernel in _cpu_kernels.ALL_KERNELS:
+        assert kernels[kernel.name] is kernel
+        assert kernel.threaded.targetoptions.get("parallel") is True
+        assert "parallel" not in kernel.serial.targetoptions
+        assert kernel.threaded.py_func.__qualname__ == kernel.name
+        assert kernel.serial.py_func.__qualname__ == kernel.name + "_serial"
+        assert kernel.serial.py_func.__code__ is kernel.threaded.py_func.__code__
+    plain = [
+        name
+        for name, value in names.items()
+        if isinstance(value, types.FunctionType) and value.__module__ == _cpu_kernels.__name__
+    ]
+    assert plain == ["chunks_per_vector"]
 
 
 BIG_SHAPES = [(BIG_N, 1), (16, 5)]  # (qubits, batch), both over the threshold
@@ -382,10 +416,10 @@ def _kernel_args(name, state, rng):
 
 
 @pytest.mark.parametrize("shape", BIG_SHAPES, ids=lambda s: f"n{s[0]}b{s[1]}")
-@pytest.mark.parametrize("name", list(_cpu_kernels._KERNELS))
-def test_threaded_kernel_equals_serial_kernel(name, shape, big_states):
+@pytest.mark.parametrize("kernel", _cpu_kernels.ALL_KERNELS, ids=lambda kernel: kernel.name)
+def test_threaded_kernel_equals_serial_kernel(kernel, shape, big_states):
     """Every kernel, compiled threaded and serial, gives the same result on a big batch."""
-    threaded, serial = _cpu_kernels._KERNELS[name]
+    name, threaded, serial = kernel.name, kernel.threaded, kernel.serial
     psi = big_states[shape]
     args = _kernel_args(name, psi, np.random.default_rng(stable_seed(name)))
     outputs, extras = [], []

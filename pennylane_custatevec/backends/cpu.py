@@ -7,7 +7,36 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._cpu_kernels import chunks_per_vector, kernel
+# The kernels by name, so that a misspelt one fails at import; several share the name of
+# the method that calls them.
+from ._cpu_kernels import (
+    add_scaled,
+    add_z_sum,
+    add_z_sum_by_blocks,
+    apply_1q,
+    apply_1q_rotation,
+    apply_2q,
+    apply_diagonal,
+    apply_kq,
+    apply_pauli,
+    apply_pauli_rotation,
+    apply_rotation_pair,
+    apply_z_phases,
+    block_step,
+    block_step_1q,
+    block_step_2q,
+    chunks_per_vector,
+    diagonal_step,
+    inner_diagonal,
+    inner_matrix,
+    inner_pauli,
+    low_sign_sums,
+    marginal_probs,
+    product_state,
+    rotation_pair_step,
+    rotation_step_1q,
+    z_rotations_step,
+)
 from .base import Backend, FusionTraits, StateBatch
 from .host import free_host_bytes
 
@@ -168,7 +197,7 @@ class CPUBackend(Backend):
         low = _product_table(factors[:, :low_count]).astype(self.dtype)
         high = _product_table(factors[:, low_count:]).astype(self.dtype)
         zero_bits = _bits(sorted(set(range(n_qubits)) - set(bits)))
-        kernel("product_state", state)(state, low, high, low_count, zero_bits)
+        product_state.for_size(state)(state, low, high, low_count, zero_bits)
         return state
 
     def to_host(self, state: StateBatch) -> np.ndarray:
@@ -181,19 +210,19 @@ class CPUBackend(Backend):
         matrices = np.ascontiguousarray(matrices, dtype=self.dtype)
         where = _placement(targets, controls, control_values)
         if len(targets) == 1:
-            apply = kernel("apply_1q", state)
+            apply = apply_1q.for_size(state)
             apply(state, matrices, int(targets[0]), where.fixed_bits, where.control_mask)
         elif len(targets) == 2:
-            apply = kernel("apply_2q", state)
+            apply = apply_2q.for_size(state)
             apply(state, matrices, where.targets, where.fixed_bits, where.control_mask)
         else:
-            apply = kernel("apply_kq", state)
+            apply = apply_kq.for_size(state)
             apply(state, matrices, where.targets, where.fixed_bits, where.control_mask)
 
     def apply_diagonal(self, state, diagonals, targets, controls=(), control_values=()) -> None:
         diagonals = np.ascontiguousarray(diagonals, dtype=self.dtype)
         where = _placement(targets, controls, control_values)
-        apply = kernel("apply_diagonal", state)
+        apply = apply_diagonal.for_size(state)
         apply(state, diagonals, where.targets, where.fixed_bits, where.control_mask)
 
     def apply_pauli_rotation(
@@ -203,7 +232,7 @@ class CPUBackend(Backend):
         if len(paulis) == 1:
             where = _placement(targets, controls, control_values)
             letter = "IXYZ".index(paulis)
-            apply = kernel("apply_1q_rotation", state)
+            apply = apply_1q_rotation.for_size(state)
             apply(state, angles, letter, int(targets[0]), where.fixed_bits, where.control_mask)
             return
         x_mask, z_mask, i_power = _pauli_masks(paulis, targets)
@@ -212,13 +241,13 @@ class CPUBackend(Backend):
             self.apply_diagonal(state, diagonals, targets, controls, control_values)
             return
         where = _placement(_pivot(x_mask), controls, control_values)
-        apply = kernel("apply_pauli_rotation", state)
+        apply = apply_pauli_rotation.for_size(state)
         apply(state, angles, x_mask, z_mask, i_power, where.fixed_bits, where.control_mask)
 
     def apply_one_qubit_rotations(self, state, angles, paulis, targets) -> None:
         angles, letters = _rotation_pair(angles, paulis)
         where = _placement(targets)
-        apply = kernel("apply_rotation_pair", state)
+        apply = apply_rotation_pair.for_size(state)
         apply(state, angles, letters, where.targets, where.fixed_bits)
 
     def apply_pauli(self, state, paulis, targets, controls=(), control_values=()) -> None:
@@ -228,7 +257,7 @@ class CPUBackend(Backend):
             self.apply_diagonal(state, signs, targets, controls, control_values)
             return
         where = _placement(_pivot(x_mask), controls, control_values)
-        apply = kernel("apply_pauli", state)
+        apply = apply_pauli.for_size(state)
         apply(state, x_mask, z_mask, i_power, where.fixed_bits, where.control_mask)
 
     def scale(self, state, factors) -> None:
@@ -248,18 +277,18 @@ class CPUBackend(Backend):
         out = np.empty(bra.shape[0], dtype=np.complex128)
         if x_mask == 0 and 0 < len(paulis) <= _DIAGONAL_WORD_LETTERS:
             where = _placement(targets)
-            inner = kernel("inner_diagonal", bra)
+            inner = inner_diagonal.for_size(bra)
             inner(bra, ket, _z_word_signs(paulis), where.targets, where.fixed_bits, out)
             return out
         where = _placement(_pivot(x_mask))
-        kernel("inner_pauli", bra)(bra, ket, x_mask, z_mask, i_power, where.fixed_bits, out)
+        inner_pauli.for_size(bra)(bra, ket, x_mask, z_mask, i_power, where.fixed_bits, out)
         return out
 
     def inner_matrix(self, bra, ket, matrix, targets) -> np.ndarray:
         matrix = np.ascontiguousarray(matrix, dtype=np.complex128)
         out = np.empty(bra.shape[0], dtype=np.complex128)
         where = _placement(targets)
-        kernel("inner_matrix", bra)(bra, ket, matrix, where.targets, where.fixed_bits, out)
+        inner_matrix.for_size(bra)(bra, ket, matrix, where.targets, where.fixed_bits, out)
         return out
 
     def adjoint_pauli_rotation_step(self, phi, bras, angles, paulis, targets) -> np.ndarray:
@@ -269,20 +298,20 @@ class CPUBackend(Backend):
         where = _placement(targets)
         if len(paulis) == 1 and paulis != "I":
             letter = "IXYZ".index(paulis)
-            step = kernel("rotation_step_1q", bras)
+            step = rotation_step_1q.for_size(bras)
             step(phi, bras, angles, letter, int(targets[0]), where.fixed_bits, out)
             return out
         if x_mask == 0 and 0 < len(paulis) <= _DIAGONAL_WORD_LETTERS:
             signs = _z_word_signs(paulis)
             diagonal = _z_rotation_diagonals(angles, paulis)[0]
-            step = kernel("diagonal_step", bras)
+            step = diagonal_step.for_size(bras)
             step(phi, bras, diagonal, signs, where.targets, where.fixed_bits, out)
             return out
         return super().adjoint_pauli_rotation_step(phi, bras, angles, paulis, targets)
 
     def apply_z_rotations(self, state, angles, z_masks) -> None:
         plan = _z_rotation_plan(np.asarray(angles, dtype=np.float64), z_masks, state.shape[1])
-        apply = kernel("apply_z_phases", state)
+        apply = apply_z_phases.for_size(state)
         apply(state, plan.counts, plan.low_signs, plan.tables, plan.low)
 
     def adjoint_z_rotations_step(self, phi, bras, angles, z_masks) -> np.ndarray:
@@ -291,7 +320,7 @@ class CPUBackend(Backend):
         plan = _z_rotation_plan(np.asarray(angles, dtype=np.float64), z_masks, dim)
         blocks = dim >> plan.low
         out = np.empty((batch * blocks, rows, plan.low_signs.shape[0]), dtype=np.complex128)
-        step = kernel("z_rotations_step", bras)
+        step = z_rotations_step.for_size(bras)
         step(phi, bras, plan.counts, plan.low_signs, plan.tables, plan.low, out)
         sums = out.reshape(batch, blocks, rows, -1)[..., plan.low_group]
         return np.einsum("bhrj,jh->brj", sums, plan.high_signs)
@@ -303,7 +332,7 @@ class CPUBackend(Backend):
         per = chunks_per_vector(batch, dim >> 2)
         partial = np.empty((batch * per, rows, 2), dtype=np.complex128)
         where = _placement(targets)
-        step = kernel("rotation_pair_step", bras)
+        step = rotation_pair_step.for_size(bras)
         step(phi, bras, angles, letters, where.targets, where.fixed_bits, partial)
         return partial.reshape(batch, per, rows, 2).sum(axis=1)
 
@@ -320,10 +349,10 @@ class CPUBackend(Backend):
         partial = np.empty((batch * per, rows, d, d), dtype=np.complex128)
         where = _placement(targets)
         if len(targets) == 1:
-            step = kernel("block_step_1q", bras)
+            step = block_step_1q.for_size(bras)
             step(phi, bras, adjoints, int(targets[0]), where.fixed_bits, partial)
         else:
-            step = kernel("block_step_2q" if len(targets) == 2 else "block_step", bras)
+            step = (block_step_2q if len(targets) == 2 else block_step).for_size(bras)
             step(phi, bras, adjoints, where.targets, where.fixed_bits, partial)
         return partial.reshape(batch, per, rows, d, d).sum(axis=1)
 
@@ -335,24 +364,24 @@ class CPUBackend(Backend):
         z_masks = _z_masks(words)
         if z_masks is not None and len(words) >= _MANY_WORDS:
             block_coefficients, low_signs, low = _z_sum_blocks(z_masks, coefficients, dst.shape[1])
-            add = kernel("add_z_sum_by_blocks", dst)
+            add = add_z_sum_by_blocks.for_size(dst)
             add(dst, src, block_coefficients, low_signs, low)
             return
         if z_masks is not None:
-            kernel("add_z_sum", dst)(dst, src, z_masks.astype(np.uint64), coefficients)
+            add_z_sum.for_size(dst)(dst, src, z_masks.astype(np.uint64), coefficients)
             return
         super().add_pauli_sum(dst, src, words, coefficients)
 
     def add_scaled(self, dst, src, factors) -> None:
         factors = np.array(factors, dtype=self.dtype, ndmin=1)
-        kernel("add_scaled", dst)(dst, src, factors)
+        add_scaled.for_size(dst)(dst, src, factors)
 
     def vectors(self, state, start: int, stop: int) -> StateBatch:
         return state[start:stop]
 
     def probabilities(self, state, bits) -> np.ndarray:
         out = np.empty((state.shape[0], 1 << len(bits)))
-        kernel("marginal_probs", state)(state, _bits(bits), out)
+        marginal_probs.for_size(state)(state, _bits(bits), out)
         return out
 
 
@@ -464,7 +493,7 @@ def _z_word_expectations(state: np.ndarray, z_masks: np.ndarray) -> np.ndarray:
     low, low_masks, group = _split_masks(z_masks, dim)
     high = dim.bit_length() - 1 - low
     sums = np.empty((batch, 1 << high, len(low_masks)))
-    kernel("low_sign_sums", state)(state, _sign_table(low_masks, low), low, sums)
+    low_sign_sums.for_size(state)(state, _sign_table(low_masks, low), low, sums)
     high_signs = _sign_table(z_masks >> low, high)
     return (sums[:, :, group] * high_signs.T[None]).sum(axis=1)
 
