@@ -243,3 +243,44 @@ def test_rounds_start_one_configuration_later():
     assert run_workloads.rotated("abcd", 1) == list("bcda")
     assert run_workloads.rotated("abcd", 5) == list("bcda")
     assert run_workloads.rotated([], 3) == []
+
+
+# --- compare_revisions.py ----------------------------------------------------------------
+
+
+class _ScriptedWorker:
+    """A worker that answers from a script: its build result and one time per step."""
+
+    def __init__(self, name: str, log: list, gradients: list, seconds: list):
+        self.name, self.log, self.gradients, self.seconds = name, log, gradients, seconds
+
+    def ask(self, request: str, workload_id: str) -> dict:
+        self.log.append((self.name, request, workload_id))
+        if request == "build":
+            return {"values": [0.5], "gradients": self.gradients}
+        if request == "time":
+            return {"seconds": self.seconds.pop(0)}
+        return {}
+
+
+def test_compare_revisions_takes_turns_and_keeps_the_best_steps():
+    import compare_revisions
+
+    log = []
+    base = _ScriptedWorker("base", log, [1.0, 2.0], [0.30, 0.10, 0.20, 0.40])
+    head = _ScriptedWorker("head", log, [1.0, 2.0], [0.25, 0.35, 0.15, 0.50])
+    result = compare_revisions.compare(base, head, "W4", rounds=4)
+    assert (result.base, result.head, result.note) == (0.10, 0.15, "")
+    assert result.round_ratios == pytest.approx((0.25 / 0.30, 3.5, 0.75, 1.25))
+    assert result.median_ratio == pytest.approx((0.25 / 0.30 + 1.25) / 2)
+    timed = [name for name, request, _ in log if request == "time"]
+    assert timed == ["base", "head", "head", "base", "base", "head", "head", "base"]
+    assert [request for name, request, _ in log if name == "base"][-1] == "drop"
+
+
+def test_compare_revisions_marks_different_gradients():
+    import compare_revisions
+
+    base = _ScriptedWorker("base", [], [1.0, 2.0], [0.1])
+    head = _ScriptedWorker("head", [], [1.0, 2.1], [0.1])
+    assert compare_revisions.compare(base, head, "W4", rounds=1).note == "MISMATCH"
