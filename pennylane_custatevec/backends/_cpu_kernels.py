@@ -327,7 +327,7 @@ def rotation_step_1q(phi, bras, angles, letter, target, fixed_bits, out):
     ket = phi[0]
     for c in numba.prange(per):
         sums = np.zeros(rows, dtype=np.complex128)
-        i, hi = c * items // per, (c + 1) * items // per
+        _, i, hi = _job_range(c, per, items)
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, 0)
             item, end = first, first + length
@@ -530,7 +530,7 @@ def diagonal_step(phi, bras, diag, signs, targets, fixed_bits, out):
         _low_diagonal_step(ket, bras, diag, signs, targets, out)
         return
     for c in numba.prange(per):
-        i, hi = c * items // per, (c + 1) * items // per
+        _, i, hi = _job_range(c, per, items)
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, 0)
             for a in range(offsets.shape[0]):
@@ -986,12 +986,11 @@ def add_scaled(dst, src, factors):
     shared_factor = factors.shape[0] == 1
     per = _chunks_per_vector(batch, dim)
     for job in numba.prange(batch * per):
-        b = job // per
-        c = job - b * per
+        b, first, end = _job_range(job, per, dim)
         factor = factors[0] if shared_factor else factors[b]
         target = dst[b]
         source = src[0] if shared_src else src[b]
-        for i in range(c * dim // per, (c + 1) * dim // per):
+        for i in range(first, end):
             u = np.uint64(i)
             target[u] += factor * source[u]
 
@@ -1005,11 +1004,10 @@ def add_z_sum(dst, src, z_masks, coefficients):
     per = _chunks_per_vector(batch, dim)
     words = z_masks.shape[0]
     for job in numba.prange(batch * per):
-        b = job // per
-        c = job - b * per
+        b, first, end = _job_range(job, per, dim)
         target = dst[b]
         source = src[0] if shared_src else src[b]
-        for i in range(c * dim // per, (c + 1) * dim // per):
+        for i in range(first, end):
             u = np.uint64(i)
             factor = 0.0 + 0.0j
             for k in range(words):
@@ -1163,11 +1161,10 @@ def marginal_probs(state, bits, out):
     d = out.shape[1]
     partial = np.zeros((batch * per, d))
     for job in numba.prange(batch * per):
-        b = job // per
-        c = job - b * per
+        b, first, end = _job_range(job, per, dim)
         vec = state[b]
         hist = partial[job]
-        for i in range(c * dim // per, (c + 1) * dim // per):
+        for i in range(first, end):
             a = 0
             for j in range(k):
                 a |= ((i >> bits[j]) & 1) << j
