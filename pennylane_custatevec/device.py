@@ -41,6 +41,7 @@ from .kept import KeptState
 from .program import compiles_by_gate
 from .queuing import PipelineWithoutQueuing, without_queuing
 from .rotations import PauliRotations
+from .structures import Structure, StructureRun
 from .templates import NATIVE_TEMPLATES, is_native_template
 from .transforms import (
     complex_parameters_for_state,
@@ -493,7 +494,14 @@ class CuStateVecDevice(Device):
         # the previous batch's states go first: the new ones would replace them anyway,
         # and the memory checks of this run see the memory they held as free
         self._kept.replace(circuits, {})
-        run = run_tapes(
+        run = self._run_tapes(circuits, config)
+        self._kept.replace(circuits, run.kept)
+        return run.results
+
+    def _run_tapes(self, circuits: Sequence[QuantumScript], config: ExecutionConfig):
+        """``execution.run_tapes`` on this device's backend, wires and options; the final
+        states kept with the adjoint method."""
+        return run_tapes(
             self._backend,
             circuits,
             self.wires,
@@ -502,8 +510,6 @@ class CuStateVecDevice(Device):
             keep=config.gradient_method == "adjoint",
             fusion_qubits=self.options_in_force(config).fusion_qubits,
         )
-        self._kept.replace(circuits, run.kept)
-        return run.results
 
     # The public entry points are counted by ``simulator_tracking`` (wrapped at class
     # creation). Each one that executes as well calls the untracked implementations
@@ -551,6 +557,11 @@ class CuStateVecDevice(Device):
         in_force = self.options_in_force(execution_config)
         kept = [self._kept.pop(tape) for tape in circuits]
         _require_adjoint_serves(circuits, kept, execution_config, in_force)
+        return self._vjps(circuits, cotangents, kept, in_force)
+
+    def _vjps(self, circuits, cotangents, kept, in_force: settings.DifferentiationOptions):
+        """The VJPs of validated tapes by the accumulation mode in force, from their kept
+        states (``kept[i]``: tape i's, or None), untracked."""
         if in_force.grad_accumulation == "deferred":
             return deferred.vjps(
                 self._backend, circuits, cotangents, self.wires, kept, in_force.fusion_qubits
@@ -615,6 +626,55 @@ class CuStateVecDevice(Device):
             return jvp.zeros(tape, self.wires, entry.compilation if entry else None)
 
         return jvp.jvps(circuits, tangents, kept, jacobians=jacobians, zero_jvp=zero_jvp)
+
+    # --- the compiled path's entry points (pennylane_custatevec.compiled) -----------------
+
+    def structure_of(self, tape: QuantumScript) -> Structure:
+        """The structure of ``tape``, an analytic tape that this device's preprocessing
+        gave (``preprocess_transforms`` of the config that ``execute_structures`` and
+        ``vjp_structures`` will get): what ``execute_structures`` runs with other
+        parameter values. Raises ValueError for a tape with shots or with trainable
+        observable data (the compiled path runs those through the QNode)."""
+        return Structure.of(tape)
+
+    def execute_structures(
+        self,
+        structures: Sequence[Structure],
+        parameters: Sequence[Sequence],
+        execution_config: ExecutionConfig | None = None,
+    ) -> StructureRun:
+        """The results of ``structures`` with ``parameters`` (per structure, one value per
+        operation parameter in tape order: numpy arrays or Python numbers), as ``execute``
+        gives them for the tapes; with the adjoint method, the final states are kept in
+        the returned run (not on the device: two runs never take each other's states)."""
+        config = execution_config or ExecutionConfig()
+        tapes = tuple(
+            structure.bind(values) for structure, values in zip(structures, parameters, strict=True)
+        )
+        run = self._run_tapes(tapes, config)
+        if self.tracker.active:
+            self.tracker.update(executions=len(tapes), batches=1)
+            self.tracker.record()
+        return StructureRun(run.results, tapes, [run.kept.get(i) for i in range(len(tapes))])
+
+    def vjp_structures(
+        self,
+        run: StructureRun,
+        cotangents: Sequence,
+        execution_config: ExecutionConfig | None = None,
+    ) -> tuple:
+        """The VJP of each tape of ``run`` (as ``compute_vjp``: per tape, one gradient per
+        trainable parameter; a batch of K cotangents, a leading axis K on each
+        measurement's cotangent, gives gradients with a leading axis K), from the final
+        states ``run`` kept (each used once: a second VJP of one run simulates again)."""
+        config = execution_config or ExecutionConfig(gradient_method="adjoint")
+        in_force = self.options_in_force(config)
+        kept = run.take_kept()
+        _require_adjoint_serves(run.tapes, kept, config, in_force)
+        if self.tracker.active:
+            self.tracker.update(vjp_batches=1, vjps=len(run.tapes))
+            self.tracker.record()
+        return self._vjps(run.tapes, cotangents, kept, in_force)
 
 
 def _require_first_derivatives(config: ExecutionConfig) -> None:
