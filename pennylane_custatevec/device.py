@@ -34,14 +34,14 @@ from pennylane.transforms import defer_measurements, dynamic_one_shot
 from . import settings
 from .backends import BACKEND_CHOICES, select_backend
 from .exact import gate_key
-from .execution import run_tapes
+from .execution import PreparedTape, run_tapes
 from .gradients import deferred, eager, jvp
 from .gradients.common import require_adjoint_serves
 from .kept import KeptState
 from .program import compiles_by_gate
 from .queuing import PipelineWithoutQueuing, without_queuing
 from .rotations import PauliRotations
-from .structures import Structure, StructureRun
+from .structures import Structure, StructureCache, StructureRun
 from .templates import NATIVE_TEMPLATES, is_native_template
 from .transforms import (
     complex_parameters_for_state,
@@ -224,6 +224,7 @@ class CuStateVecDevice(Device):
             backend, dtype, None if device_id is None else int(device_id)
         )
         self._kept = _KeptStates()
+        self._structures = StructureCache(self.wires)
         self._options = settings.DifferentiationOptions(
             grad_accumulation=grad_accumulation,
             fusion_qubits=(
@@ -493,12 +494,18 @@ class CuStateVecDevice(Device):
         derivatives that usually follow (replacing, and so freeing, the previous ones)."""
         # the previous batch's states go first: the new ones would replace them anyway,
         # and the memory checks of this run see the memory they held as free
-        self._kept.replace(circuits, {})
-        run = self._run_tapes(circuits, config)
-        self._kept.replace(circuits, run.kept)
+        self._kept.clear()
+        preparations = [self._preparation(tape) for tape in circuits]
+        run = self._run_tapes(circuits, config, [p.prepared for p in preparations])
+        self._kept.replace([p.kept_key for p in preparations], run.kept)
         return run.results
 
-    def _run_tapes(self, circuits: Sequence[QuantumScript], config: ExecutionConfig):
+    def _run_tapes(
+        self,
+        circuits: Sequence[QuantumScript],
+        config: ExecutionConfig,
+        prepared: Sequence[PreparedTape] | None = None,
+    ):
         """``execution.run_tapes`` on this device's backend, wires and options; the final
         states kept with the adjoint method."""
         return run_tapes(
@@ -509,7 +516,29 @@ class CuStateVecDevice(Device):
             config.mcm_config.postselect_mode,
             keep=config.gradient_method == "adjoint",
             fusion_qubits=self.options_in_force(config).fusion_qubits,
+            prepared=prepared,
         )
+
+    def _preparation(self, tape: QuantumScript) -> _Preparation:
+        """The tape compiled by its structure (``structures.Structure``, cached on the
+        device) if it has one (analytic, without mid-circuit measurements, its trainable
+        parameters its gates'), and the key of its kept state either way."""
+        structure = None if tape.shots else self._structures.get(tape)
+        if structure is None or structure.has_mid_measurements:
+            return _Preparation(None, _key(tape))
+        parameters = structure.parameters_of(tape)
+        prepared = PreparedTape(structure.compile(parameters, tape), structure.batch_key)
+        return _Preparation(prepared, (structure.key, _parameter_bytes(parameters)))
+
+    def _pop_kept(self, tape: QuantumScript) -> KeptState | None:
+        """The state kept of ``tape`` by the last execution, by its key (``_preparation``)."""
+        if not self._kept:
+            return None
+        structure = None if tape.shots else self._structures.get(tape)
+        if structure is None or structure.has_mid_measurements:
+            return self._kept.pop(_key(tape))
+        parameters = structure.parameters_of(tape)
+        return self._kept.pop((structure.key, _parameter_bytes(parameters)))
 
     # The public entry points are counted by ``simulator_tracking`` (wrapped at class
     # creation). Each one that executes as well calls the untracked implementations
@@ -527,7 +556,7 @@ class CuStateVecDevice(Device):
         self, circuits: Sequence[QuantumScript], execution_config: ExecutionConfig | None
     ):
         in_force = self.options_in_force(execution_config)
-        kept = [self._kept.pop(tape) for tape in circuits]
+        kept = [self._pop_kept(tape) for tape in circuits]
         _require_adjoint_serves(circuits, kept, execution_config, in_force)
         return _adjoint_jacobians(self._backend, circuits, self.wires, kept, in_force)
 
@@ -555,7 +584,7 @@ class CuStateVecDevice(Device):
         execution_config: ExecutionConfig | None,
     ):
         in_force = self.options_in_force(execution_config)
-        kept = [self._kept.pop(tape) for tape in circuits]
+        kept = [self._pop_kept(tape) for tape in circuits]
         _require_adjoint_serves(circuits, kept, execution_config, in_force)
         return self._vjps(circuits, cotangents, kept, in_force)
 
@@ -613,7 +642,7 @@ class CuStateVecDevice(Device):
         """``compute_jvp`` without the tracker's count (``execute_and_compute_jvp`` counts
         its JVPs itself)."""
         in_force = self.options_in_force(config)
-        kept = [self._kept.pop(tape) for tape in circuits]
+        kept = [self._pop_kept(tape) for tape in circuits]
 
         # the tapes differentiated (their trainable parameters reduced to those with a
         # nonzero tangent) and those that get zeros, each validated as it comes
@@ -633,9 +662,20 @@ class CuStateVecDevice(Device):
         """The structure of ``tape``, an analytic tape that this device's preprocessing
         gave (``preprocess_transforms`` of the config that ``execute_structures`` and
         ``vjp_structures`` will get): what ``execute_structures`` runs with other
-        parameter values. Raises ValueError for a tape with shots or with trainable
-        observable data (the compiled path runs those through the QNode)."""
-        return Structure.of(tape)
+        parameter values. Raises ValueError for a tape with shots, mid-circuit
+        measurements or trainable observable data (the compiled path runs those through
+        the QNode)."""
+        structure = Structure.of(tape, self.wires)  # raises for shots, trainable observables
+        if structure.has_mid_measurements:
+            raise ValueError(
+                "a Structure has no mid-circuit measurements; run the tape through the QNode."
+            )
+        if not structure.replayable:
+            raise ValueError(
+                "the tape holds an operation that cannot be rebuilt from parameter values "
+                "exactly; run the tape through the QNode."
+            )
+        return structure
 
     def execute_structures(
         self,
@@ -648,14 +688,18 @@ class CuStateVecDevice(Device):
         gives them for the tapes; with the adjoint method, the final states are kept in
         the returned run (not on the device: two runs never take each other's states)."""
         config = execution_config or ExecutionConfig()
-        tapes = tuple(
-            structure.bind(values) for structure, values in zip(structures, parameters, strict=True)
-        )
-        run = self._run_tapes(tapes, config)
+        tapes = tuple(structure.template for structure in structures)
+        prepared = [
+            PreparedTape(structure.compile(values), structure.batch_key)
+            for structure, values in zip(structures, parameters, strict=True)
+        ]
+        run = self._run_tapes(tapes, config, prepared)
         if self.tracker.active:
             self.tracker.update(executions=len(tapes), batches=1)
             self.tracker.record()
-        return StructureRun(run.results, tapes, [run.kept.get(i) for i in range(len(tapes))])
+        # a state not kept (memory) leaves its compilation: the sweep simulates from it
+        kept = [run.kept.get(i) or KeptState(None, p.compilation) for i, p in enumerate(prepared)]
+        return StructureRun(run.results, tapes, kept)
 
     def vjp_structures(
         self,
@@ -775,26 +819,49 @@ def _with_autograd_parameters(circuit: QuantumScript) -> QuantumScript:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class _Preparation:
+    """A tape as the device's execution takes it: compiled by its structure (or None: it
+    is compiled on its own), and the key of the state kept of it."""
+
+    prepared: PreparedTape | None
+    kept_key: tuple
+    """``(StructureKey, the parameters' bytes)`` for a tape with a structure (the key
+    fixes their dtypes and shapes), else ``_key(tape)``."""
+
+
 class _KeptStates:
     """The KeptStates of the last batch executed for adjoint differentiation (final
     states, compilations, fused plans), so that the VJP or Jacobian that follows neither
     simulates, compiles nor plans the circuits again. Each is handed out once (the sweep
     consumes the state) and only for a tape with the same operations and the same
-    parameters, bit for bit."""
+    parameters, bit for bit (its key, ``_Preparation.kept_key``)."""
 
     def __init__(self):
         self._entries: dict[tuple, list[KeptState]] = {}
 
-    def replace(self, tapes: Sequence[QuantumScript], kept: Mapping[int, KeptState]) -> None:
-        """``kept``: {tape index: KeptState}, as ``run_tapes`` returns it."""
+    def __bool__(self) -> bool:
+        return bool(self._entries)
+
+    def clear(self) -> None:
+        self._entries = {}
+
+    def replace(self, keys: Sequence[tuple], kept: Mapping[int, KeptState]) -> None:
+        """``keys[i]``: tape i's key; ``kept``: {tape index: KeptState}, as ``run_tapes``
+        returns it."""
         self._entries = {}
         for i, entry in kept.items():
-            self._entries.setdefault(_key(tapes[i]), []).append(entry)
+            self._entries.setdefault(keys[i], []).append(entry)
 
-    def pop(self, tape: QuantumScript) -> KeptState | None:
-        """The KeptState of ``tape`` (removed), or None."""
-        entries = self._entries.get(_key(tape)) if self._entries else None
+    def pop(self, key: tuple) -> KeptState | None:
+        """The KeptState of the tape of ``key`` (removed), or None."""
+        entries = self._entries.get(key)
         return entries.pop(0) if entries else None
+
+
+def _parameter_bytes(parameters: Sequence) -> bytes:
+    """The parameters' values bit for bit, for a key that fixes their dtypes and shapes."""
+    return b"".join([np.asarray(value).tobytes() for value in parameters])
 
 
 def _key(tape: QuantumScript) -> tuple:

@@ -24,6 +24,19 @@ from .kept import KeptState
 from .program import Compilation, Program, Register, compile_steps, flatten, merge, tape_batch_size
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class PreparedTape:
+    """A tape compiled before ``run_tapes`` (by its structure, ``structures.Structure``),
+    with the key that decides which prepared tapes run as one forward batch."""
+
+    compilation: Compilation
+    """The tape's ``compile_steps``, or an equal compilation."""
+    batch_key: object
+    """Equal for prepared tapes that may run as one batch: their programs' kernel keys and
+    their measurements are equal exactly (``_batch_key``, or a key that decides less,
+    such as the structure's)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class RunResult:
     """What ``run_tapes`` returns."""
@@ -43,6 +56,7 @@ def run_tapes(
     postselect_mode: str | None = None,
     keep: bool = False,
     fusion_qubits: int = 0,
+    prepared: Sequence[PreparedTape | None] | None = None,
 ) -> RunResult:
     """The results of ``tapes``, in order, and with ``keep`` the state of each analytic
     tape for the derivatives.
@@ -59,18 +73,25 @@ def run_tapes(
     in chunks that fit) and the batches run in chunks of at most the free memory too, as
     without ``keep`` (``batching.FORWARD``, ``batching.FORWARD_KEPT``).
     Analytic batches run fused into blocks of at most ``fusion_qubits`` qubits (see
-    ``fusion``; 0 or 1: gate by gate).
+    ``fusion``; 0 or 1: gate by gate). ``prepared[i]``: tape i compiled already (an analytic
+    tape without mid-circuit measurements, by its structure), or None: compiled here.
     """
-    compiled = [compile_steps(tape, device_wires) for tape in tapes]
-    programs = [flatten(c) for c in compiled]
+    prepared = [None] * len(tapes) if prepared is None else prepared
     results: list = [None] * len(tapes)
+    items: list[PreparedTape] = []
     analytic = []
-    for index, (tape, program) in enumerate(zip(tapes, programs, strict=True)):
-        if tape.shots or program.has_mid_measurements:
-            results[index] = _run_sampled(backend, program, tape, rng, postselect_mode)
-        else:
+    for index, (tape, ready) in enumerate(zip(tapes, prepared, strict=True)):
+        if ready is None:
+            compilation = compile_steps(tape, device_wires)
+            program = flatten(compilation)
+            if tape.shots or program.has_mid_measurements:
+                results[index] = _run_sampled(backend, program, tape, rng, postselect_mode)
+            ready = PreparedTape(compilation, _BatchKey(program, tape))
+        items.append(ready)
+        if results[index] is None:
             analytic.append(index)
-    groups = batching.group_by(list(zip(programs, tapes, strict=True)), _batch_key, analytic)
+    compiled = [item.compilation for item in items]
+    groups = batching.group_by(items, _prepared_key, analytic)
     registers = [c.register for c in compiled]
     state_bytes = batching.Sum(
         lambda register: simulate.state_bytes(backend, register.num_qubits, register.batch_size)
@@ -96,11 +117,33 @@ def run_tapes(
     return RunResult(tuple(results), kept)
 
 
-def _batch_key(item: tuple[Program, QuantumScript]) -> tuple:
-    """What the tapes of one forward batch share: the kernel key, and the measurements
-    exactly (the batch is measured with its first tape's measurements)."""
-    program, tape = item
-    return program.kernel_key, measurements_key(tape.measurements)
+class _BatchKey:
+    """The batch key of a tape compiled on its own: what the tapes of one forward batch
+    share, the kernel key and the measurements exactly (the batch is measured with its
+    first tape's measurements); built only when compared (``batching.group_by`` builds no
+    key for a lone tape)."""
+
+    __slots__ = ("_program", "_tape", "_key")
+
+    def __init__(self, program: Program, tape: QuantumScript):
+        self._program, self._tape, self._key = program, tape, None
+
+    @property
+    def key(self) -> tuple:
+        if self._key is None:
+            self._key = (self._program.kernel_key, measurements_key(self._tape.measurements))
+        return self._key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _BatchKey) and self.key == other.key
+
+
+def _prepared_key(item: PreparedTape) -> object:
+    """A prepared tape's batch key (``PreparedTape.batch_key``)."""
+    return item.batch_key
 
 
 def _run_analytic_batch(
@@ -116,7 +159,7 @@ def _run_analytic_batch(
     register = compilation.register
     fusion_qubits = fusion.block_width(register, fusion_qubits, backend.fusion_traits)
     plan = None
-    if fusion_qubits > 1:
+    if fusion_qubits > 1 or keep:  # kept, the plan of one unit per step serves the sweep
         plan = fusion.fused_plan(compilation, fusion_qubits, backend.fusion_traits)
         program = plan.program
     else:

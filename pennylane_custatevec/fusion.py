@@ -259,11 +259,21 @@ def block_width(register: Register, max_qubits: int, traits: FusionTraits) -> in
 
 
 def fuse(compilation: Compilation, max_qubits: int, traits: FusionTraits = GREEDY) -> list[Fused]:
-    """The units of the compilation's steps. A block of one operation runs as that
-    operation's own instructions (a CNOT stays a permutation); its matrix is built only if
-    asked for. ``traits``: the backend's (Z runs and rotations per pass, see ``plan``).
-    Stateless: a plan that the forward pass made travels to the sweep in its
-    ``FusedPlan`` (``fused_plan``)."""
+    """The units of the compilation's steps (``plan_units``) with their instructions
+    (``realize``). Stateless: a plan that the forward pass made travels to the sweep in
+    its ``FusedPlan`` (``fused_plan``)."""
+    return realize(compilation, plan_units(compilation, max_qubits, traits))
+
+
+def plan_units(
+    compilation: Compilation, max_qubits: int, traits: FusionTraits = GREEDY
+) -> tuple[Unit, ...]:
+    """The units of the compilation's steps for blocks of at most ``max_qubits`` bits,
+    planned with ``traits`` (Z runs and rotations per pass, see ``plan``); taken from
+    ``compilation.fusion_units`` where the compilation's structure planned them before."""
+    shared = compilation.fusion_units
+    if shared is not None and (units := shared.get((max_qubits, traits))) is not None:
+        return units
     steps = compilation.steps
     bits = [step_bits(compilation.register, s.operation, s.instructions) for s in steps]
     z_flags = rotation_flags = None  # without fusion, nothing gathers
@@ -275,6 +285,16 @@ def fuse(compilation: Compilation, max_qubits: int, traits: FusionTraits = GREED
             for rotation in rotations
         ]
     units = plan(bits, max_qubits, traits, z_flags, rotation_flags)
+    if shared is not None:
+        shared[max_qubits, traits] = units
+    return units
+
+
+def realize(compilation: Compilation, units: Sequence[Unit]) -> list[Fused]:
+    """Each unit with the instructions that run it forward, from the compilation's data. A
+    block of one operation runs as that operation's own instructions (a CNOT stays a
+    permutation); its matrix is built only if asked for."""
+    steps = compilation.steps
     fused = []
     for unit in units:
         if isinstance(unit, ZRun):

@@ -78,6 +78,29 @@ class Instruction:
     source: Operator | None = None
     condition: qml.ops.MeasurementValue | None = None
 
+    @property
+    def call(self) -> tuple:
+        """What the kernel call is but for its data: kind, bits, controls, Pauli letters,
+        Z masks (equal for instructions that differ at most in their data)."""
+        return (
+            self.kind,
+            self.targets,
+            self.controls,
+            self.control_values,
+            self.paulis,
+            self.z_masks,
+        )
+
+    def with_data(self, data: np.ndarray | None) -> Instruction:
+        """The same kernel call with other ``data`` (``dataclasses.replace``'s result,
+        without its per-field checks: called per instruction per call where a circuit's
+        structure is compiled once, see structures.py)."""
+        copied = object.__new__(Instruction)
+        fields = copied.__dict__
+        fields.update(self.__dict__)
+        fields["data"] = data
+        return copied
+
 
 @dataclasses.dataclass(frozen=True)
 class Unsupported:
@@ -173,7 +196,7 @@ DENSE_MATRIX: dict[Kind, Matrix | Unsupported] = {
 
 
 def _with_data(transform: Callable[[np.ndarray], np.ndarray]) -> Inverse:
-    return lambda ins: dataclasses.replace(ins, data=transform(ins.data))
+    return lambda ins: ins.with_data(transform(ins.data))
 
 
 _NEGATED_ANGLES = _with_data(np.negative)

@@ -26,8 +26,9 @@ class KeptState:
     """The tape's ``program.compile_steps``: the steps the sweep walks back."""
     plan: FusedPlan | None = None
     """The forward pass's fused plan of ``compilation`` (``plan.compilation is
-    compilation``) with the block width it was planned for; None where the forward pass ran
-    gate by gate or planned a merged batch of several tapes (a plan of other data)."""
+    compilation``) with the block width it was planned for (1: one unit per step); None
+    where the forward pass planned a merged batch of several tapes (a plan of other
+    data)."""
 
     def __post_init__(self):
         if self.plan is not None and self.plan.compilation is not self.compilation:

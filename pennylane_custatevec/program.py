@@ -117,6 +117,11 @@ class Compilation:
     """The wires and the batch of state vectors."""
     steps: tuple[Step, ...]
     """The operations after the initial state preparation, in circuit order."""
+    fusion_units: dict | None = dataclasses.field(default=None, repr=False)
+    """The fusion planner's units by (width, traits), shared by the compilations of one
+    structure (``structures.Structure``: they differ only in their instructions' data,
+    and the plan depends only on the bits each step touches), so that each is planned
+    once; None: planned for this compilation alone."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -142,15 +147,7 @@ class Program:
             tuple(self.register.wires),
             self.register.initial_state is not None,
             tuple(
-                (
-                    ins.kind,
-                    ins.targets,
-                    ins.controls,
-                    ins.control_values,
-                    ins.paulis,
-                    ins.z_masks,
-                    None if ins.data is None else ins.data.shape[1:],
-                )
+                (ins.call, None if ins.data is None else ins.data.shape[1:])
                 for ins in self.instructions
             ),
         )
@@ -258,8 +255,7 @@ def compile_steps(tape: QuantumScript, device_wires: Wires | None) -> Compilatio
     initial_state = None
     first = 0
     if operations and isinstance(operations[0], qml.operation.StatePrepBase):
-        vector = operations[0].state_vector(wire_order=wires)
-        initial_state = np.asarray(vector, dtype=np.complex128).reshape(-1, 2 ** len(wires))
+        initial_state = initial_state_of(operations[0], wires)
         first = 1
     register = Register(
         wires=wires,
@@ -270,15 +266,26 @@ def compile_steps(tape: QuantumScript, device_wires: Wires | None) -> Compilatio
     steps: list[Step] = []
     with without_queuing():  # decompositions and matrices may build operators
         for index in range(first, len(operations)):
-            op = operations[index]
-            if compiles_by_gate(op):
-                for instruction, position, element in _gate_instructions(op, register):
-                    origin = Origin(index, position, element)
-                    steps.append(Step(instruction.source, (instruction,), origin))
-            else:
-                instructions = tuple(compile_operation(op, register))
-                steps.append(Step(op, instructions, Origin(index, 0, 0)))
+            steps.extend(operation_steps(operations[index], index, register))
     return Compilation(register, tuple(steps))
+
+
+def initial_state_of(preparation: Operator, wires: Wires) -> np.ndarray:
+    """The state (1 or B, 2**n) that a leading state preparation prepares on ``wires``."""
+    vector = preparation.state_vector(wire_order=wires)
+    return np.asarray(vector, dtype=np.complex128).reshape(-1, 2 ** len(wires))
+
+
+def operation_steps(op: Operator, index: int, register: Register) -> list[Step]:
+    """The steps of ``op``, operation ``index`` of its tape: one with its instructions, or
+    one per gate where it ``compiles_by_gate``. Call without queuing (decompositions and
+    matrices may build operators)."""
+    if compiles_by_gate(op):
+        return [
+            Step(instruction.source, (instruction,), Origin(index, position, element))
+            for instruction, position, element in _gate_instructions(op, register)
+        ]
+    return [Step(op, tuple(compile_operation(op, register)), Origin(index, 0, 0))]
 
 
 def compiles_by_gate(op: Operator) -> bool:

@@ -18,11 +18,24 @@ import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
+from pennylane.ops.functions import bind_new_parameters
 from pennylane.tape import QuantumScript
+from pennylane.wires import Wires
 
 from .exact import gate_key, generator_key, measurements_key
+from .instructions import Kind
 from .kept import KeptState
-from .program import compiles_by_gate
+from .program import (
+    Compilation,
+    Step,
+    compile_steps,
+    compiles_by_gate,
+    flatten,
+    initial_state_of,
+    operation_steps,
+)
+from .queuing import without_queuing
+from .rotations import real_angles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,39 +78,270 @@ def _value_shape(value) -> tuple:
     return array.dtype.str, array.shape
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
 class Structure:
-    """A preprocessed, analytic tape standing for its structure (module docstring)."""
+    """What the tapes of one ``StructureKey`` share, built once from the first of them
+    (the template): its compilation with a rule per step for the step's data, so that
+    ``compile`` makes a tape's compilation from its parameter values alone; and the
+    fusion planner's units, planned once (``program.Compilation.fusion_units``).
 
-    template: QuantumScript
-    """The tape the structure was made from; its parameter values are not used."""
-    n_parameters: int
-    """How many parameters its operations have (what ``parameters`` holds per call)."""
+    A step's data follow from the parameters by one of two rules, chosen when the
+    structure is built and checked there on the template's own values: a rotation reads
+    its angle from an element of one parameter (``_AngleRule``: RX, IsingZZ, the gates of
+    native templates and of runs of rotations); any other operation with parameters is
+    rebuilt with its new parameters and compiled again (``_RebuiltOperation``), and its
+    instructions must agree with the template's in everything but their data, else the
+    tape is compiled on its own (``compile`` never returns another structure's
+    instructions)."""
+
+    def __init__(self, key: StructureKey, template: QuantumScript, device_wires: Wires | None):
+        self.key = key
+        self.template = template
+        self.device_wires = device_wires
+        operations = template.operations
+        starts = [0]
+        for op in operations:
+            starts.append(starts[-1] + len(op.data))
+        self.n_parameters = starts[-1]
+        self._starts = tuple(starts)
+        compiled = compile_steps(template, device_wires)
+        self._fusion_units: dict = {}
+        self.compilation = Compilation(compiled.register, compiled.steps, self._fusion_units)
+        program = flatten(compiled)
+        self.has_mid_measurements = program.has_mid_measurements
+        self.batch_key = (program.kernel_key, measurements_key(template.measurements))
+        """What its tapes share with those that may run in one forward batch with them
+        (``execution.PreparedTape.batch_key``): the kernel key and the measurements."""
+        values = template.get_parameters(trainable_only=False, operations_only=True)
+        angles: dict[int, _AngleRule] = {}
+        steps_of: dict[int, list[int]] = {}  # operation -> its steps
+        rebuilt: set[int] = set()  # operations rebuilt whole
+        for index, step in enumerate(compiled.steps):
+            origin = step.origin
+            op = operations[origin.operation]
+            steps_of.setdefault(origin.operation, []).append(index)
+            if not op.data or origin.parameter is None:
+                continue  # no parameter, or a template's fixed gate (an entangler)
+            parameter = starts[origin.operation] + origin.parameter
+            rule = _AngleRule.of(step, parameter, op.batch_size is not None)
+            if rule is not None and rule.matches(step, values):
+                angles[index] = rule
+            else:
+                rebuilt.add(origin.operation)
+        self._angles = tuple(
+            (index, rule)
+            for index, rule in angles.items()
+            if compiled.steps[index].origin.operation not in rebuilt
+        )
+        self._rebuilt = tuple(
+            (operation, tuple(steps_of[operation])) for operation in sorted(rebuilt)
+        )
+        self._prepares_state = compiled.register.initial_state is not None
+        rebuilt_operations = [*rebuilt, 0] if self._prepares_state else rebuilt
+        self.replayable = all(_rebinds_exactly(operations[i]) for i in rebuilt_operations)
+        """Whether ``compile`` can rebuild, from parameter values alone, every operation
+        that it rebuilds (``execute_structures`` runs only such structures; a tape's own
+        operations serve ``compile`` otherwise)."""
 
     @classmethod
-    def of(cls, tape: QuantumScript) -> Structure:
+    def of(cls, tape: QuantumScript, device_wires: Wires | None) -> Structure:
+        """The structure of an analytic tape whose trainable parameters are its
+        operations' (ValueError otherwise: such a tape runs through the QNode)."""
         if tape.shots:
             raise ValueError(
                 "a Structure is analytic: the tape has shots; run it through the QNode."
             )
-        parameters = tape.get_parameters(trainable_only=False, operations_only=True)
-        n_ops_params = len(parameters)
-        observable_trainable = [index for index in tape.trainable_params if index >= n_ops_params]
+        n_operation_parameters = sum(len(op.data) for op in tape.operations)
+        observable_trainable = [i for i in tape.trainable_params if i >= n_operation_parameters]
         if observable_trainable:
             raise ValueError(
                 "a Structure differentiates gate parameters only; the tape's trainable "
                 f"parameters {observable_trainable} belong to its observables."
             )
-        return cls(tape, n_ops_params)
+        return cls(StructureKey.of(tape), tape, device_wires)
 
-    def bind(self, parameters: Sequence) -> QuantumScript:
-        """The template with ``parameters`` (one per operation parameter, in tape order)."""
+    def parameters_of(self, tape: QuantumScript) -> list:
+        """The values ``compile`` takes for ``tape`` (a tape of this structure)."""
+        return tape.get_parameters(trainable_only=False, operations_only=True)
+
+    def _check_count(self, parameters: Sequence) -> None:
         if len(parameters) != self.n_parameters:
             raise ValueError(
                 f"the structure takes {self.n_parameters} operation parameters, got "
                 f"{len(parameters)}."
             )
-        return self.template.bind_new_parameters(list(parameters), list(range(self.n_parameters)))
+
+    def compile(self, parameters: Sequence, tape: QuantumScript | None = None) -> Compilation:
+        """The compilation of the tape of this structure with ``parameters`` (one per
+        operation parameter, in tape order): the template's steps with their data from
+        ``parameters``; equal to ``program.compile_steps`` of that tape. The operations
+        that the angle rules do not cover are ``tape``'s own where given, else the
+        template's rebuilt with their parameters (a structure that is ``replayable``)."""
+        self._check_count(parameters)
+        template = self.compilation
+        steps = list(template.steps)
+        for index, rule in self._angles:
+            step = steps[index]
+            (instruction,) = step.instructions
+            data = rule.data(parameters)
+            steps[index] = Step(step.operation, (instruction.with_data(data),), step.origin)
+        register = template.register
+        if self._prepares_state:
+            preparation = self._operation(0, parameters, tape)
+            register = dataclasses.replace(
+                register, initial_state=initial_state_of(preparation, register.wires)
+            )
+        if not self._rebuilt:
+            return Compilation(register, tuple(steps), self._fusion_units)
+        with without_queuing():
+            for operation, indices in self._rebuilt:
+                fresh = operation_steps(
+                    self._operation(operation, parameters, tape), operation, template.register
+                )
+                if not _same_but_data(fresh, [template.steps[i] for i in indices]):
+                    if tape is not None:
+                        return compile_steps(tape, self.device_wires)
+                    raise RuntimeError(
+                        "custatevec.qubit internal error: an operation rebuilt with new "
+                        f"parameters compiled otherwise than its structure's "
+                        f"({self.template.operations[operation]!r})."
+                    )
+                for index, new in zip(indices, fresh, strict=True):
+                    old = steps[index]
+                    instructions = tuple(
+                        mine.with_data(theirs.data)
+                        for mine, theirs in zip(old.instructions, new.instructions, strict=True)
+                    )
+                    steps[index] = Step(old.operation, instructions, old.origin)
+        return Compilation(register, tuple(steps), self._fusion_units)
+
+    def _operation(self, operation: int, parameters: Sequence, tape: QuantumScript | None):
+        """Operation ``operation`` with ``parameters``: ``tape``'s, else the template's
+        rebuilt (checked to keep its type, wires and hyperparameters exactly)."""
+        if tape is not None:
+            return tape.operations[operation]
+        if not self.replayable:
+            raise ValueError(
+                "this structure's operations cannot be rebuilt from parameter values "
+                "exactly; run its tapes through execute."
+            )
+        op = self.template.operations[operation]
+        data = parameters[self._starts[operation] : self._starts[operation + 1]]
+        with without_queuing():
+            return bind_new_parameters(op, list(data))
+
+
+def _rebinds_exactly(op) -> bool:
+    """Whether PennyLane's ``bind_new_parameters`` rebuilds ``op`` with its type, wires and
+    hyperparameters (``exact.gate_key``; it does not for every operator: some lose their
+    control values)."""
+    with without_queuing():
+        try:
+            rebuilt = bind_new_parameters(op, list(op.data))
+        except Exception:  # noqa: BLE001  (any failure: not rebuildable)
+            return False
+    return type(rebuilt) is type(op) and gate_key(rebuilt) == gate_key(op)
+
+
+@dataclasses.dataclass(frozen=True)
+class _AngleRule:
+    """A step of one Pauli rotation whose angle is element ``element`` of parameter
+    ``parameter`` (flat, in tape order), per state vector: (1 or B,) float64."""
+
+    parameter: int
+    element: int
+    broadcast: bool
+    name: str
+
+    @classmethod
+    def of(cls, step: Step, parameter: int, broadcast: bool) -> _AngleRule | None:
+        if len(step.instructions) != 1:
+            return None
+        (instruction,) = step.instructions
+        if instruction.kind is not Kind.PAULI_ROTATION:
+            return None
+        return cls(parameter, step.origin.element, broadcast, step.operation.name)
+
+    def data(self, parameters: Sequence) -> np.ndarray:
+        angles = real_angles(parameters[self.parameter], self.name)
+        rows = angles.reshape((angles.shape[0], -1) if self.broadcast else (1, -1))
+        return np.ascontiguousarray(rows[:, self.element])
+
+    def matches(self, step: Step, values: Sequence) -> bool:
+        """Whether the rule gives the step's own data from the template's values (so that
+        it reads the parameter as the compilation does)."""
+        expected = step.instructions[0].data
+        try:
+            got = self.data(values)
+        except (ValueError, IndexError):
+            return False
+        return (
+            got.dtype == expected.dtype
+            and got.shape == expected.shape
+            and np.array_equal(got, expected)
+        )
+
+
+def _same_but_data(fresh: Sequence[Step], template: Sequence[Step]) -> bool:
+    """Whether the steps of a rebuilt operation are the template's but for their data."""
+    if len(fresh) != len(template):
+        return False
+    for new, old in zip(fresh, template, strict=True):
+        if len(new.instructions) != len(old.instructions):
+            return False
+        for a, b in zip(new.instructions, old.instructions, strict=True):
+            if a.call != b.call or (a.data is None) != (b.data is None):
+                return False
+            if a.data is not None and (
+                a.data.shape != b.data.shape or a.data.dtype != b.data.dtype
+            ):
+                return False
+            if a.condition is not None or b.condition is not None:
+                return False
+    return True
+
+
+class StructureCache:
+    """A device's structures by ``StructureKey`` (at most ``MAX_STRUCTURES``; the oldest
+    go first), so that the tapes of one structure are compiled from the first one's
+    steps (``Structure.compile``)."""
+
+    MAX_STRUCTURES = 256
+    """Enough for the structures of a training loop (a QNode's tape, its
+    parameter-shift tapes, a few QNodes), small beside the compilations they hold."""
+
+    def __init__(self, device_wires: Wires | None):
+        self._device_wires = device_wires
+        self._structures: dict[StructureKey, Structure | None] = {}
+
+    def get(self, tape: QuantumScript) -> Structure | None:
+        """The structure of ``tape``, made on the first tape of its key; None where the
+        tape has none (``Structure.of`` refuses it)."""
+        key = StructureKey.of(tape)
+        if key in self._structures:
+            return self._structures[key]
+        try:
+            has_one = _has_one(tape) and not _holds_objects(key)
+            structure = Structure(key, tape, self._device_wires) if has_one else None
+        except ValueError:
+            structure = None
+        if len(self._structures) >= self.MAX_STRUCTURES:
+            self._structures.pop(next(iter(self._structures)))
+        self._structures[key] = structure
+        return structure
+
+
+def _holds_objects(key: StructureKey) -> bool:
+    """Whether a parameter is an array of Python objects: its bytes are pointers, which
+    cannot tell its values apart (such a tape is compiled on its own)."""
+    return any(dtype == "|O" for _, shapes in key.gates for dtype, _ in shapes)
+
+
+def _has_one(tape: QuantumScript) -> bool:
+    """Whether ``tape`` has a structure: analytic, its trainable parameters its gates'."""
+    if tape.shots:
+        return False
+    n_operation_parameters = sum(len(op.data) for op in tape.operations)
+    return all(index < n_operation_parameters for index in tape.trainable_params)
 
 
 @dataclasses.dataclass(eq=False)

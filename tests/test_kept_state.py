@@ -116,12 +116,20 @@ def test_run_tapes_keeps_nothing_unless_asked():
     np.testing.assert_allclose(run.results[0], expected, atol=ATOL, rtol=0)
 
 
-def test_run_tapes_without_fusion_keeps_no_plan():
+def test_run_tapes_without_fusion_keeps_the_plan_of_one_unit_per_step():
+    """Kept, the forward pass's plan of width 1 (each step a unit of its own) travels to
+    the sweep, which then plans nothing again."""
     backend = CPUBackend()
     tapes = [layered_tape(random_angles("no-fusion", 0))]
     rng = np.random.default_rng(stable_seed("no-fusion"))
     run = execution.run_tapes(backend, tapes, None, rng, keep=True, fusion_qubits=1)
-    assert run.kept[0].plan is None
+    plan = run.kept[0].plan
+    assert plan.width == 1 and plan.compilation is run.kept[0].compilation
+    assert all(
+        isinstance(fused.unit, fusion.Single) or len(fused.unit.members) == 1
+        for fused in plan.units
+    )
+    assert len(plan.units) == len(plan.compilation.steps)
 
 
 def test_a_kept_plan_belongs_to_the_kept_compilation():

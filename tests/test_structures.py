@@ -112,3 +112,145 @@ def test_structures_refuse_shots_and_trainable_observables():
     )
     with pytest.raises(ValueError, match="belong to its observables"):
         device.structure_of(trainable_obs)
+
+
+# --- Structure.compile: a tape's compilation from its parameter values alone ------------
+
+from test_gates import GATES, NON_UNITARY, gate_spec  # noqa: E402
+
+from pennylane_custatevec.program import compile_steps  # noqa: E402
+from pennylane_custatevec.structures import Structure  # noqa: E402
+
+_WIRES = [0, "a", 2, 5, "b", 7, 8]
+_SAME_HYPERPARAMETERS_EXPECTED_DIFFERENT = {"ControlledQubitUnitary", "BlockEncode"}
+"""Gates whose hyperparameters differ between two draws: the factory draws the control
+values; BlockEncode's ``norm`` is computed from its matrix. Two structures, exactly."""
+
+
+def _gate_pair(name: str, form: str, seed: int):
+    """The gate ``name`` twice on the same wires, with two draws of its parameters, in
+    ``form``: plain, controlled (on a spectator wire) or adjoint."""
+    n_wires, factory = gate_spec(name)
+    wires = _WIRES[:n_wires]
+    pair = []
+    for draw in range(2):
+        op = factory(np.random.default_rng([seed, draw]), wires)
+        if form == "controlled":
+            op = qml.ctrl(op, control=_WIRES[-1], control_values=0)
+        elif form == "adjoint":
+            op = qml.adjoint(op)
+        pair.append(op)
+    return pair
+
+
+def _tape_around(op) -> qml.tape.QuantumScript:
+    """``op`` after a layer of rotations (a state preparation stays first)."""
+    layer = [qml.RY(0.1 + 0.2 * i, wires=w) for i, w in enumerate(_WIRES)]
+    ops = [op, *layer] if isinstance(op, qml.operation.StatePrepBase) else [*layer, op]
+    return qml.tape.QuantumScript(ops, [qml.expval(qml.Z(0))])
+
+
+def assert_same_compilation(got, expected):
+    """Equal registers, and equal steps: instructions equal field by field, data exactly."""
+    assert tuple(got.register.wires) == tuple(expected.register.wires)
+    assert got.register.batch_size == expected.register.batch_size
+    assert got.register.broadcast == expected.register.broadcast
+    if expected.register.initial_state is None:
+        assert got.register.initial_state is None
+    else:
+        np.testing.assert_array_equal(got.register.initial_state, expected.register.initial_state)
+    assert len(got.steps) == len(expected.steps)
+    for mine, theirs in zip(got.steps, expected.steps, strict=True):
+        assert mine.origin == theirs.origin
+        assert type(mine.operation) is type(theirs.operation)
+        assert len(mine.instructions) == len(theirs.instructions)
+        for a, b in zip(mine.instructions, theirs.instructions, strict=True):
+            assert a.call == b.call
+            if b.data is None:
+                assert a.data is None
+            else:
+                assert a.data.dtype == b.data.dtype and a.data.shape == b.data.shape
+                np.testing.assert_array_equal(a.data, b.data)
+
+
+def _forms(name: str) -> list[str]:
+    properties = GATES[name].get("properties", [])
+    forms = ["plain"]
+    if "controllable" in properties:
+        forms.append("controlled")
+    if "invertible" in properties:
+        forms.append("adjoint")
+    return forms
+
+
+@pytest.mark.parametrize(
+    ("name", "form"), [(name, form) for name in sorted(GATES) for form in _forms(name)]
+)
+def test_a_structure_compiles_every_gate_as_compile_steps(name, form):
+    first, second = _gate_pair(name, form, seed=sum(map(ord, name + form)))
+    template, tape = _tape_around(first), _tape_around(second)
+    key = StructureKey.of(template)
+    if name in _SAME_HYPERPARAMETERS_EXPECTED_DIFFERENT and key != StructureKey.of(tape):
+        pytest.skip("the two draws have other hyperparameters: two structures")
+    assert key == StructureKey.of(tape)
+    structure = Structure(key, template, None)
+    values = structure.parameters_of(tape)
+    expected = compile_steps(tape, None)
+    assert_same_compilation(structure.compile(values, tape), expected)  # the device's path
+    if structure.replayable:  # the compiled path's: from the values alone
+        assert_same_compilation(structure.compile(values), expected)
+    else:
+        with pytest.raises(ValueError, match="cannot be rebuilt"):
+            structure.compile(values)
+    # and the template's own values give the template's compilation
+    own = structure.parameters_of(template)
+    assert_same_compilation(structure.compile(own, template), compile_steps(template, None))
+    if name not in NON_UNITARY and first.data:
+        assert not np.array_equal(np.asarray(values[-1]), np.asarray(own[-1]))
+
+
+def _native_and_broadcast_tapes(values):
+    """Tapes whose steps read elements of array parameters: native templates, a
+    broadcast, a run of rotations; ``values`` (a seed's draws) fill them."""
+    rng = np.random.default_rng(values)
+    return [
+        qml.tape.QuantumScript(
+            [
+                qml.AngleEmbedding(rng.uniform(0, 3, (4, 3)), wires=[0, 1, 2]),
+                qml.StronglyEntanglingLayers(rng.uniform(0, 3, (2, 3, 3)), wires=[0, 1, 2]),
+            ],
+            [qml.expval(qml.Z(0))],
+        ),
+        qml.tape.QuantumScript(
+            [
+                qml.BasicEntanglerLayers(rng.uniform(0, 3, (2, 3)), wires=[0, 1, 2]),
+                qml.RX(rng.uniform(0, 3, 4), wires=1),
+                qml.CRY(rng.uniform(0, 3, 4), wires=[1, 0]),
+            ],
+            [qml.probs(wires=[0, 2])],
+        ),
+        qml.tape.QuantumScript(
+            [qml.StatePrep(np.exp(1j * rng.uniform(0, 3, 8)) / np.sqrt(8), wires=[0, 1, 2])]
+            + [qml.RX(rng.uniform(0, 3), wires=w) for w in range(3)]
+            + [qml.IsingZZ(rng.uniform(0, 3), wires=[0, 2])],
+            [qml.expval(qml.X(1))],
+        ),
+    ]
+
+
+def test_a_structure_compiles_templates_broadcasts_and_runs_of_rotations():
+    device = qml.device("custatevec.qubit", wires=3, backend="cpu")
+    config = _adjoint_config(device)
+    preprocess = device.preprocess_transforms(config)
+    for template, tape in zip(
+        _native_and_broadcast_tapes(1), _native_and_broadcast_tapes(2), strict=True
+    ):
+        (template,), _ = preprocess((template,))
+        (tape,), _ = preprocess((tape,))
+        key = StructureKey.of(template)
+        assert key == StructureKey.of(tape)
+        structure = Structure(key, template, device.wires)
+        got = structure.compile(structure.parameters_of(tape))
+        assert_same_compilation(got, compile_steps(tape, device.wires))
+        # every parametrized step reads its data by an angle rule: nothing is rebuilt
+        assert not structure._rebuilt  # noqa: SLF001

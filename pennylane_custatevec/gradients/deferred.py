@@ -766,7 +766,7 @@ def _for_bras(instruction: Instruction, rows: int) -> Instruction:
     data = instruction.data
     if data is None or data.shape[0] == 1 or rows == 1:
         return instruction
-    return dataclasses.replace(instruction, data=np.repeat(data, rows, axis=0))
+    return instruction.with_data(np.repeat(data, rows, axis=0))
 
 
 def _operation_step(context: SweepContext, member: int) -> None:
@@ -799,7 +799,7 @@ def _operation_step(context: SweepContext, member: int) -> None:
         for instruction in reversed(instructions):
             undo = inverse(instruction)
             if undo.data is not None:
-                undo = dataclasses.replace(undo, data=_entry(undo.data, b))
+                undo = undo.with_data(_entry(undo.data, b))
             apply_instruction(backend, phi_b, undo)
             apply_instruction(backend, bras_b, undo)
     context.gradients[:, :, column] = np.real(1j * products)
