@@ -165,7 +165,9 @@ def _run_analytic_batch(
     else:
         program = flatten(compilation)
     state, _ = simulate.final_state(backend, program)
-    values = measure.measure_all_analytic(backend, state, register, tapes[0].measurements)
+    values = measure.measure_all_analytic(
+        backend, state, register, tapes[0].measurements, compilation.memo
+    )
     results, kept, offset = [], [], 0
     for tape, tape_compilation in zip(tapes, compilations, strict=True):
         tape_register = tape_compilation.register

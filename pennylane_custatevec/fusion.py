@@ -270,9 +270,9 @@ def plan_units(
 ) -> tuple[Unit, ...]:
     """The units of the compilation's steps for blocks of at most ``max_qubits`` bits,
     planned with ``traits`` (Z runs and rotations per pass, see ``plan``); taken from
-    ``compilation.fusion_units`` where the compilation's structure planned them before."""
-    shared = compilation.fusion_units
-    if shared is not None and (units := shared.get((max_qubits, traits))) is not None:
+    ``compilation.memo`` where the compilation's structure planned them before."""
+    memo, key = compilation.memo, ("fusion", max_qubits, traits)
+    if memo is not None and (units := memo.get(key)) is not None:
         return units
     steps = compilation.steps
     bits = [step_bits(compilation.register, s.operation, s.instructions) for s in steps]
@@ -285,8 +285,8 @@ def plan_units(
             for rotation in rotations
         ]
     units = plan(bits, max_qubits, traits, z_flags, rotation_flags)
-    if shared is not None:
-        shared[max_qubits, traits] = units
+    if memo is not None:
+        memo[key] = units
     return units
 
 

@@ -256,22 +256,65 @@ def measure_analytic(
     raise DeviceError(f"Measurement {mp} is not supported analytically.")
 
 
+@dataclasses.dataclass(frozen=True)
+class PauliPlan:
+    """The expectation values of Pauli sentences among a tape's measurements, as backend
+    words: what ``measure_all_analytic`` measures in one backend call and what the
+    adjoint bras of those measurements apply (``gradients.common.add_cotangent_terms``)."""
+
+    words: tuple[tuple[str, tuple[int, ...]], ...]
+    """The distinct words of all of them: (letters, state bits), letter j on bits[j]."""
+    terms: tuple[tuple[tuple[int, complex], ...] | None, ...]
+    """Per measurement: its sentence as (index into ``words``, coefficient) pairs, or
+    None for a measurement that is not the expectation value of a Pauli sentence."""
+
+
+_PAULI_PLAN = ("measure", "pauli")
+"""The key of a ``PauliPlan`` in ``program.Compilation.memo``."""
+
+
+def pauli_plan(register: Register, measurements, memo: dict | None = None) -> PauliPlan:
+    """The ``PauliPlan`` of ``measurements``; from ``memo`` (a compilation's, see
+    ``program.Compilation.memo``) where the structure planned it before."""
+    plan = memo.get(_PAULI_PLAN) if memo is not None else None
+    if plan is not None:
+        return plan
+    columns: dict = {}
+    terms = []
+    for mp in measurements:
+        if not isinstance(mp, ExpectationMP) or mp.obs is None or mp.obs.pauli_rep is None:
+            terms.append(None)
+            continue
+        terms.append(
+            tuple(
+                (columns.setdefault((letters, bits), len(columns)), coefficient)
+                for letters, bits, coefficient in _backend_words(mp.obs.pauli_rep, register)
+            )
+        )
+    plan = PauliPlan(tuple(columns), tuple(terms))
+    if memo is not None:
+        memo[_PAULI_PLAN] = plan
+    return plan
+
+
 def measure_all_analytic(
-    backend: Backend, state: StateBatch, register: Register, measurements
+    backend: Backend, state: StateBatch, register: Register, measurements, memo=None
 ) -> list:
     """The analytic results of ``measurements``, each with a leading batch axis; the
-    expectation values of Pauli observables all come from one backend call."""
-    sentences = [
-        mp.obs.pauli_rep if isinstance(mp, ExpectationMP) and mp.obs is not None else None
-        for mp in measurements
-    ]
-    return _paulis_in_one_call(
-        backend,
-        state,
-        register,
-        sentences,
-        lambda i: measure_analytic(backend, state, register, measurements[i]),
-    )
+    expectation values of Pauli observables all come from one backend call
+    (``pauli_plan``; ``memo``: the compilation's, see ``program.Compilation.memo``)."""
+    plan = pauli_plan(register, measurements, memo)
+    values = backend.expval_pauli_words(state, list(plan.words)) if plan.words else None
+    results = []
+    for mp, terms in zip(measurements, plan.terms, strict=True):
+        if terms is None:
+            results.append(measure_analytic(backend, state, register, mp))
+            continue
+        total = np.zeros(register.batch_size if values is None else values.shape[0])
+        for column, coefficient in terms:
+            total = total + np.real(coefficient) * values[:, column]
+        results.append(total)
+    return results
 
 
 def _moment_of_eigenvalues(backend, state, register: Register, mp) -> np.ndarray:

@@ -117,11 +117,14 @@ class Compilation:
     """The wires and the batch of state vectors."""
     steps: tuple[Step, ...]
     """The operations after the initial state preparation, in circuit order."""
-    fusion_units: dict | None = dataclasses.field(default=None, repr=False)
-    """The fusion planner's units by (width, traits), shared by the compilations of one
-    structure (``structures.Structure``: they differ only in their instructions' data,
-    and the plan depends only on the bits each step touches), so that each is planned
-    once; None: planned for this compilation alone."""
+    memo: dict | None = dataclasses.field(default=None, repr=False)
+    """What the algorithms derive from the compilation's structure alone, shared by the
+    compilations of one ``structures.Structure`` (they differ only in their
+    instructions' data), so that each is derived once per structure; each key starts
+    with the name of the module that owns it: ``("fusion", width, traits)`` the fusion
+    planner's units, ``("measure", "pauli")`` the Pauli words measured,
+    ``("gradients", "layout")`` the columns of the trainable gates. None: derived for
+    this compilation alone."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import types
 from collections.abc import Mapping
 
@@ -93,10 +94,25 @@ def resolve(defaults: DifferentiationOptions, given: Mapping | None = None):
     """The options in force: ``given`` (an execution config's device_options) over the
     context's overrides over the device's ``defaults``."""
     if given and OPTION_NAMES <= given.keys():  # the usual case: set up for this execution
-        return DifferentiationOptions(**validate(**{k: given[k] for k in OPTION_NAMES}))
+        pair = (given["grad_accumulation"], given["fusion_qubits"])
+        try:
+            return _validated(*pair)
+        except TypeError:  # unhashable: validate says what is wrong with it
+            return DifferentiationOptions(**validate(**dict(zip(_PAIR, pair, strict=True))))
     values = {**defaults.as_device_options(), **current_overrides()}
     if given:
         values.update(validate(**{k: v for k, v in given.items() if k in values}))
+    return DifferentiationOptions(**values)
+
+
+_PAIR = ("grad_accumulation", "fusion_qubits")
+
+
+@functools.lru_cache(maxsize=64, typed=True)  # typed: True is not a valid fusion_qubits=1
+def _validated(grad_accumulation, fusion_qubits) -> DifferentiationOptions:
+    """The options of a config's device_options, validated once per distinct pair (every
+    execution and every derivative resolves them)."""
+    values = validate(grad_accumulation=grad_accumulation, fusion_qubits=fusion_qubits)
     return DifferentiationOptions(**values)
 
 

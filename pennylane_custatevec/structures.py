@@ -82,7 +82,8 @@ class Structure:
     """What the tapes of one ``StructureKey`` share, built once from the first of them
     (the template): its compilation with a rule per step for the step's data, so that
     ``compile`` makes a tape's compilation from its parameter values alone; and the
-    fusion planner's units, planned once (``program.Compilation.fusion_units``).
+    fusion planner's units, the Pauli words measured and the columns of the trainable gates,
+    derived once (``program.Compilation.memo``).
 
     A step's data follow from the parameters by one of two rules, chosen when the
     structure is built and checked there on the template's own values: a rotation reads
@@ -104,8 +105,8 @@ class Structure:
         self.n_parameters = starts[-1]
         self._starts = tuple(starts)
         compiled = compile_steps(template, device_wires)
-        self._fusion_units: dict = {}
-        self.compilation = Compilation(compiled.register, compiled.steps, self._fusion_units)
+        self._memo: dict = {}
+        self.compilation = Compilation(compiled.register, compiled.steps, self._memo)
         program = flatten(compiled)
         self.has_mid_measurements = program.has_mid_measurements
         self.batch_key = (program.kernel_key, measurements_key(template.measurements))
@@ -191,7 +192,7 @@ class Structure:
                 register, initial_state=initial_state_of(preparation, register.wires)
             )
         if not self._rebuilt:
-            return Compilation(register, tuple(steps), self._fusion_units)
+            return Compilation(register, tuple(steps), self._memo)
         with without_queuing():
             for operation, indices in self._rebuilt:
                 fresh = operation_steps(
@@ -212,7 +213,7 @@ class Structure:
                         for mine, theirs in zip(old.instructions, new.instructions, strict=True)
                     )
                     steps[index] = Step(old.operation, instructions, old.origin)
-        return Compilation(register, tuple(steps), self._fusion_units)
+        return Compilation(register, tuple(steps), self._memo)
 
     def _operation(self, operation: int, parameters: Sequence, tape: QuantumScript | None):
         """Operation ``operation`` with ``parameters``: ``tape``'s, else the template's

@@ -376,6 +376,64 @@ def observable_values(
 # The circuit and the sweep
 
 
+_LAYOUT = ("gradients", "layout")
+"""The start of the key of a ``_ColumnLayout`` in ``program.Compilation.memo`` (then the
+tape's trainable parameters)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _ColumnLayout:
+    """Where each trainable parameter's scalars go (``DifferentiatedTape``'s columns): a
+    function of the tape's structure alone (its trainable parameters' shapes, which
+    operation each belongs to, its steps' origins, its observables)."""
+
+    n_params: int
+    shapes: list
+    n_columns: int
+    starts: list
+    observable_columns: tuple
+    columns: dict
+
+    @classmethod
+    def of(cls, tape: QuantumScript, steps: Sequence) -> _ColumnLayout:
+        # all of them, then the trainable: with trainable_only, PennyLane rebuilds an
+        # observable's data for each of its entries (K**2 for a sum of K terms)
+        every = tape.get_parameters(trainable_only=False)
+        parameters = [every[index] for index in tape.trainable_params]
+        shapes = [getattr(value, "shape", ()) for value in parameters]
+        starts = [0]
+        for shape in shapes:
+            starts.append(starts[-1] + math.prod(shape))
+        n_ops = len(tape.operations)
+        trainable = {}
+        observed = []
+        for p, index in enumerate(tape.trainable_params):
+            info = tape.par_info[index]
+            if info["op_idx"] < n_ops:
+                trainable[info["op_idx"], info["p_idx"]] = p
+            else:
+                observed.append((p, info["op_idx"] - n_ops, info["p_idx"]))
+        observable_columns: tuple[ObservableColumns, ...] = ()
+        if observed:
+            derivatives = observable_data_derivatives(tape, tape.trainable_params)
+            observable_columns = tuple(
+                ObservableColumns(
+                    measurement=m,
+                    start=starts[p],
+                    stop=starts[p + 1],
+                    derivative=derivatives[m][entry],
+                    complex_gradient=bool(np.iscomplexobj(parameters[p])),
+                )
+                for p, m, entry in observed
+            )
+        columns = {
+            index: starts[trainable[origin.operation, origin.parameter]] + origin.element
+            for index, origin in enumerate(step.origin for step in steps)
+            if (origin.operation, origin.parameter) in trainable
+        }
+        return cls(len(parameters), shapes, starts[-1], starts, observable_columns, columns)
+
+
 class DifferentiatedTape:
     """A tape as the adjoint method sees it: its compilation (register and steps), the
     columns of its trainable gates and the data of its observables. Named for what it is:
@@ -402,44 +460,20 @@ class DifferentiatedTape:
         self.compilation = compilation or compile_steps(tape, device_wires)
         self.register = self.compilation.register
         self.steps = self.compilation.steps
-        # all of them, then the trainable: with trainable_only, PennyLane rebuilds an
-        # observable's data for each of its entries (K**2 for a sum of K terms)
-        every = tape.get_parameters(trainable_only=False)
-        parameters = [every[index] for index in tape.trainable_params]
-        self.n_params = len(parameters)
-        self.shapes = [getattr(value, "shape", ()) for value in parameters]
-        starts = [0]
-        for shape in self.shapes:
-            starts.append(starts[-1] + math.prod(shape))
-        self.n_columns = starts[-1]
-        self._starts = starts
-        n_ops = len(tape.operations)
-        trainable = {}
-        observed = []
-        for p, index in enumerate(tape.trainable_params):
-            info = tape.par_info[index]
-            if info["op_idx"] < n_ops:
-                trainable[info["op_idx"], info["p_idx"]] = p
-            else:
-                observed.append((p, info["op_idx"] - n_ops, info["p_idx"]))
-        self.observable_columns: tuple[ObservableColumns, ...] = ()
-        if observed:
-            derivatives = observable_data_derivatives(tape, tape.trainable_params)
-            self.observable_columns = tuple(
-                ObservableColumns(
-                    measurement=m,
-                    start=starts[p],
-                    stop=starts[p + 1],
-                    derivative=derivatives[m][entry],
-                    complex_gradient=bool(np.iscomplexobj(parameters[p])),
-                )
-                for p, m, entry in observed
-            )
-        self.columns = {
-            index: starts[trainable[origin.operation, origin.parameter]] + origin.element
-            for index, origin in enumerate(step.origin for step in self.steps)
-            if (origin.operation, origin.parameter) in trainable
-        }
+        # a structure's memo: the layout is its structure's for these trainable parameters
+        # (a caller may differentiate fewer of them than the structure's tapes, as the JVP)
+        memo, key = self.compilation.memo, (*_LAYOUT, tuple(tape.trainable_params))
+        layout = memo.get(key) if memo is not None else None
+        if layout is None:
+            layout = _ColumnLayout.of(tape, self.steps)
+            if memo is not None:
+                memo[key] = layout
+        self.n_params = layout.n_params
+        self.shapes = layout.shapes
+        self.n_columns = layout.n_columns
+        self._starts = layout.starts
+        self.observable_columns = layout.observable_columns
+        self.columns = layout.columns
 
     def fold(self, values: Sequence) -> list:
         """Per trainable parameter, from one value per column: a scalar parameter's value,
@@ -675,9 +709,26 @@ def add_cotangent_terms(
     register: Register,
     measurements: Sequence[MeasurementProcess],
     rows: Sequence[tuple],
+    memo: dict | None = None,
 ) -> None:
     """bras[r] += the sum over measurements of each cotangent's term of row r (module
-    docstring), for the final state ``psi`` (one vector, unchanged)."""
+    docstring), for the final state ``psi`` (one vector, unchanged). ``memo``: the
+    compilation's (``program.Compilation.memo``), which holds its Pauli plan."""
+    plan = measure.pauli_plan(register, measurements, memo)
+    if None not in plan.terms:  # Pauli expectation values only: one call per bra
+        for r, row in enumerate(rows):
+            coefficients = np.zeros(len(plan.words), dtype=np.complex128)
+            for dy, terms in zip(row, plan.terms, strict=True):
+                if not is_zero(dy):
+                    for column, coefficient in terms:
+                        coefficients[column] += 2.0 * float(dy) * coefficient
+            live = np.flatnonzero(coefficients)
+            if live.size:
+                words = [plan.words[k] for k in live]
+                backend.add_pauli_sum(
+                    backend.vectors(bras, r, r + 1), psi, words, coefficients[live]
+                )
+        return
     for r, row in enumerate(rows):
         bra = backend.vectors(bras, r, r + 1)
         # the Pauli observables' terms as one sum: one backend call however many there are

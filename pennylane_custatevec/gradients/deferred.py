@@ -512,6 +512,7 @@ def _sweep_chunk(backend: Backend, tasks: list[_Task], fusion_qubits: int) -> np
                 register,
                 task.circuit.tape.measurements,
                 vector_rows,
+                task.circuit.compilation.memo,
             )
             vector += 1
     circuit = tasks[0].circuit
@@ -632,12 +633,15 @@ def sweep(
     )
     fusion_qubits = fusion.block_width(register, fusion_qubits, backend.fusion_traits)
     units = fusion.fused_plan(compilation, fusion_qubits, backend.fusion_traits, plan).units
-    trainable = [p for p, fused in enumerate(units) if context.trainable(fused.unit)]
-    if not trainable:
+    trainable = [context.trainable(fused.unit) for fused in units]
+    if not any(trainable):
         return context.gradients
+    first = trainable.index(True)
     pending = []
-    for fused in reversed(units[trainable[0] :]):
-        if not context.trainable(fused.unit):
+    for fused, has_trainable in zip(
+        reversed(units[first:]), reversed(trainable[first:]), strict=True
+    ):
+        if not has_trainable:
             _undo(context, fused)
         elif (reduction := step_of(fused.unit)(context, fused)) is not None:
             pending.append(reduction)

@@ -212,5 +212,13 @@ def _bras(backend: Backend, circuit: DifferentiatedTape, psi: StateBatch, rows: 
     """One bra per row (module docstring), in a new batch."""
     bras = backend.zero_state(circuit.register.num_qubits, len(rows))
     backend.scale(bras, np.zeros(1))
-    add_cotangent_terms(backend, bras, psi, circuit.register, circuit.tape.measurements, rows)
+    add_cotangent_terms(
+        backend,
+        bras,
+        psi,
+        circuit.register,
+        circuit.tape.measurements,
+        rows,
+        circuit.compilation.memo,
+    )
     return bras
