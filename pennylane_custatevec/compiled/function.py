@@ -1,6 +1,6 @@
 """The torch.autograd.Function that runs a compiled call's circuits on the device.
 
-``Circuits.apply(call, results_layout, *trainable)`` runs ``call.structures`` on
+``Circuits.apply(call, layout, *trainable)`` runs ``call.structures`` on
 ``call.device`` (``execute_structures``) with the gate parameters of ``call`` and the
 trainable ones given as tensors, and returns the results as flat torch tensors on the
 inputs' torch device; its backward is the device's adjoint VJP (``vjp_structures``, with
@@ -45,10 +45,12 @@ class CircuitCall:
 
 @dataclasses.dataclass
 class ResultsLayout:
-    """Filled by the forward pass: how the flat outputs nest into each structure's results
-    (``nesting``, a ``Nesting`` per structure) and how many outputs each has."""
+    """Filled by the forward pass of one call: how its flat outputs nest into each
+    structure's results (``nesting``: per structure, its number of outputs and their
+    nesting, see ``flatten``) and the device's run, for the backward pass."""
 
     nesting: tuple = ()
+    run: StructureRun | None = None
 
 
 def as_numpy(value):
@@ -101,10 +103,12 @@ def _to_torch(value, device) -> torch.Tensor:
 
 
 class Circuits(torch.autograd.Function):
-    """The circuits of one call (module docstring)."""
+    """The circuits of one call (module docstring). Written in torch's ``setup_context``
+    form so that torch.func transforms (``torch.func.vjp``) can run it; its backward is
+    ``CircuitsVJP``, whose vmap rule takes a batch of cotangents in one sweep."""
 
     @staticmethod
-    def forward(ctx, call: CircuitCall, layout: ResultsLayout, *trainable: torch.Tensor):
+    def forward(call: CircuitCall, layout: ResultsLayout, *trainable: torch.Tensor):
         with without_queuing():  # the device may build operators: never into a recording
             run = call.device.execute_structures(
                 call.structures, _bound_parameters(call, trainable), call.config
@@ -114,14 +118,51 @@ class Circuits(torch.autograd.Function):
             result_leaves, nesting = flatten(result)
             leaves.extend(result_leaves)
             nestings.append((len(result_leaves), nesting))
-        layout.nesting = tuple(nestings)
-        ctx.call, ctx.run, ctx.layout = call, run, layout
+        layout.nesting, layout.run = tuple(nestings), run
         return tuple(_to_torch(leaf, call.torch_device) for leaf in leaves)
 
     @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.call, ctx.layout = inputs[0], inputs[1]
+
+    @staticmethod
     def backward(ctx, *cotangents: torch.Tensor):
-        gradients = vjp(ctx.call, ctx.run, ctx.layout, cotangents)
-        return (None, None, *gradients)
+        return (None, None, *CircuitsVJP.apply(ctx.call, ctx.layout, *cotangents))
+
+
+class CircuitsVJP(torch.autograd.Function):
+    """The gradients of a ``Circuits`` call's trainable tensors for its outputs'
+    cotangents (``vjp``). Under ``vmap`` (``is_grads_batched=True``,
+    ``jacobian(..., vectorize=True)``, ``torch.func.vmap`` over a ``torch.func.vjp``
+    function) the batch of R cotangents reaches the device as one batch: one sweep."""
+
+    @staticmethod
+    def forward(call: CircuitCall, layout: ResultsLayout, *cotangents: torch.Tensor):
+        return tuple(vjp(call, layout.run, layout, cotangents))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        pass
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise RuntimeError(
+            "pennylane_custatevec.compile: the adjoint method gives first derivatives only; "
+            "a derivative of a gradient needs the QNode with diff_method='parameter-shift'."
+        )
+
+    @staticmethod
+    def vmap(info, in_dims, call: CircuitCall, layout: ResultsLayout, *cotangents):
+        """One sweep for the batch: each cotangent with its batch axis first (a cotangent
+        without one repeated), the gradients with the batch axis first."""
+        rows = []
+        for dy, axis in zip(cotangents, in_dims[2:], strict=True):
+            if axis is None:
+                rows.append(dy.unsqueeze(0).expand(info.batch_size, *dy.shape))
+            else:
+                rows.append(dy.movedim(axis, 0))
+        gradients = tuple(vjp(call, layout.run, layout, rows))
+        return gradients, (0,) * len(gradients)
 
 
 def vjp(
@@ -130,6 +171,13 @@ def vjp(
     """The gradients of the trainable tensors of ``call`` for the flat ``cotangents`` of
     its outputs (torch's convention), by one ``vjp_structures`` of ``run``; a leading
     axis of ``batch`` rows on every cotangent gives gradients with that leading axis."""
+    if any(torch._C._functorch.is_legacy_batchedtensor(dy) for dy in cotangents):
+        raise RuntimeError(
+            "pennylane_custatevec.compile: torch's legacy vmap (autograd.grad with "
+            "is_grads_batched=True, autograd.functional.jacobian with vectorize=True) cannot "
+            "reach the device; use torch.func.vmap over torch.func.vjp, or torch.func.jacrev, "
+            "which give the batch of cotangents to the device in one sweep."
+        )
     host = [np.asarray(torch.conj(dy).detach().cpu().resolve_conj().numpy()) for dy in cotangents]
     per_structure, start = [], 0
     for count, nesting in layout.nesting:

@@ -386,10 +386,14 @@ class CompiledQNode:
         parameters, bound_values = [], []
         for structure, row in zip(replay.batch.structures, replay.sources, strict=True):
             bound = [values[s.index] if isinstance(s, Slot) else s for s in row]
-            for i in structure.template.trainable_params:
+            trainable = structure.template.trainable_params
+            for i in trainable:
                 if not (isinstance(bound[i], torch.Tensor) and bound[i].requires_grad):
                     raise TraceRefused("the trainable parameters differ from the trace's")
-            parameters.append([as_numpy(value) for value in bound])
+            # the trainable ones reach the device inside the Function (torch.func wraps them)
+            parameters.append(
+                [None if i in trainable else as_numpy(value) for i, value in enumerate(bound)]
+            )
             bound_values.append(bound)
         return self._run(replay.batch, config, parameters, bound_values)
 
