@@ -1,0 +1,514 @@
+"""``compile(qnode)``: a QNode on ``custatevec.qubit`` as one torch.autograd.Function per call,
+without PennyLane's per-call workflow.
+
+A call's **signature key** is: per argument (positional, then keyword by name), a torch
+tensor by its shape, dtype, device and ``requires_grad``, a numpy array or Python value by
+its exact value (``exact.value_key``), anything else by identity, nested in lists, tuples
+and dicts; the differentiation options in force (``pennylane_custatevec.options``) and
+whether torch's grad mode is on. Per key (at most ``MAX_KEYS``, least recently used
+dropped):
+
+1. the first call records the quantum function with the real arguments, preprocesses it
+   and runs it (``_recorded``): a circuit seen once costs what the QNode path costs;
+2. the second call traces it (``trace.Trace``: every gate parameter becomes a torch
+   expression of the arguments) and checks that the trace gives the circuit the first
+   call gave (same ``StructureKey``s, same constant parameters): a quantum function that
+   draws random numbers or reads state outside its arguments is not replayed;
+3. later calls replay the trace on the arguments (plain torch operations, so autograd
+   differentiates the path from the arguments to the gate parameters) and run the
+   structures of the trace.
+
+A key whose trace is refused (Python control flow on a tensor's value, numpy on a tensor,
+a torch tensor not derived from the arguments, see ``trace``) runs in **re-record** mode:
+each call records the quantum function again and finds its structure by its exact
+``StructureKey`` (at most ``MAX_STRUCTURES`` kept). A structure is never reused for a
+circuit it does not stand for.
+
+What the path cannot serve runs the QNode itself (``qnode(*args, **kwargs)``), with one
+UserWarning per reason and compiled QNode: shots, mid-circuit measurements, transforms on
+the QNode, a gradient method other than adjoint, ``max_diff > 1``, an interface other than
+torch, trainable observable data, another device.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import functools
+import threading
+import warnings
+from collections.abc import Callable
+
+import pennylane as qml
+import torch
+from pennylane.measurements import MidMeasureMP
+from pennylane.operation import Operator
+from pennylane.queuing import AnnotatedQueue
+from pennylane.tape import QuantumScript
+from pennylane.workflow.qnode import _to_qfunc_output_type
+from pennylane.workflow.resolution import _resolve_execution_config
+
+from ..device import CuStateVecDevice
+from ..exact import value_key
+from ..structures import Structure, StructureKey
+from .function import CircuitCall, Circuits, ResultsLayout, as_numpy
+from .trace import Slot, Trace, Tracer, TraceRefused
+
+MAX_KEYS = 64
+"""Signature keys kept per compiled QNode (least recently used dropped)."""
+MAX_STRUCTURES = 256
+"""Structures kept per compiled QNode for re-recorded calls (least recently used dropped)."""
+
+_ADJOINT_METHODS = ("adjoint", "best", "device")
+_TORCH_INTERFACES = ("torch", "pytorch")
+
+
+class _Mode(enum.Enum):
+    SEEN_ONCE = "recorded once; traced at the next call"
+    REPLAY = "replays its trace"
+    RERECORD = "records the quantum function on each call"
+    FALLBACK = "runs the QNode"
+
+
+class _Fallback(Exception):
+    """The compiled path cannot serve this call; the message is the reason."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _TensorSpec:
+    """A torch argument's part of a signature key."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+
+
+def _argument_key(value):
+    """An argument's part of the signature key (module docstring)."""
+    if isinstance(value, torch.Tensor):
+        return _TensorSpec(tuple(value.shape), value.dtype, value.device, value.requires_grad)
+    if type(value) in (tuple, list):
+        return (type(value), tuple(_argument_key(item) for item in value))
+    if type(value) is dict:
+        return (dict, tuple((name, _argument_key(item)) for name, item in value.items()))
+    return value_key(value)  # exact values; an object of another kind by identity
+
+
+def _torch_leaves(value, leaves: list) -> None:
+    """The torch tensors of an argument, in the order ``_with_tracers`` visits them."""
+    if isinstance(value, torch.Tensor):
+        leaves.append(value)
+    elif type(value) in (tuple, list):
+        for item in value:
+            _torch_leaves(item, leaves)
+    elif type(value) is dict:
+        for item in value.values():
+            _torch_leaves(item, leaves)
+
+
+def _with_tracers(value, trace: Trace):
+    """An argument with its torch tensors replaced by tracers of ``trace``."""
+    if isinstance(value, torch.Tensor):
+        return trace.tracer_of(value)
+    if type(value) in (tuple, list):
+        return type(value)(_with_tracers(item, trace) for item in value)
+    if type(value) is dict:
+        return {name: _with_tracers(item, trace) for name, item in value.items()}
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class _Batch:
+    """A call's device tapes as the compiled path runs them."""
+
+    structures: tuple[Structure, ...]
+    keys: tuple[StructureKey, ...]
+    post_processing: Callable
+    qfunc_output: object
+    """What the quantum function returned (its measurements' nesting)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Replay:
+    """A key's trace: where each gate parameter of each structure comes from."""
+
+    trace: Trace
+    sources: tuple[tuple, ...]
+    """Per structure, per operation parameter: a ``Slot`` of the trace or a constant."""
+    batch: _Batch
+
+
+@dataclasses.dataclass
+class _Entry:
+    """What a compiled QNode knows of one signature key."""
+
+    mode: _Mode
+    config: object = None
+    """The resolved ExecutionConfig of the key's calls."""
+    first: _Batch | None = None
+    """The first call's batch (compared with the trace)."""
+    first_parameters: tuple = ()
+    """The first call's parameters per structure, as the device took them."""
+    replay: _Replay | None = None
+    reason: str = ""
+
+
+class CompiledQNode:
+    """A QNode compiled for torch (module docstring); call it as the QNode."""
+
+    def __init__(self, qnode: qml.QNode):
+        if not isinstance(qnode, qml.QNode):
+            raise TypeError(
+                f"pennylane_custatevec.compile takes a QNode (qml.qnode(...)), got "
+                f"{type(qnode).__name__}."
+            )
+        self.qnode = qnode
+        self._entries: collections.OrderedDict = collections.OrderedDict()
+        self._structures: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.RLock()
+        self._warned: set[str] = set()
+        functools.update_wrapper(self, qnode, updated=())
+
+    def __repr__(self) -> str:
+        return f"<CompiledQNode of {self.qnode!r}>"
+
+    def modes(self) -> dict:
+        """How each signature key is served now (a ``_Mode``'s name per key), for tests and
+        inspection."""
+        with self._lock:
+            return {key: entry.mode.name for key, entry in self._entries.items()}
+
+    # --- dispatch ------------------------------------------------------------------
+
+    def __call__(self, *args, **kwargs):
+        reason = self._qnode_fallback_reason(args, kwargs)
+        if reason is not None:
+            return self._fallback(reason, args, kwargs)
+        device: CuStateVecDevice = self.qnode.device
+        key = (
+            _argument_key(args),
+            tuple(sorted((name, _argument_key(value)) for name, value in kwargs.items())),
+            device.options_in_force(),
+            torch.is_grad_enabled(),
+        )
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+        if entry is None:
+            return self._first_call(key, args, kwargs)
+        if entry.mode is _Mode.FALLBACK:
+            return self._fallback(entry.reason, args, kwargs)
+        if entry.mode is _Mode.SEEN_ONCE:
+            with self._lock:  # one thread traces a key; the others wait for its outcome
+                if entry.mode is _Mode.SEEN_ONCE:
+                    this_call_only = self._trace(entry, args, kwargs)
+                    if this_call_only is not None:
+                        try:  # the quantum function ran once for this call: not again
+                            return self._replayed(this_call_only, entry.config, args, kwargs)
+                        except TraceRefused:
+                            pass
+        if entry.mode is _Mode.REPLAY:
+            try:
+                return self._replayed(entry.replay, entry.config, args, kwargs)
+            except TraceRefused:
+                entry.mode, entry.replay = _Mode.RERECORD, None
+        try:
+            return self._recorded(args, kwargs, entry.config)[0]
+        except _Fallback as refusal:
+            return self._fallback(str(refusal), args, kwargs)
+
+    def _first_call(self, key, args, kwargs):
+        try:
+            result, batch, config, parameters = self._recorded(args, kwargs, None)
+        except _Fallback as refusal:
+            self._remember(key, _Entry(_Mode.FALLBACK, reason=str(refusal)))
+            return self._fallback(str(refusal), args, kwargs)
+        self._remember(key, _Entry(_Mode.SEEN_ONCE, config, batch, tuple(parameters)))
+        return result
+
+    def _remember(self, key, entry: _Entry) -> None:
+        with self._lock:
+            self._entries[key] = entry
+            while len(self._entries) > MAX_KEYS:
+                self._entries.popitem(last=False)
+
+    def _qnode_fallback_reason(self, args, kwargs) -> str | None:
+        """Why the QNode itself (not one of its circuits) is not for the compiled path."""
+        qnode = self.qnode
+        if not isinstance(qnode.device, CuStateVecDevice):
+            return f"the QNode's device is {qnode.device!r}, not custatevec.qubit"
+        if qml.capture.enabled():
+            return "program capture is enabled"
+        if "shots" in kwargs or qnode.shots:
+            return "the QNode has shots (the compiled path is analytic)"
+        if len(qnode.compile_pipeline):
+            return "the QNode has transforms of its own"
+        if not (isinstance(qnode.diff_method, str) and qnode.diff_method in _ADJOINT_METHODS):
+            return (
+                f"diff_method={qnode.diff_method!r} (the compiled path differentiates with "
+                f"the device's adjoint method: diff_method in {_ADJOINT_METHODS})"
+            )
+        if qnode.execute_kwargs.get("max_diff", 1) > 1:
+            return "max_diff > 1 (the adjoint method gives first derivatives only)"
+        interface = qnode.interface
+        if interface not in _TORCH_INTERFACES:
+            leaves: list = []
+            _torch_leaves((args, kwargs), leaves)
+            if interface != "auto" or not leaves:
+                return f"interface {interface!r} without torch arguments (torch only)"
+        return None
+
+    def _fallback(self, reason: str, args, kwargs):
+        with self._lock:
+            fresh = reason not in self._warned
+            self._warned.add(reason)
+        if fresh:
+            warnings.warn(
+                f"pennylane_custatevec.compile: {reason.rstrip('.')}; the call runs the QNode.",
+                UserWarning,
+                stacklevel=3,
+            )
+        return self.qnode(*args, **kwargs)
+
+    # --- recorded calls ------------------------------------------------------------
+
+    def _recorded(self, args, kwargs, config):
+        """Record, preprocess and run one call: (result, batch, config, the parameters
+        per structure as the device took them)."""
+        tape, output = _record(self.qnode, args, kwargs)
+        if config is None:
+            config = self._config_of(tape, args, kwargs)
+        batch, parameters, originals = self._batch_of(tape, output, config)
+        return self._run(batch, config, parameters, originals), batch, config, parameters
+
+    def _config_of(self, tape: QuantumScript, args, kwargs):
+        config = qml.workflow.construct_execution_config(self.qnode, resolve=False)(*args, **kwargs)
+        config = _resolve_execution_config(config, self.qnode.device, (tape,))
+        if config.gradient_method != "adjoint":
+            raise _Fallback(f"the gradient method resolved to {config.gradient_method!r}")
+        return config
+
+    def _batch_of(self, tape: QuantumScript, output, config) -> tuple[_Batch, list, list]:
+        """The preprocessed tapes of ``tape`` as structures (cached by their exact key),
+        and per device tape its operation parameters: as the device takes them (numpy)
+        and as recorded (the trainable ones torch tensors)."""
+        device = self.qnode.device
+        tapes, post_processing = device.preprocess_transforms(config)((tape,))
+        structures, keys, parameters, originals = [], [], [], []
+        for device_tape in tapes:
+            everything = device_tape.get_parameters(trainable_only=False)
+            (numeric,), _ = qml.transforms.convert_to_numpy_parameters(device_tape)
+            numeric.trainable_params = qml.math.get_trainable_indices(everything)
+            structure_key = StructureKey.of(numeric)
+            structures.append(self._structure(structure_key, numeric))
+            keys.append(structure_key)
+            # this call's values: a cached structure's template holds another call's
+            parameters.append(numeric.get_parameters(trainable_only=False, operations_only=True))
+            originals.append(device_tape.get_parameters(trainable_only=False, operations_only=True))
+        batch = _Batch(tuple(structures), tuple(keys), post_processing, output)
+        return batch, parameters, originals
+
+    def _structure(self, key: StructureKey, tape: QuantumScript) -> Structure:
+        with self._lock:
+            structure = self._structures.get(key)
+            if structure is not None:
+                self._structures.move_to_end(key)
+                return structure
+        try:
+            structure = self.qnode.device.structure_of(tape)
+        except ValueError as refusal:
+            raise _Fallback(str(refusal)) from None
+        with self._lock:
+            self._structures[key] = structure
+            while len(self._structures) > MAX_STRUCTURES:
+                self._structures.popitem(last=False)
+        return structure
+
+    # --- traced calls --------------------------------------------------------------
+
+    def _trace(self, entry: _Entry, args, kwargs) -> _Replay | None:
+        """Trace the key's second call: REPLAY if the trace is sound, else RERECORD. A
+        trace that recorded the whole call but cannot stand for later ones (other circuits
+        than the first call's, a torch tensor not computed from the arguments) is returned
+        to run this call; else None."""
+        trace = Trace()
+        traced_args = _with_tracers(args, trace)
+        traced_kwargs = _with_tracers(kwargs, trace)
+        try:
+            tape, output = _record(self.qnode, traced_args, traced_kwargs)
+            tapes, post_processing = self.qnode.device.preprocess_transforms(entry.config)((tape,))
+            rows = [_parameter_sources(device_tape, trace) for device_tape in tapes]
+            sources = tuple(row for row, _ in rows)
+            needed = [source.index for row in sources for source in row if isinstance(source, Slot)]
+            trace.prune(needed)
+            leaves: list = []
+            _torch_leaves((args, kwargs), leaves)
+            values = trace.replay(leaves)
+            structures, keys = [], []
+            for device_tape, row in zip(tapes, sources, strict=True):
+                bound = [values[s.index] if isinstance(s, Slot) else s for s in row]
+                numeric = device_tape.bind_new_parameters(
+                    [as_numpy(value) for value in bound], list(range(len(bound)))
+                )
+                numeric.trainable_params = [
+                    i
+                    for i, value in enumerate(bound)
+                    if isinstance(value, torch.Tensor) and value.requires_grad
+                ]
+                structure_key = StructureKey.of(numeric)
+                keys.append(structure_key)
+                structures.append(self._structure(structure_key, numeric))
+            trace.prune(needed)  # binding may have recorded calls the replay does not need
+            trace.close()
+        except (TraceRefused, _Fallback) as refusal:
+            entry.mode, entry.reason = _Mode.RERECORD, str(refusal)
+            return None
+        replay = _Replay(
+            trace, sources, _Batch(tuple(structures), tuple(keys), post_processing, output)
+        )
+        reasons = [reason for _, reason in rows if reason is not None]
+        if tuple(keys) != entry.first.keys or not _constants_agree(sources, entry.first_parameters):
+            reasons.append("the trace gave another circuit than the first call")
+        entry.first, entry.first_parameters = None, ()
+        if reasons:
+            entry.mode, entry.reason = _Mode.RERECORD, reasons[0]
+            return replay
+        entry.mode, entry.replay = _Mode.REPLAY, replay
+        return None
+
+    def _replayed(self, replay: _Replay, config, args, kwargs):
+        leaves: list = []
+        _torch_leaves((args, kwargs), leaves)
+        values = replay.trace.replay(leaves)
+        parameters, bound_values = [], []
+        for structure, row in zip(replay.batch.structures, replay.sources, strict=True):
+            bound = [values[s.index] if isinstance(s, Slot) else s for s in row]
+            trainable = structure.template.trainable_params
+            for i in trainable:
+                if not (isinstance(bound[i], torch.Tensor) and bound[i].requires_grad):
+                    raise TraceRefused("the trainable parameters differ from the trace's")
+            # the trainable ones reach the device inside the Function (torch.func wraps them)
+            parameters.append(
+                [None if i in trainable else as_numpy(value) for i, value in enumerate(bound)]
+            )
+            bound_values.append(bound)
+        return self._run(replay.batch, config, parameters, bound_values)
+
+    # --- running -------------------------------------------------------------------
+
+    def _run(self, batch: _Batch, config, parameters, values):
+        """Run the batch's structures as one ``Circuits`` Function and post-process:
+        ``parameters`` per structure as the device takes them, ``values`` as the call
+        computed them (the trainable ones torch tensors)."""
+        tensors = [
+            row[i]
+            for row, structure in zip(values, batch.structures, strict=True)
+            for i in structure.template.trainable_params
+        ]
+        call = CircuitCall(
+            device=self.qnode.device,
+            structures=batch.structures,
+            parameters=tuple(tuple(row) for row in parameters),
+            trainable=tuple(tuple(s.template.trainable_params) for s in batch.structures),
+            config=config,
+            torch_device=_torch_device(values),
+        )
+        layout = ResultsLayout()
+        flat = Circuits.apply(call, layout, *tensors)
+        results, start = [], 0
+        for count, nesting in layout.nesting:
+            results.append(_unflatten(flat[start : start + count], nesting))
+            start += count
+        result = batch.post_processing(tuple(results))[0]
+        return _to_qfunc_output_type(result, batch.qfunc_output, False)
+
+
+def compile(qnode: qml.QNode) -> CompiledQNode:  # noqa: A001 - the package's entry point
+    """``qnode`` compiled for torch: a callable with the QNode's signature, results and
+    gradients, that runs each call as one torch.autograd.Function (see ``doc/compiled.md``).
+    Usable as a decorator over a QNode."""
+    return CompiledQNode(qnode)
+
+
+def _unflatten(leaves, nesting):
+    from .function import unflatten
+
+    return unflatten(list(leaves), nesting)
+
+
+def _record(qnode: qml.QNode, args, kwargs) -> tuple[QuantumScript, object]:
+    """The QNode's tape for ``args``, ``kwargs`` and what its quantum function returned
+    (as ``QNode.construct``, without touching the QNode). PennyLane's recording holds its
+    queue's lock: two threads never record into one queue."""
+    with AnnotatedQueue() as queue:
+        output = qnode.func(*args, **kwargs)
+    tape = QuantumScript.from_queue(queue, qnode.shots)
+    if any(isinstance(op, MidMeasureMP) for op in tape.operations):
+        raise _Fallback("the circuit has mid-circuit measurements")
+    tape.trainable_params = qml.math.get_trainable_indices(
+        tape.get_parameters(trainable_only=False)
+    )
+    return tape, output
+
+
+def _parameter_sources(tape: QuantumScript, trace: Trace) -> tuple[tuple, str | None]:
+    """Per operation parameter of a traced device tape: its Slot, or the constant, and
+    why later calls cannot replay them (a torch tensor not computed from the arguments:
+    a global, or drawn by the quantum function), or None. Raises TraceRefused where a
+    traced value sits where a replay would not reach it: a nested operator's data (a
+    controlled gate's base) are reached only where they are among the outer operation's
+    data, as PennyLane keeps them."""
+    sources, reason = [], None
+    for op in tape.operations:
+        own = {id(value) for value in op.data if isinstance(value, Tracer)}
+        if _holds_tracer(op.hyperparameters, allowed=own):
+            raise TraceRefused(f"{op.name} holds a traced value among its hyperparameters")
+        for value in op.data:
+            slot = trace.slot_of(value)
+            if slot is not None:
+                sources.append(Slot(slot))
+                continue
+            if isinstance(value, torch.Tensor):
+                reason = f"{op.name} has a torch tensor not computed from the arguments"
+            sources.append(value)
+    for measurement in tape.measurements:
+        if _holds_tracer(measurement.obs) or _holds_tracer(measurement.mv):
+            raise TraceRefused("a measurement depends on an argument tensor")
+    return tuple(sources), reason
+
+
+def _holds_tracer(value, allowed: frozenset | set = frozenset()) -> bool:
+    """Whether ``value`` holds a tracer other than those in ``allowed`` (by id)."""
+    if isinstance(value, Tracer):
+        return id(value) not in allowed
+    if isinstance(value, Operator):
+        return _holds_tracer(value.data, allowed) or _holds_tracer(value.hyperparameters, allowed)
+    if isinstance(value, (tuple, list)):
+        return any(_holds_tracer(item, allowed) for item in value)
+    if isinstance(value, dict):
+        return any(_holds_tracer(item, allowed) for item in value.values())
+    return False
+
+
+def _constants_agree(sources: tuple, first_parameters: tuple) -> bool:
+    """Whether the constant parameters of a trace (``sources``: not computed from the
+    arguments) are exactly those of the first call."""
+    return all(
+        value_key(source) == value_key(first[i])
+        for row, first in zip(sources, first_parameters, strict=True)
+        for i, source in enumerate(row)
+        if not isinstance(source, Slot)
+    )
+
+
+def _torch_device(values) -> torch.device | None:
+    """The torch device of the first CUDA parameter (PennyLane's torch interface's
+    choice), else None (the CPU)."""
+    for row in values:
+        for value in row:
+            if isinstance(value, torch.Tensor) and value.is_cuda:
+                return value.device
+    return None

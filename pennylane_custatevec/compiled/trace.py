@@ -1,0 +1,290 @@
+"""The recorder of torch expressions: what a quantum function computes from its arguments.
+
+A trace runs the quantum function (and the device's preprocessing) once with each torch
+tensor argument replaced by a ``Tracer``: a ``torch.Tensor`` subclass holding the
+argument's own data whose ``__torch_function__`` runs every torch call on it as usual and
+records it (function, arguments, the shapes of its outputs) as a ``Node``; its outputs are
+tracers again. Every gate parameter of the traced tapes is then a recorded expression of
+the arguments (or a constant), and ``Trace.replay`` evaluates those expressions on new
+arguments with plain torch operations, so that torch's autograd differentiates the path
+from the arguments to the gate parameters.
+
+A trace records only what torch tells it. What it cannot replay, it refuses at once by
+raising ``TraceRefused`` (the caller then records the quantum function anew on each call):
+a tracer's value leaving torch (``bool``, ``int``, ``float``, ``.item()``, ``.tolist()``,
+``.numpy()``, ``__array__``: Python control flow or numpy on an argument's value),
+in-place operations, operations whose output shape depends on the data (and, at replay,
+any output whose shape differs from the traced one), and any use of a tracer after its
+trace has closed (a traced value kept by a post-processing function).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Sequence
+
+import torch
+
+
+class TraceRefused(Exception):
+    """The trace met something it cannot replay; the message names it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """A value of the trace: an argument or an output of a recorded call (its index in the
+    replay's list of values)."""
+
+    index: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """One recorded torch call: ``func(*args, **kwargs)`` with ``Slot``s for the traced
+    values among its arguments; ``outputs`` the slots its tensor outputs fill (``position``
+    None: the output itself, else its index in the output tuple), with the shapes they had
+    when traced."""
+
+    func: Callable
+    args: tuple
+    kwargs: dict
+    outputs: tuple[tuple[int | None, int, tuple[int, ...]], ...]
+    has_slots: bool
+    """Whether ``args``/``kwargs`` hold a Slot (else they are passed as they are)."""
+
+
+_METADATA = frozenset(
+    {
+        "shape", "dtype", "device", "requires_grad", "ndim", "is_cuda", "layout", "is_leaf",
+        "is_sparse", "is_quantized", "is_meta", "names", "grad_fn", "is_nested", "__len__",
+        "dim", "size", "numel", "element_size", "is_complex", "is_floating_point",
+        "is_conj", "is_neg", "get_device", "stride", "is_contiguous", "__hash__",
+        "storage_offset", "itemsize", "nbytes", "_version", "output_nr", "_base",
+        "is_inference", "is_signed",
+    }
+)  # fmt: skip
+"""Calls whose non-tensor result depends on a tensor's shape, dtype, device or identity
+only, never on its values (the shapes are part of the call's signature key, or checked at
+replay): returned as they are, unrecorded. Any other call with a non-tensor result reads
+values and is refused."""
+
+_DATA_DEPENDENT_SHAPES = frozenset(
+    {
+        "nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "bincount",
+        "repeat_interleave", "nonzero_static", "histc", "histogram",
+    }
+)  # fmt: skip
+"""Calls whose output shape depends on the input's values."""
+
+_IN_PLACE_DUNDERS = frozenset(
+    {
+        "__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__",
+        "__imod__", "__ipow__", "__imatmul__", "__iand__", "__ior__", "__ixor__",
+        "__ilshift__", "__irshift__", "__delitem__",
+    }
+)  # fmt: skip
+
+
+def _name_of(func) -> str:
+    """A torch call's name; a property's getter (``Tensor.shape``) by the property."""
+    name = getattr(func, "__name__", "")
+    if name == "__get__":
+        return getattr(getattr(func, "__self__", None), "__name__", name)
+    return name
+
+
+class Trace:
+    """The recorded calls of one tracing (module docstring)."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+        self.n_slots = 0
+        self.inputs: list[int] = []
+        """The slots of the traced arguments, in the order ``tracer_of`` made them."""
+        self.closed = False
+        self._owner = threading.get_ident()
+
+    def tracer_of(self, tensor: torch.Tensor) -> Tracer:
+        """A tracer standing for the argument ``tensor`` (its data, not a copy)."""
+        tracer = torch.Tensor._make_subclass(Tracer, tensor.detach(), tensor.requires_grad)
+        slot = self._new_slot(tracer)
+        self.inputs.append(slot)
+        return tracer
+
+    def slot_of(self, value) -> int | None:
+        """The slot of a tracer of this trace, else None."""
+        if isinstance(value, Tracer) and value._trace is self:
+            return value._slot
+        return None
+
+    def close(self) -> None:
+        """No more recording: a tracer used from now on raises TraceRefused."""
+        self.closed = True
+
+    def prune(self, needed: Sequence[int]) -> None:
+        """Keep only the calls that the slots ``needed`` depend on."""
+        live = set(needed)
+        kept = []
+        for node in reversed(self.nodes):
+            if any(slot in live for _, slot, _ in node.outputs):
+                kept.append(node)
+                live.update(_slots_in((node.args, node.kwargs)))
+        self.nodes = kept[::-1]
+
+    def replay(self, arguments: Sequence[torch.Tensor]) -> list:
+        """The values of all slots for new ``arguments`` (one per traced argument, in the
+        order of ``inputs``), computed with plain torch calls; raises TraceRefused where an
+        output's shape differs from the traced one (a shape that depends on values)."""
+        values: list = [None] * self.n_slots
+        for slot, argument in zip(self.inputs, arguments, strict=True):
+            values[slot] = argument
+        for node in self.nodes:
+            if node.has_slots:
+                args = _substitute(node.args, values)
+                kwargs = _substitute(node.kwargs, values)
+            else:
+                args, kwargs = node.args, node.kwargs
+            out = node.func(*args, **kwargs)
+            for position, slot, shape in node.outputs:
+                value = out if position is None else out[position]
+                if value.shape != shape:
+                    raise TraceRefused(
+                        f"{_name_of(node.func)} gave an output of shape {tuple(value.shape)} "
+                        f"where the trace had {shape}: a shape that depends on values"
+                    )
+                values[slot] = value
+        return values
+
+    # --- recording (Tracer.__torch_function__) ---------------------------------------
+
+    def _new_slot(self, tracer: Tracer) -> int:
+        slot = self.n_slots
+        self.n_slots += 1
+        tracer._trace = self
+        tracer._slot = slot
+        return slot
+
+    def record(self, func, args: tuple, kwargs: dict, out):
+        """Record ``func(*args, **kwargs) = out`` and return ``out`` with its tensors as
+        tracers; raise TraceRefused for what cannot be replayed (module docstring)."""
+        name = _name_of(func)
+        if self.closed:
+            raise TraceRefused(f"a traced value was used after its trace closed (in {name})")
+        if threading.get_ident() != self._owner:
+            raise TraceRefused(f"a traced value was used by another thread (in {name})")
+        if name in _IN_PLACE_DUNDERS or (
+            name.endswith("_") and not name.startswith("__") or "out" in kwargs
+        ):
+            raise TraceRefused(f"the in-place operation {name} on a traced value")
+        if name in _DATA_DEPENDENT_SHAPES or _has_boolean_index(name, args):
+            raise TraceRefused(f"{name} gives an output whose shape depends on values")
+        if isinstance(out, torch.Tensor):
+            tracer = out.as_subclass(Tracer)
+            outputs = ((None, self._new_slot(tracer), out.shape),)
+            result = tracer
+        elif (
+            isinstance(out, (tuple, list))
+            and out
+            and all(isinstance(item, torch.Tensor) for item in out)
+        ):
+            tracers = [item.as_subclass(Tracer) for item in out]
+            outputs = tuple(
+                (i, self._new_slot(tracer), item.shape)
+                for i, (tracer, item) in enumerate(zip(tracers, out, strict=True))
+            )
+            result = type(out)(tracers)
+        elif name in _METADATA:
+            return out
+        else:
+            raise TraceRefused(
+                f"{name} takes a traced value out of torch (Python control flow or numpy on "
+                "an argument's value)"
+            )
+        marked = (_mark(args, self), _mark(kwargs, self))
+        self.nodes.append(Node(func, marked[0], marked[1], outputs, bool(_slots_in(marked))))
+        return result
+
+
+class Tracer(torch.Tensor):
+    """A tensor whose torch calls its ``Trace`` records (module docstring)."""
+
+    _trace: Trace
+    _slot: int
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        trace = _trace_in((args, kwargs))
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+        if trace is None:  # a Tracer made by torch itself (e.g. a view), no trace of ours
+            return out
+        return trace.record(func, args, kwargs, out)
+
+
+# PennyLane and autoray name a tensor's framework by the module of its class: a tracer is a
+# torch tensor to them.
+Tracer.__module__ = "torch.pennylane_custatevec_tracer"
+
+
+def _trace_in(value) -> Trace | None:
+    if isinstance(value, Tracer):
+        return getattr(value, "_trace", None)
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            found = _trace_in(item)
+            if found is not None:
+                return found
+    elif isinstance(value, dict):
+        return _trace_in(tuple(value.values()))
+    return None
+
+
+def _has_boolean_index(name: str, args: tuple) -> bool:
+    if name not in ("__getitem__", "index_put", "index"):
+        return False
+    index = args[1] if len(args) > 1 else None
+    items = index if isinstance(index, (tuple, list)) else (index,)
+    return any(isinstance(item, torch.Tensor) and item.dtype == torch.bool for item in items)
+
+
+def _mark(value, trace: Trace):
+    """``value`` with the tracers of ``trace`` replaced by their Slots."""
+    slot = trace.slot_of(value)
+    if slot is not None:
+        return Slot(slot)
+    if isinstance(value, Tracer):
+        raise TraceRefused("a value of another trace met this one")
+    if type(value) in (tuple, list):
+        return type(value)(_mark(item, trace) for item in value)
+    if type(value) is dict:
+        return {key: _mark(item, trace) for key, item in value.items()}
+    return value
+
+
+def _slots_in(value) -> list[int]:
+    if isinstance(value, Slot):
+        return [value.index]
+    if type(value) in (tuple, list):
+        return [slot for item in value for slot in _slots_in(item)]
+    if type(value) is dict:
+        return [slot for item in value.values() for slot in _slots_in(item)]
+    return []
+
+
+def _substitute(value, values: list):
+    if isinstance(value, Slot):
+        return values[value.index]
+    if type(value) in (tuple, list):
+        return type(value)(_substitute(item, values) for item in value)
+    if type(value) is dict:
+        return {key: _substitute(item, values) for key, item in value.items()}
+    return value
+
+
+def plain(value):
+    """A tracer's data as a plain tensor (detached, shared): what the trace call itself
+    runs with."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return value.detach().as_subclass(torch.Tensor) if isinstance(value, Tracer) else value
