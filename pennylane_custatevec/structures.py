@@ -74,8 +74,17 @@ def _operation_key(op) -> tuple:
 
 
 def _value_shape(value) -> tuple:
+    """A parameter's dtype and shape (a Python float is a float64 scalar, as numpy sees it)."""
+    kind = type(value)
+    if kind is float:
+        return _FLOAT_SCALAR
+    if kind is np.ndarray or kind is np.float64:
+        return value.dtype.str, value.shape
     array = np.asarray(value)
     return array.dtype.str, array.shape
+
+
+_FLOAT_SCALAR = (np.dtype(np.float64).str, ())
 
 
 class Structure:
