@@ -4,6 +4,7 @@ seeded random circuits, two threads at once, and the cuStateVec backend on its d
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -278,3 +279,36 @@ def test_the_custatevec_backend_serves_the_compiled_path(gpu_double, accumulatio
             assert_same_call(compiled, circuit, x, w)
     assert list(compiled.modes().values()) == ["REPLAY"]
     assert gpu_double.custatevec.calls  # the circuits ran on the double
+
+
+def test_operators_built_by_another_thread_never_enter_a_compiled_recording():
+    """A thread that builds operators outside any recording of its own (as PennyLane's
+    workflow does when it converts a tape's parameters) while a compiled QNode records,
+    traces and replays in another: PennyLane's queue is process-global, and without the
+    compiled path's own recording those operators landed in its tape (a wrong circuit)."""
+    device = _device()
+    qnode = _plain(device, interface="torch")
+    rng = np.random.default_rng(31)
+    inputs = [_t(rng.uniform(-3, 3, 2)) for _ in range(40)]
+    expected = _expected(qnode, inputs)
+    compiled = pennylane_custatevec.compile(qnode)
+    done = threading.Event()
+
+    def build_operators():
+        while not done.is_set():
+            qml.RX(0.3, wires=0)
+            qml.CNOT(wires=[1, 0])
+
+    builder = threading.Thread(target=build_operators)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the threads take turns often: recordings overlap builds
+    builder.start()
+    try:
+        got = _threaded_calls([compiled], [inputs])[0]
+    finally:
+        done.set()
+        builder.join()
+        sys.setswitchinterval(interval)
+    for g, e in zip(got, expected, strict=True):
+        for a, b in zip(g, e, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=0)

@@ -51,6 +51,7 @@ from pennylane.workflow.resolution import _resolve_execution_config
 
 from ..device import CuStateVecDevice
 from ..exact import value_key
+from ..queuing import without_queuing
 from ..structures import Structure, StructureKey
 from .function import CircuitCall, Circuits, ResultsLayout, as_numpy
 from .trace import Slot, Trace, Tracer, TraceRefused
@@ -296,18 +297,25 @@ class CompiledQNode:
         and per device tape its operation parameters: as the device takes them (numpy)
         and as recorded (the trainable ones torch tensors)."""
         device = self.qnode.device
-        tapes, post_processing = device.preprocess_transforms(config)((tape,))
         structures, keys, parameters, originals = [], [], [], []
-        for device_tape in tapes:
-            everything = device_tape.get_parameters(trainable_only=False)
-            (numeric,), _ = qml.transforms.convert_to_numpy_parameters(device_tape)
-            numeric.trainable_params = qml.math.get_trainable_indices(everything)
-            structure_key = StructureKey.of(numeric)
-            structures.append(self._structure(structure_key, numeric))
-            keys.append(structure_key)
-            # this call's values: a cached structure's template holds another call's
-            parameters.append(numeric.get_parameters(trainable_only=False, operations_only=True))
-            originals.append(device_tape.get_parameters(trainable_only=False, operations_only=True))
+        # operators built here (the numpy tapes' operations) must never land in another
+        # thread's recording: PennyLane's queue is process-global
+        with without_queuing():
+            tapes, post_processing = device.preprocess_transforms(config)((tape,))
+            for device_tape in tapes:
+                everything = device_tape.get_parameters(trainable_only=False)
+                (numeric,), _ = qml.transforms.convert_to_numpy_parameters(device_tape)
+                numeric.trainable_params = qml.math.get_trainable_indices(everything)
+                structure_key = StructureKey.of(numeric)
+                structures.append(self._structure(structure_key, numeric))
+                keys.append(structure_key)
+                # this call's values: a cached structure's template holds another call's
+                parameters.append(
+                    numeric.get_parameters(trainable_only=False, operations_only=True)
+                )
+                originals.append(
+                    device_tape.get_parameters(trainable_only=False, operations_only=True)
+                )
         batch = _Batch(tuple(structures), tuple(keys), post_processing, output)
         return batch, parameters, originals
 
@@ -339,33 +347,38 @@ class CompiledQNode:
         traced_kwargs = _with_tracers(kwargs, trace)
         try:
             tape, output = _record(self.qnode, traced_args, traced_kwargs)
-            tapes, post_processing = self.qnode.device.preprocess_transforms(entry.config)((tape,))
-            rows = [_parameter_sources(device_tape, trace) for device_tape in tapes]
-            sources = tuple(row for row, _ in rows)
-            needed = [source.index for row in sources for source in row if isinstance(source, Slot)]
-            trace.prune(needed)
-            leaves: list = []
-            _torch_leaves((args, kwargs), leaves)
-            values = trace.replay(leaves)
-            structures, keys = [], []
-            for device_tape, row in zip(tapes, sources, strict=True):
-                bound = [values[s.index] if isinstance(s, Slot) else s for s in row]
-                numeric = device_tape.bind_new_parameters(
-                    [as_numpy(value) for value in bound], list(range(len(bound)))
-                )
-                numeric.trainable_params = [
-                    i
-                    for i, value in enumerate(bound)
-                    if isinstance(value, torch.Tensor) and value.requires_grad
-                ]
-                structure_key = StructureKey.of(numeric)
-                keys.append(structure_key)
-                structures.append(self._structure(structure_key, numeric))
-            trace.prune(needed)  # binding may have recorded calls the replay does not need
-            trace.close()
+            with without_queuing():  # the bound tapes' operators: into no recording
+                return self._traced(entry, trace, tape, output, args, kwargs)
         except (TraceRefused, _Fallback) as refusal:
             entry.mode, entry.reason = _Mode.RERECORD, str(refusal)
             return None
+
+    def _traced(self, entry: _Entry, trace: Trace, tape, output, args, kwargs):
+        """``_trace`` after the recording: preprocess, bind, and judge the trace."""
+        tapes, post_processing = self.qnode.device.preprocess_transforms(entry.config)((tape,))
+        rows = [_parameter_sources(device_tape, trace) for device_tape in tapes]
+        sources = tuple(row for row, _ in rows)
+        needed = [source.index for row in sources for source in row if isinstance(source, Slot)]
+        trace.prune(needed)
+        leaves: list = []
+        _torch_leaves((args, kwargs), leaves)
+        values = trace.replay(leaves)
+        structures, keys = [], []
+        for device_tape, row in zip(tapes, sources, strict=True):
+            bound = [values[s.index] if isinstance(s, Slot) else s for s in row]
+            numeric = device_tape.bind_new_parameters(
+                [as_numpy(value) for value in bound], list(range(len(bound)))
+            )
+            numeric.trainable_params = [
+                i
+                for i, value in enumerate(bound)
+                if isinstance(value, torch.Tensor) and value.requires_grad
+            ]
+            structure_key = StructureKey.of(numeric)
+            keys.append(structure_key)
+            structures.append(self._structure(structure_key, numeric))
+        trace.prune(needed)  # binding may have recorded calls the replay does not need
+        trace.close()
         replay = _Replay(
             trace, sources, _Batch(tuple(structures), tuple(keys), post_processing, output)
         )
@@ -439,11 +452,34 @@ def _unflatten(leaves, nesting):
     return unflatten(list(leaves), nesting)
 
 
+class _ThisThreadsQueue(AnnotatedQueue):
+    """A recording of the operators that this thread builds only. PennyLane's queue is
+    process-global: an operator that another thread builds outside any recording of its
+    own (PennyLane's workflow converting a tape's parameters, say) would otherwise land in
+    this one (the device's own operators are kept out by ``queuing.without_queuing``)."""
+
+    def __init__(self):
+        super().__init__()
+        self._owner = threading.get_ident()
+
+    def append(self, obj, **kwargs):
+        if threading.get_ident() == self._owner:
+            super().append(obj, **kwargs)
+
+    def remove(self, obj):
+        if threading.get_ident() == self._owner:
+            super().remove(obj)
+
+    def update_info(self, obj, **kwargs):
+        if threading.get_ident() == self._owner:
+            super().update_info(obj, **kwargs)
+
+
 def _record(qnode: qml.QNode, args, kwargs) -> tuple[QuantumScript, object]:
     """The QNode's tape for ``args``, ``kwargs`` and what its quantum function returned
     (as ``QNode.construct``, without touching the QNode). PennyLane's recording holds its
     queue's lock: two threads never record into one queue."""
-    with AnnotatedQueue() as queue:
+    with _ThisThreadsQueue() as queue:
         output = qnode.func(*args, **kwargs)
     tape = QuantumScript.from_queue(queue, qnode.shots)
     if any(isinstance(op, MidMeasureMP) for op in tape.operations):
