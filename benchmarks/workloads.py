@@ -23,9 +23,11 @@ Arrays = tuple[np.ndarray, np.ndarray]
 FRAMEWORKS = ("torch", "jax.jit", "qjit")
 """What drives a step: a torch QNode (``interface="torch"``); a jax QNode whose step is
 ``jax.jit`` of ``jax.value_and_grad``; Catalyst's ``qml.qjit`` of ``catalyst.value_and_grad``."""
-ANY_FRAMEWORK = frozenset({"W1", "W3", "W4", "W4F", "W5"})
-"""The workloads built for every framework; the others are torch workloads (a torch
-Jacobian, torchjd, or W6's memory figure, measured on two devices only)."""
+ANY_FRAMEWORK = frozenset({"W3", "W4", "W4F", "W5"})
+"""The workloads the jax columns run; the others are torch workloads (a torch Jacobian,
+torchjd, W6's memory figure on two devices only), and W1, whose circuit ``jax.jit``
+compiles too slowly: 20 s at n=8 and 85 s at n=12 on 2 cores (2026-12-01), growing about
+4x per 4 wires (W5 at full size: 89 s, W3: 24 s)."""
 
 
 class Unavailable(Exception):
