@@ -363,26 +363,51 @@ def sel_vjp(
     return gradient_workload(problem, setup, _shift_work(n_wires, 2 * n_layers * n_wires, n_params))
 
 
+JACOBIAN_METHODS = ("loop", "vectorize", "jacrev")
+"""How W2's Jacobian is taken: ``torch.autograd.functional.jacobian`` with one backward call
+per output (W2), the same with ``vectorize=True`` (W2v), ``torch.func.jacrev`` (W2jr)."""
+
+
 def sel_jacobian(
-    setup: Setup, n_wires: int = 16, n_layers: int = 4, vectorize: bool = False
+    setup: Setup, n_wires: int = 16, n_layers: int = 4, method: str = "loop"
 ) -> Workload:
-    """W2 (and W2v, ``vectorize=True``): the full Jacobian of the n outputs of W1's circuit,
-    ``torch.autograd.functional.jacobian``; with ``vectorize`` its backward is one call with
-    n batched cotangents (``is_grads_batched``, torch.vmap) instead of n calls."""
-    _require_torch(setup, "W2v" if vectorize else "W2")
+    """W2, W2v, W2jr: the full Jacobian of the n outputs of W1's circuit (``method``, one of
+    :data:`JACOBIAN_METHODS`). ``vectorize``: one backward call with the n cotangents
+    batched by torch's legacy vmap (``is_grads_batched``). ``jacrev``: the forward and one
+    VJP under ``torch.func.vmap``; the builder makes two plain forward calls first, as a
+    QNode compiled by ``pennylane_custatevec.compile`` needs (it records the first call and
+    traces the second; torch.func transforms run only traced calls)."""
+    if method not in JACOBIAN_METHODS:
+        raise ValueError(f"unknown Jacobian method {method!r}; choose from {JACOBIAN_METHODS}")
+    _require_torch(setup, {"loop": "W2", "vectorize": "W2v", "jacrev": "W2jr"}[method])
     problem = sel_problem(n_wires, n_layers)
     circuit = _torch_qnode(problem, setup)
     ((weights,),) = _torch_calls(problem)
 
+    def forward(w):
+        outputs = torch.stack(circuit(w))
+        return outputs, outputs
+
+    if method == "jacrev":
+        for _ in range(2):
+            circuit(weights.detach().requires_grad_())
+        jacobian_of = torch.func.jacrev(forward, has_aux=True)
+    else:
+        vectorize = method == "vectorize"
+
+        def jacobian_of(w):
+            outputs = []
+
+            def outputs_kept(w):
+                outputs.append(forward(w)[0])
+                return outputs[-1]
+
+            jacobian = torch.autograd.functional.jacobian(outputs_kept, w, vectorize=vectorize)
+            return jacobian, outputs[0]
+
     def step() -> Arrays:
-        outputs = []
-
-        def forward(w):
-            outputs.append(torch.stack(circuit(w)))
-            return outputs[-1]
-
-        jacobian = torch.autograd.functional.jacobian(forward, weights, vectorize=vectorize)
-        return _numpy(outputs[0]), _numpy(jacobian)
+        jacobian, outputs = jacobian_of(weights)
+        return _numpy(outputs), _numpy(jacobian)
 
     work = _shift_work(n_wires, 2 * n_layers * n_wires, weights.numel(), passes=n_wires)
     return Workload(step, work)
@@ -450,7 +475,8 @@ def jacobian_descent(
 BUILDERS: dict[str, Callable[..., Workload]] = {
     "W1": sel_vjp,
     "W2": sel_jacobian,
-    "W2v": partial(sel_jacobian, vectorize=True),
+    "W2v": partial(sel_jacobian, method="vectorize"),
+    "W2jr": partial(sel_jacobian, method="jacrev"),
     "W3": minibatch,
     "W4": latency,
     "W4F": latency_forward,
@@ -466,6 +492,7 @@ QUICK_SIZES: dict[str, dict[str, int]] = {
     "W1": {"n_wires": 8},
     "W2": {"n_wires": 6},
     "W2v": {"n_wires": 6},
+    "W2jr": {"n_wires": 6},
     "W3": {"n_wires": 4, "batch": 16},
     "W4": {"calls": 5},
     "W4F": {"calls": 5},
