@@ -42,7 +42,7 @@ def worker() -> None:
     import torch
 
     sys.path.insert(0, str(HERE))
-    from workloads import BUILDERS
+    from workloads import BUILDERS, Setup
 
     import pennylane_custatevec
 
@@ -53,7 +53,8 @@ def worker() -> None:
         request, workload_id = line.split()
         if request == "build":
             vjp = workload_id not in JACOBIAN_WORKLOADS
-            built[workload_id] = BUILDERS[workload_id]("custatevec.qubit", "adjoint", vjp)
+            setup = Setup("custatevec.qubit", "adjoint", vjp)
+            built[workload_id] = BUILDERS[workload_id](setup)
             values, gradients = built[workload_id].step()  # the warm-up, and the cross-check
             _reply({"values": np.ravel(values).tolist(), "gradients": np.ravel(gradients).tolist()})
         elif request == "time":

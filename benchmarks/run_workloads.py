@@ -8,8 +8,10 @@ compared with the first peer's; then each is timed, best of ``--repeat`` steps t
 round-robin across the configurations (one step of each per round, each round starting
 one configuration later). W6 runs every
 configuration in a fresh (spawned) process and reports its peak resident memory. Writes
-the markdown report (``--out``) and a bar chart of our deferred and eager times per
-workload (``--plot``).
+the markdown report (``--out``), the table and below it the same-run ratios of issue 16's
+targets (``TARGETS``), and a bar chart of our deferred and eager times per workload
+(``--plot``). Peers: lightning.qubit, default.qubit (torch backprop and ``jax.jit``),
+Catalyst ``qjit``; ours also compiled by ``pennylane_custatevec.compile`` where it exists.
 """
 
 import argparse
@@ -33,9 +35,17 @@ import pennylane as qml
 import plots
 import torch
 from pennylane.devices import ExecutionConfig
-from workloads import BUILDERS, QUICK_SIZES, Arrays, Workload
+from workloads import ANY_FRAMEWORK, BUILDERS, QUICK_SIZES, Arrays, Setup, Unavailable, Workload
 
 TORCH_THREADS = 2
+VERSIONS_REPORTED = (
+    "pennylane",
+    "pennylane_lightning",
+    "torch",
+    "jax",
+    "pennylane_catalyst",
+    "torchjd",
+)
 SHIFT_WORK_LIMIT = 1e10
 """Amplitude updates per step above which a parameter-shift run is skipped (roughly 10 s)."""
 SKIPPED_SHIFT = "skipped: needs adjoint (issue 3)"
@@ -43,32 +53,43 @@ MEMORY_WORKLOADS = frozenset({"W6"})
 JACOBIAN_WORKLOADS = frozenset({"W2"})
 """Full Jacobians: our device runs them with device Jacobians (one sweep for all outputs)
 rather than one VJP per output row."""
+YARDSTICKS = {"W7": "W7vjp"}
+"""Workloads whose target compares them with another one: asking for the first runs both."""
 EAGER_OPTIONS = (("grad_accumulation", "eager"),)
 """The options of the eager variant of our configuration (see ``eager_variant``)."""
 
 
 @dataclass(frozen=True)
 class Config:
-    """A device and how the QNode differentiates on it."""
+    """One column: its header, how the workloads build and drive the QNode (``setup``)."""
 
     label: str
-    device: str
-    diff_method: str
-    device_vjp: bool = False
+    setup: Setup
     options: tuple = ()
     """Overrides of custatevec.qubit's differentiation options, as (name, value) pairs,
     applied with ``pennylane_custatevec.options`` around the build and every step."""
 
 
 PEERS = (
-    Config("lightning.qubit adjoint + device_vjp", "lightning.qubit", "adjoint", True),
-    Config("lightning.qubit adjoint (Jacobian on forward)", "lightning.qubit", "adjoint"),
-    Config("default.qubit backprop", "default.qubit", "backprop"),
+    Config("lightning.qubit adjoint + device_vjp", Setup("lightning.qubit", "adjoint", True)),
+    Config("lightning.qubit adjoint (Jacobian on forward)", Setup("lightning.qubit", "adjoint")),
+    Config("default.qubit backprop", Setup("default.qubit", "backprop")),
 )
 PEERS_BY_WORKLOAD = {"W6": PEERS[:1]}
 """W6's other peers would need more memory than these machines have, or many minutes."""
-GPU_PEERS = (Config("lightning.gpu adjoint + device_vjp", "lightning.gpu", "adjoint", True),)
+GPU_PEERS = (Config("lightning.gpu adjoint + device_vjp", Setup("lightning.gpu", "adjoint", True)),)
 """Peers added with ``--backend custatevec`` when they can be built here."""
+JAX_PEERS = (
+    Config(
+        "default.qubit + jax.jit backprop", Setup("default.qubit", "backprop", framework="jax.jit")
+    ),
+    Config(
+        "Catalyst qjit + lightning.qubit adjoint",
+        Setup("lightning.qubit", "adjoint", framework="qjit"),
+    ),
+)
+"""The jax peers: run on the workloads of ``workloads.ANY_FRAMEWORK``, n/a elsewhere; a
+missing jax or Catalyst makes their cells say ``unavailable: ...``."""
 
 
 @dataclass
@@ -103,19 +124,38 @@ def our_config(device_name: str, backend: str | None = None) -> Config | str:
     if device.supports_derivatives(adjoint):
         vjp = device.supports_vjp(adjoint)
         suffix = " + device_vjp" if vjp else " (Jacobian on forward)"
-        return Config(f"{name} adjoint{suffix}", device_name, "adjoint", vjp)
-    return Config(f"{name} (param-shift)", device_name, "parameter-shift")
+        return Config(f"{name} adjoint{suffix}", Setup(device_name, "adjoint", vjp))
+    return Config(f"{name} (param-shift)", Setup(device_name, "parameter-shift"))
+
+
+def _adjoint_custatevec(ours: Config | str) -> bool:
+    return (
+        isinstance(ours, Config)
+        and ours.setup.diff_method == "adjoint"
+        and ours.setup.device.startswith("custatevec")
+    )
 
 
 def eager_variant(ours: Config | str) -> tuple[Config, ...]:
     """Our configuration with ``grad_accumulation="eager"``, whose column gives the
     deferred/eager ratio; none when ours is not an adjoint custatevec.qubit."""
-    if not isinstance(ours, Config) or ours.diff_method != "adjoint":
-        return ()
-    if not ours.device.startswith("custatevec"):
+    if not _adjoint_custatevec(ours):
         return ()
     label = ours.label.replace(" adjoint", " adjoint, eager", 1)
     return (dataclasses.replace(ours, label=label, options=EAGER_OPTIONS),)
+
+
+def compiled_variant(ours: Config | str) -> tuple[Config, ...]:
+    """Our QNode wrapped by ``pennylane_custatevec.compile`` (its cells say ``unavailable``
+    where the package has none); none when ours is not an adjoint custatevec.qubit."""
+    if not _adjoint_custatevec(ours):
+        return ()
+    label = ours.label.split(" adjoint", 1)[0] + " compiled"
+    return (
+        dataclasses.replace(
+            ours, label=label, setup=dataclasses.replace(ours.setup, compiled=True)
+        ),
+    )
 
 
 def usable_peers(backend: str | None) -> tuple[Config, ...]:
@@ -125,28 +165,42 @@ def usable_peers(backend: str | None) -> tuple[Config, ...]:
     usable = []
     for peer in GPU_PEERS:
         try:
-            qml.device(peer.device, wires=1)
+            qml.device(peer.setup.device, wires=1)
         except Exception as exc:  # not installed, or no GPU: left out, and said why
-            progress(f"{peer.device} left out: {type(exc).__name__}: {exc}")
+            progress(f"{peer.setup.device} left out: {type(exc).__name__}: {exc}")
             continue
         usable.append(peer)
     return PEERS + tuple(usable)
 
 
 def prepare(workload_id: str, config: Config, sizes: dict) -> tuple[Workload | None, Cell]:
-    """Build the workload and run its warm-up step, which gives the cross-check arrays."""
+    """Build the workload and run its warm-up step (under jax.jit or qjit the compilation),
+    which gives the cross-check arrays (or its ``check`` does, where it has one)."""
     try:
         build = BUILDERS[workload_id]
         with _overrides(config):
-            workload = build(config.device, config.diff_method, config.device_vjp, **sizes)
-        if config.diff_method == "parameter-shift" and workload.shift_work > SHIFT_WORK_LIMIT:
+            workload = build(config.setup, **sizes)
+        shift = config.setup.diff_method == "parameter-shift"
+        if shift and workload.shift_work > SHIFT_WORK_LIMIT:
             return None, Cell(note=SKIPPED_SHIFT)
         if config.options:
             workload = dataclasses.replace(workload, step=_with_overrides(config, workload.step))
-        return workload, Cell(arrays=workload.step())
+        arrays = workload.step()
+        return workload, Cell(arrays=workload.check() if workload.check else arrays)
+    except Unavailable as exc:
+        return None, Cell(note=f"unavailable: {exc}")
     except Exception as exc:  # reported in the table, the traceback on stderr
         traceback.print_exc()
-        return None, Cell(note=f"ERROR: {type(exc).__name__}: {str(exc)[:80]}")
+        return None, Cell(note=error_note(exc))
+
+
+def error_note(exc: Exception) -> str:
+    """``ERROR: Type: message``, one line, at most 80 characters of message. A compiler's
+    report (Catalyst's CompileError carries its whole log) gives its failed assertion."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    assertions = [line[line.index("Assertion") :] for line in lines if "Assertion" in line]
+    message = (assertions or lines or [""])[0].replace("`", "'")
+    return f"ERROR: {type(exc).__name__}: {message[:80]}"
 
 
 def _overrides(config: Config):
@@ -240,19 +294,16 @@ def _difference(arrays: Arrays, reference: Arrays) -> str:
 def run_workload(
     workload_id: str, ours: Config | str, sizes: dict, repeat: int, peers=PEERS
 ) -> list[Cell]:
-    """The cells of one table row: ours, then every peer in ``peers``."""
-    wanted = PEERS_BY_WORKLOAD.get(workload_id, peers)
+    """The cells of one table row: ours, then every peer in ``peers`` (``n/a`` where
+    ``runs_on`` says no)."""
     first = ours if isinstance(ours, Config) else "unavailable (see below)"
     jacobian_mode = (
-        workload_id in JACOBIAN_WORKLOADS and isinstance(ours, Config) and ours.device_vjp
+        workload_id in JACOBIAN_WORKLOADS and isinstance(ours, Config) and ours.setup.device_vjp
     )
     if jacobian_mode:
-        first = dataclasses.replace(ours, label=f"{ours.device} adjoint", device_vjp=False)
-        peers = [
-            dataclasses.replace(peer, device_vjp=False) if peer.options else peer for peer in peers
-        ]
-    wanted = [*wanted, *(peer for peer in peers if peer.options)]
-    configs = [first, *(peer if peer in wanted else "n/a" for peer in peers)]
+        first = _without_device_vjp(ours, label=f"{ours.setup.device} adjoint")
+        peers = [_without_device_vjp(peer) if peer.options else peer for peer in peers]
+    configs = [first, *(peer if runs_on(workload_id, peer) else "n/a" for peer in peers)]
     if workload_id in MEMORY_WORKLOADS:
         cells = [_in_child(workload_id, config, sizes, repeat) for config in configs]
         cross_check(cells)
@@ -261,6 +312,22 @@ def run_workload(
     if jacobian_mode:
         cells[0].note = ", ".join(filter(None, [cells[0].note, "Jacobian on forward"]))
     return cells
+
+
+def _without_device_vjp(config: Config, **changes) -> Config:
+    setup = dataclasses.replace(config.setup, device_vjp=False)
+    return dataclasses.replace(config, setup=setup, **changes)
+
+
+def runs_on(workload_id: str, peer: Config) -> bool:
+    """Whether ``peer`` runs ``workload_id``: our variants (eager, compiled) run everything
+    ours does; the jax peers the workloads built for every framework; the torch peers all
+    but those that ``PEERS_BY_WORKLOAD`` leaves out."""
+    if peer.options or peer.setup.compiled:
+        return True
+    if peer.setup.framework != "torch":
+        return workload_id in ANY_FRAMEWORK
+    return workload_id not in PEERS_BY_WORKLOAD or peer in PEERS_BY_WORKLOAD[workload_id]
 
 
 def time_round_robin(
@@ -324,6 +391,124 @@ def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def _our_qnode(index: int, config: Config | str) -> bool:
+    """Our column (the first), whatever its configuration in that row."""
+    return index == 0
+
+
+def _compiled(index: int, config: Config | str) -> bool:
+    return isinstance(config, Config) and config.setup.compiled
+
+
+def _jax_jit(index: int, config: Config | str) -> bool:
+    return isinstance(config, Config) and config.setup.framework == "jax.jit"
+
+
+def _lightning_qubit(index: int, config: Config | str) -> bool:
+    """Either torch configuration of lightning.qubit (the faster one is taken)."""
+    setup = config.setup if isinstance(config, Config) else None
+    return setup is not None and setup.device == "lightning.qubit" and setup.framework == "torch"
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a target's ratio: the fastest cell, over the rows ``workloads``, of the
+    columns that ``picks(index, config)`` selects (index 0 is ours)."""
+
+    workloads: tuple[str, ...]
+    picks: Callable[[int, Config | str], bool]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A target of issue 16: ``ratio`` = time of ``numerator`` / time of ``denominator``
+    must be at least ``bound`` (a speed-up of the denominator), or with ``at_most`` at
+    most ``bound`` (a slow-down it may have)."""
+
+    text: str
+    numerator: Side
+    denominator: Side
+    bound: float
+    at_most: bool = False
+
+
+def _in_one_row(workload_id: str, slower, faster, bound: float, text: str) -> Target:
+    """The speed-up of column ``faster`` over column ``slower`` in one row."""
+    return Target(text, Side((workload_id,), slower), Side((workload_id,), faster), bound)
+
+
+OUR_COLUMNS = ((_our_qnode, "our QNode"), (_compiled, "compiled"))
+BATCHED_JACOBIANS = ("W2", "W2v", "W2jr")
+"""The rows that take W2's Jacobian: one backward call per output (W2), then the two that
+batch the cotangents (torch's legacy vmap, torch.func.jacrev)."""
+TARGETS = (
+    _in_one_row("W4", _jax_jit, _compiled, 1.0, "W4: compiled >= 1.0x default.qubit + jax.jit"),
+    _in_one_row("W4", _our_qnode, _compiled, 8.0, "W4: compiled >= 8x our QNode"),
+    _in_one_row("W3", _jax_jit, _compiled, 1.5, "W3: compiled >= 1.5x default.qubit + jax.jit"),
+    _in_one_row("W5", _our_qnode, _compiled, 1.3, "W5: compiled >= 1.3x our QNode"),
+    *(
+        Target(
+            f"W2v: {name}, one batched backward (W2v or W2jr) >= 4x lightning.qubit's "
+            "Jacobian (its fastest of W2, W2v, W2jr)",
+            Side(BATCHED_JACOBIANS, _lightning_qubit),
+            Side(BATCHED_JACOBIANS[1:], picks),
+            4.0,
+        )
+        for picks, name in OUR_COLUMNS
+    ),
+    *(
+        Target(
+            f"W7: torchjd step of {name} <= 1.5x its one VJP (W7vjp)",
+            Side(("W7",), picks),
+            Side(("W7vjp",), picks),
+            1.5,
+            at_most=True,
+        )
+        for picks, name in OUR_COLUMNS
+    ),
+)
+"""The same-run ratios of issue 16's targets (W6's memory target is read off its cell)."""
+
+
+def _fastest(rows: dict[str, list[Cell]], columns: list[Config | str], side: Side):
+    """(seconds, what) of the fastest cell on ``side`` that has a time; None if none has."""
+    found = [
+        (cell.seconds, f"{workload_id} {_column_label(columns[index], index)}")
+        for workload_id in side.workloads
+        for index, cell in enumerate(rows.get(workload_id, ()))
+        if cell.seconds is not None and side.picks(index, columns[index])
+    ]
+    return min(found, default=None)
+
+
+def _column_label(config: Config | str, index: int) -> str:
+    if index == 0:
+        return "our QNode"
+    return config.label if isinstance(config, Config) else str(config)
+
+
+def target_lines(
+    rows: dict[str, list[Cell]], columns: list[Config | str], targets: tuple[Target, ...]
+) -> list[str]:
+    """A markdown table, one row per target: the ratio measured where both sides have a
+    time (else ``-``), whether it meets the target, and the two times it divides."""
+    header = ["target", "measured", "met", "from"]
+    lines = [_table_row(header), _table_row(["---"] * len(header))]
+    for target in targets:
+        numerator = _fastest(rows, columns, target.numerator)
+        denominator = _fastest(rows, columns, target.denominator)
+        if numerator is None or denominator is None:
+            lines.append(_table_row([target.text, "-", "-", "not measured in this run"]))
+            continue
+        ratio = numerator[0] / denominator[0]
+        met = ratio <= target.bound if target.at_most else ratio >= target.bound
+        source = (
+            f"{numerator[1]} {_seconds(numerator[0])} / {denominator[1]} {_seconds(denominator[0])}"
+        )
+        lines.append(_table_row([target.text, f"{ratio:.2f}x", "yes" if met else "no", source]))
+    return lines
+
+
 def render(
     rows: dict[str, list[Cell]], ours: Config | str, args: argparse.Namespace, peers=PEERS
 ) -> str:
@@ -332,10 +517,11 @@ def render(
     labelled = {}
     for workload_id, cells in rows.items():
         label = _workload_label(workload_id, args.quick)
-        if isinstance(ours, Config) and ours.diff_method == "parameter-shift":
+        if isinstance(ours, Config) and ours.setup.diff_method == "parameter-shift":
             label += " (param-shift)"
         labelled[label] = cells
     lines = [*_preamble(args), "", *table_lines("workload", ours_label, peers, labelled)]
+    lines += ["", "## Targets (issue 16)", "", *target_lines(rows, [ours, *peers], TARGETS)]
     return "\n".join([*lines, "", *_legend(ours, args)]) + "\n"
 
 
@@ -367,30 +553,45 @@ def _preamble(args: argparse.Namespace) -> list[str]:
 
 def environment_lines(repeat: int) -> list[str]:
     """Markdown list items: date, machine, versions, the command line and how it timed."""
-    versions = ", ".join(
-        f"{name} {metadata.version(name)}" for name in ("pennylane", "pennylane_lightning", "torch")
-    )
+    versions = ", ".join(f"{name} {_version(name)}" for name in VERSIONS_REPORTED)
+    import pennylane_custatevec
+
     return [
         f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
         f"- machine: {platform.platform()}, {multiprocessing.cpu_count()} CPUs",
         f"- python {platform.python_version()}, {versions}, torch threads {TORCH_THREADS}",
+        # the script's folder, not the tree's root, is on sys.path: the package measured is
+        # the installed one, which may be another checkout's (an editable install)
+        f"- pennylane_custatevec imported from {Path(pennylane_custatevec.__file__).parent}",
         f"- command: `python {' '.join(sys.argv)}`",
         f"- times: best of {repeat} after one warm-up, configurations round-robin "
         "(each round starting one configuration later)",
     ]
 
 
+def _version(distribution: str) -> str:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def _legend(ours: Config | str, args: argparse.Namespace) -> list[str]:
     lines = [
         "ratio = peer time / our time (higher is better); for the eager column it is the",
-        "deferred/eager speed-up of grad_accumulation (our column is the default, deferred).",
+        "deferred/eager speed-up of grad_accumulation (our column is the default, deferred);",
+        "for the compiled column, compiled time / QNode time (below 1: compiled is faster).",
+        "jax.jit and qjit columns: the step was compiled in the warm-up call, which is not",
+        f"timed. They run {', '.join(sorted(ANY_FRAMEWORK))}; n/a on the torch workloads and",
+        "on W1, whose jax.jit compile takes minutes (benchmarks/README.md).",
         "Before timing, every configuration's",
         "values and gradients are compared with the first peer that ran (np.allclose, atol 1e-6);",
         "a difference is marked **MISMATCH**. W4's and W4F's times cover all their calls.",
         "W6 runs each configuration in a fresh process; peak = its peak resident memory (VmHWM)",
         "over the timed steps (reset after the warm-up step, which may compile kernels),",
         "at start = its resident memory after the imports, before the workload was built.",
-        "n/a: not run for this workload (memory or time).",
+        "n/a: not run for this workload (memory or time, or a torch workload).",
+        "unavailable: a package or entry point the configuration needs is missing here.",
         f"{SKIPPED_SHIFT}: parameter-shift would need over {SHIFT_WORK_LIMIT:.0e} amplitude",
         "updates (gate applications x 2**n) per step.",
     ]
@@ -449,7 +650,11 @@ def _table_row(cells: list[str]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default=",".join(BUILDERS), help="e.g. W1,W4")
+    parser.add_argument(
+        "--workloads",
+        default=",".join(BUILDERS),
+        help="e.g. W1,W4 (any case); W7 brings W7vjp, its yardstick, along",
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
     parser.add_argument("--repeat", type=int, default=3, help="timed calls after the warm-up")
     parser.add_argument("--out", default="benchmarks/results/workloads.md")
@@ -467,10 +672,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "when it can be built",
     )
     args = parser.parse_args(argv)
-    args.workloads = [w.strip().upper() for w in args.workloads.split(",") if w.strip()]
+    by_upper = {workload_id.upper(): workload_id for workload_id in BUILDERS}
+    given = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    args.workloads = [by_upper.get(w.upper(), w) for w in given]
     unknown = sorted(set(args.workloads) - set(BUILDERS))
     if unknown:
         parser.error(f"unknown workloads {unknown}; choose from {list(BUILDERS)}")
+    for workload_id, yardstick in YARDSTICKS.items():
+        if workload_id in args.workloads and yardstick not in args.workloads:
+            args.workloads.insert(args.workloads.index(workload_id) + 1, yardstick)
     return args
 
 
@@ -479,7 +689,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(TORCH_THREADS)
     ours = our_config(args.device, args.backend)
-    peers = eager_variant(ours) + usable_peers(args.backend)
+    peers = eager_variant(ours) + compiled_variant(ours) + usable_peers(args.backend) + JAX_PEERS
     rows = {
         workload_id: run_workload(
             workload_id, ours, QUICK_SIZES[workload_id] if args.quick else {}, args.repeat, peers

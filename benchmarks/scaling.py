@@ -48,7 +48,9 @@ def configurations(device: str, backend: str | None) -> tuple[Config | str, tupl
     differentiate in one backward pass: device VJPs or backprop, not a Jacobian per output."""
     ours = our_config(device, backend)
     one_pass = tuple(
-        peer for peer in usable_peers(backend) if peer.device_vjp or peer.diff_method == "backprop"
+        peer
+        for peer in usable_peers(backend)
+        if peer.setup.device_vjp or peer.setup.diff_method == "backprop"
     )
     return ours, eager_variant(ours) + one_pass
 
@@ -58,7 +60,7 @@ def row_configs(n_wires: int, ours: Config | str, peers: tuple[Config, ...]) -> 
     first = ours if isinstance(ours, Config) else "unavailable (see below)"
     row: list[Config | str] = [first]
     for peer in peers:
-        limit = MAX_QUBITS.get(peer.device)
+        limit = MAX_QUBITS.get(peer.setup.device)
         row.append(peer if limit is None or n_wires <= limit else f"n/a (n > {limit})")
     return row
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import pennylane_lightning.lightning_qubit as lightning
 import torch
-from workloads import BUILDERS, QUICK_SIZES
+from workloads import BUILDERS, QUICK_SIZES, Setup
 
 import pennylane_custatevec.device as device
 import pennylane_custatevec.gradients.deferred as deferred
@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> None:
     timed(CPUBackend, "apply_pauli", "ours: CNOTs, forward and sweep")
     timed(lightning.LightningQubit, "execute_and_compute_derivatives", "lightning: device")
     steps = {
-        "ours": BUILDERS["W2"]("custatevec.qubit", "adjoint", False, **sizes).step,
-        "lightning": BUILDERS["W2"]("lightning.qubit", "adjoint", False, **sizes).step,
+        "ours": BUILDERS["W2"](Setup("custatevec.qubit", "adjoint"), **sizes).step,
+        "lightning": BUILDERS["W2"](Setup("lightning.qubit", "adjoint"), **sizes).step,
     }
     for step in steps.values():
         step()

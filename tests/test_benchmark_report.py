@@ -20,17 +20,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import plots  # noqa: E402
 import run_workloads  # noqa: E402
 import scaling  # noqa: E402
+import workloads  # noqa: E402
 from run_workloads import EAGER_OPTIONS, Cell, Config  # noqa: E402
+from workloads import Setup  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
-OURS = Config("ours adjoint + device_vjp", "custatevec.qubit", "adjoint", True)
+OURS = Config("ours adjoint + device_vjp", Setup("custatevec.qubit", "adjoint", True))
 EAGER = Config(
-    "ours adjoint, eager + device_vjp", "custatevec.qubit", "adjoint", True, EAGER_OPTIONS
+    "ours adjoint, eager + device_vjp", Setup("custatevec.qubit", "adjoint", True), EAGER_OPTIONS
 )
-LIGHTNING = Config("lightning adjoint + device_vjp", "lightning.qubit", "adjoint", True)
-BACKPROP = Config("default backprop", "default.qubit", "backprop")
+LIGHTNING = Config("lightning adjoint + device_vjp", Setup("lightning.qubit", "adjoint", True))
+BACKPROP = Config("default backprop", Setup("default.qubit", "backprop"))
 PEERS = (EAGER, LIGHTNING, BACKPROP)
+COMPILED = Config("ours compiled", Setup("custatevec.qubit", "adjoint", True, compiled=True))
+LIGHTNING_JACOBIAN = Config("lightning adjoint", Setup("lightning.qubit", "adjoint"))
+JAX = Config("jax.jit", Setup("default.qubit", "backprop", framework="jax.jit"))
+QJIT = Config("qjit", Setup("lightning.qubit", "adjoint", framework="qjit"))
 
 
 def assert_png(path: Path, width: int, height: int) -> None:
@@ -39,9 +45,22 @@ def assert_png(path: Path, width: int, height: int) -> None:
     assert matplotlib.image.imread(path).shape[:2] == (height, width)
 
 
+def tables(report: str) -> list[list[str]]:
+    """The markdown tables in ``report``, each as its lines."""
+    found: list[list[str]] = []
+    previous = ""
+    for line in report.splitlines():
+        if line.startswith("|"):
+            if not previous.startswith("|"):
+                found.append([])
+            found[-1].append(line)
+        previous = line
+    return found
+
+
 def table(report: str) -> list[str]:
-    """The lines of the markdown table in ``report``."""
-    return [line for line in report.splitlines() if line.startswith("|")]
+    """The lines of the first markdown table in ``report``."""
+    return tables(report)[0]
 
 
 def test_scaling_table_has_a_row_per_size_with_ratios_and_notes():
@@ -208,12 +227,15 @@ def test_workloads_script_writes_the_deferred_vs_eager_plot(tmp_path, mocker):
     )
 
     assert status == 0
-    row = table(out.read_text(encoding="utf-8"))[2].split(" | ")
+    header, _, row = (line.split(" | ") for line in table(out.read_text(encoding="utf-8")))
     times = plot.call_args.args[0]
     assert list(times) == ["W4"]
     deferred, eager = times["W4"]
     assert row[1:3] == [run_workloads._seconds(deferred), run_workloads._seconds(eager)]
     assert png.read_bytes()[:8] == PNG_SIGNATURE
+    # the jax.jit column ran (jax comes with the test extra) and agreed with the first peer
+    jax_cell = row[header.index("default.qubit + jax.jit backprop")]
+    assert re.fullmatch(r"[\d.]+ ms", jax_cell)
 
 
 def test_w2_profile_runs():
@@ -284,3 +306,181 @@ def test_compare_revisions_marks_different_gradients():
     base = _ScriptedWorker("base", [], [1.0, 2.0], [0.1])
     head = _ScriptedWorker("head", [], [1.0, 2.1], [0.1])
     assert compare_revisions.compare(base, head, "W4", rounds=1).note == "MISMATCH"
+
+
+# --- issue 16: the compiled and jax columns, W2v, W7 and the targets ----------------------
+
+
+def test_targets_divide_the_fastest_cells_of_each_side():
+    columns = [OURS, COMPILED, LIGHTNING, LIGHTNING_JACOBIAN, JAX]
+    rows = {
+        "W4": [
+            Cell(seconds=0.050),
+            Cell(seconds=0.004),
+            Cell(seconds=0.07),
+            Cell(),
+            Cell(seconds=0.005),
+        ],
+        "W2": [Cell(seconds=0.5), Cell(), Cell(seconds=1.2), Cell(seconds=0.8), Cell(note="n/a")],
+        "W2v": [
+            Cell(note="ERROR: ..."),
+            Cell(seconds=0.3),
+            Cell(note="ERROR: ..."),
+            Cell(seconds=0.6),
+        ],
+        "W2jr": [Cell(note="ERROR: ..."), Cell(seconds=0.1), Cell(note="ERROR: ..."), Cell()],
+        "W7": [Cell(note="ERROR: ..."), Cell(seconds=0.03), Cell(), Cell(), Cell()],
+        "W7vjp": [Cell(seconds=0.01), Cell(seconds=0.01), Cell(), Cell(), Cell()],
+    }
+    targets = tuple(
+        target
+        for target in run_workloads.TARGETS
+        if target.text.startswith(("W4: compiled >= 1.0x", "W3", "W2v: compiled", "W7"))
+    )
+
+    lines = run_workloads.target_lines(rows, columns, targets)
+
+    assert lines == [
+        "| target | measured | met | from |",
+        "| --- | --- | --- | --- |",
+        "| W4: compiled >= 1.0x default.qubit + jax.jit | 1.25x | yes "
+        "| W4 jax.jit 5 ms / W4 ours compiled 4 ms |",
+        "| W3: compiled >= 1.5x default.qubit + jax.jit | - | - | not measured in this run |",
+        # lightning's fastest full Jacobian: its W2v cell without device VJPs, not its W2 ones;
+        # ours the faster of W2v and W2jr
+        "| W2v: compiled, one batched backward (W2v or W2jr) >= 4x lightning.qubit's Jacobian "
+        "(its fastest of W2, W2v, W2jr) | 6.00x | yes "
+        "| W2v lightning adjoint 600 ms / W2jr ours compiled 100 ms |",
+        "| W7: torchjd step of our QNode <= 1.5x its one VJP (W7vjp) | - | - "
+        "| not measured in this run |",
+        "| W7: torchjd step of compiled <= 1.5x its one VJP (W7vjp) | 3.00x | no "
+        "| W7 ours compiled 30 ms / W7vjp ours compiled 10 ms |",
+    ]
+
+
+def test_workloads_report_ends_its_tables_with_the_targets():
+    rows = {
+        "W2v": [Cell(note="ERROR: RuntimeError: x"), Cell(seconds=0.2)],
+        "W7vjp": [Cell(seconds=0.01), Cell(seconds=0.02)],
+    }
+    args = argparse.Namespace(repeat=1, quick=True, device="custatevec.qubit")
+
+    report = run_workloads.render(rows, OURS, args, (COMPILED,))
+
+    workloads_table, targets_table = tables(report)
+    assert [line.split(" | ")[0] for line in workloads_table[2:]] == [
+        "| W2v (n_wires=6, n_layers=4)",
+        "| W7vjp (n_wires=8, n_layers=4, n_outputs=8)",
+    ]
+    assert "## Targets (issue 16)" in report
+    assert len(targets_table) == 2 + len(run_workloads.TARGETS)
+
+
+def test_an_error_note_is_one_line_and_gives_a_compilers_failed_assertion():
+    log = "catalyst failed with error code -6: warning: x\n  %1 = call\ncatalyst: /a/b.h:5: f: "
+    log += "Assertion `a == b' failed.\nPLEASE submit a bug report"
+    assert run_workloads.error_note(RuntimeError(log)) == (
+        "ERROR: RuntimeError: Assertion 'a == b' failed."
+    )
+    assert run_workloads.error_note(ValueError("first\nsecond")) == "ERROR: ValueError: first"
+    assert run_workloads.error_note(KeyError()) == "ERROR: KeyError: "
+    assert (
+        len(run_workloads.error_note(RuntimeError("x" * 200))) == len("ERROR: RuntimeError: ") + 80
+    )
+
+
+def test_workload_ids_are_case_blind_and_w7_brings_its_yardstick():
+    args = run_workloads.parse_args(["--workloads", "w2V,W7,w4f"])
+    assert args.workloads == ["W2v", "W7", "W7vjp", "W4F"]
+    assert run_workloads.parse_args(["--workloads", "W7vjp,W7"]).workloads == ["W7vjp", "W7"]
+    with pytest.raises(SystemExit):
+        run_workloads.parse_args(["--workloads", "W8"])
+
+
+def test_jax_peers_run_where_every_framework_is_built_and_variants_everywhere():
+    for workload_id in workloads.BUILDERS:
+        jax_runs = workload_id in {"W3", "W4", "W4F", "W5"}
+        assert run_workloads.runs_on(workload_id, JAX) == jax_runs
+        assert run_workloads.runs_on(workload_id, QJIT) == jax_runs
+        assert run_workloads.runs_on(workload_id, COMPILED)
+        assert run_workloads.runs_on(workload_id, EAGER)
+        lightning, lightning_jacobian, backprop = run_workloads.PEERS
+        assert run_workloads.runs_on(workload_id, lightning)
+        assert run_workloads.runs_on(workload_id, lightning_jacobian) == (workload_id != "W6")
+        assert run_workloads.runs_on(workload_id, backprop) == (workload_id != "W6")
+
+
+def test_setup_names_the_valid_frameworks():
+    with pytest.raises(ValueError, match=r"unknown framework 'jax'; choose from \('torch', "):
+        Setup("default.qubit", "backprop", framework="jax")
+    with pytest.raises(ValueError, match="compiled=True wraps a torch QNode"):
+        Setup("custatevec.qubit", "adjoint", framework="jax.jit", compiled=True)
+    with pytest.raises(ValueError, match="W7 is a torch workload"):
+        workloads.BUILDERS["W7"](JAX.setup, **workloads.QUICK_SIZES["W7"])
+    with pytest.raises(ValueError, match=r"unknown Jacobian method 'x'; choose from \('loop', "):
+        workloads.sel_jacobian(BACKPROP.setup, method="x")
+
+
+def test_w2s_three_jacobians_agree():
+    """W2 (a backward call per output), W2v (vectorize=True) and W2jr (torch.func.jacrev,
+    with its outputs as aux) give the same outputs and Jacobian on default.qubit."""
+    sizes = {"n_wires": 4, "n_layers": 1}
+    outputs, jacobian = workloads.BUILDERS["W2"](BACKPROP.setup, **sizes).step()
+    assert jacobian.shape == (4, 1, 4, 3)
+    for workload_id in ("W2v", "W2jr"):
+        other_outputs, other_jacobian = workloads.BUILDERS[workload_id](
+            BACKPROP.setup, **sizes
+        ).step()
+        np.testing.assert_allclose(other_outputs, outputs, atol=1e-12)
+        np.testing.assert_allclose(other_jacobian, jacobian, atol=1e-12)
+
+
+def test_the_compiled_column_wraps_our_qnode_with_pennylane_custatevec_compile(monkeypatch):
+    import pennylane_custatevec
+
+    wrapped = []
+
+    def compile_spy(qnode):
+        wrapped.append(qnode)
+        return qnode
+
+    monkeypatch.setattr(pennylane_custatevec, "compile", compile_spy, raising=False)
+    sizes = workloads.QUICK_SIZES["W4"]
+
+    _, compiled = run_workloads.prepare("W4", COMPILED, sizes)
+    _, plain = run_workloads.prepare("W4", OURS, sizes)
+
+    (qnode,) = wrapped
+    assert qnode.device.name == "custatevec.qubit" and qnode.interface == "torch"
+    assert compiled.note == "" and plain.note == ""
+    np.testing.assert_array_equal(compiled.arrays[0], plain.arrays[0])
+    np.testing.assert_array_equal(compiled.arrays[1], plain.arrays[1])
+
+    monkeypatch.delattr(pennylane_custatevec, "compile")
+    workload, missing = run_workloads.prepare("W4", COMPILED, sizes)
+    assert workload is None and missing.note == "unavailable: no pennylane_custatevec.compile"
+
+
+def test_a_missing_catalyst_makes_its_cells_unavailable(monkeypatch):
+    monkeypatch.setitem(sys.modules, "catalyst", None)  # import catalyst raises ImportError
+
+    workload, cell = run_workloads.prepare("W4", QJIT, workloads.QUICK_SIZES["W4"])
+
+    assert workload is None and cell.note.startswith("unavailable: catalyst: ")
+
+
+def test_w7s_step_holds_the_jacobian_of_its_losses_then_their_upgrad_aggregate():
+    pytest.importorskip("torchjd")
+    sizes = {"n_wires": 5, "n_layers": 2}
+    jacobian_descent = workloads.BUILDERS["W7"](BACKPROP.setup, n_outputs=5, **sizes)
+    full_jacobian = workloads.BUILDERS["W2"](BACKPROP.setup, **sizes)
+
+    losses, gradients = jacobian_descent.step()
+    outputs, jacobian = full_jacobian.step()
+
+    np.testing.assert_allclose(losses, outputs, atol=1e-12)
+    np.testing.assert_allclose(gradients[: jacobian.size], jacobian.ravel(), atol=1e-12)
+    aggregate = gradients[jacobian.size :]
+    assert aggregate.shape == (jacobian[0].size,)
+    # UPGrad's aggregate conflicts with no loss: a non-negative inner product with every row
+    assert np.all(jacobian.reshape(len(losses), -1) @ aggregate >= -1e-10)
