@@ -33,7 +33,6 @@ from pennylane.transforms import defer_measurements, dynamic_one_shot
 
 from . import settings
 from .backends import BACKEND_CHOICES, select_backend
-from .exact import gate_key
 from .execution import PreparedTape, run_tapes
 from .gradients import deferred, eager, jvp
 from .gradients.common import require_adjoint_serves
@@ -41,7 +40,7 @@ from .kept import KeptState
 from .program import compiles_by_gate
 from .queuing import PipelineWithoutQueuing, without_queuing
 from .rotations import PauliRotations
-from .structures import Structure, StructureCache, StructureRun
+from .structures import Structure, StructureCache, StructureKey, StructureRun
 from .templates import NATIVE_TEMPLATES, is_native_template
 from .transforms import (
     complex_parameters_for_state,
@@ -522,23 +521,21 @@ class CuStateVecDevice(Device):
     def _preparation(self, tape: QuantumScript) -> _Preparation:
         """The tape compiled by its structure (``structures.Structure``, cached on the
         device) if it has one (analytic, without mid-circuit measurements, its trainable
-        parameters its gates'), and the key of its kept state either way."""
-        structure = None if tape.shots else self._structures.get(tape)
+        parameters its gates', its key seen before), and the key of its kept state."""
+        key, structure = self._structures.lookup(tape)
+        parameters = tape.get_parameters(trainable_only=False, operations_only=True)
+        kept_key = (key, _parameter_bytes(parameters))
         if structure is None or structure.has_mid_measurements:
-            return _Preparation(None, _key(tape))
-        parameters = structure.parameters_of(tape)
+            return _Preparation(None, kept_key)
         prepared = PreparedTape(structure.compile(parameters, tape), structure.batch_key)
-        return _Preparation(prepared, (structure.key, _parameter_bytes(parameters)))
+        return _Preparation(prepared, kept_key)
 
     def _pop_kept(self, tape: QuantumScript) -> KeptState | None:
         """The state kept of ``tape`` by the last execution, by its key (``_preparation``)."""
         if not self._kept:
             return None
-        structure = None if tape.shots else self._structures.get(tape)
-        if structure is None or structure.has_mid_measurements:
-            return self._kept.pop(_key(tape))
-        parameters = structure.parameters_of(tape)
-        return self._kept.pop((structure.key, _parameter_bytes(parameters)))
+        parameters = tape.get_parameters(trainable_only=False, operations_only=True)
+        return self._kept.pop((StructureKey.of(tape), _parameter_bytes(parameters)))
 
     # The public entry points are counted by ``simulator_tracking`` (wrapped at class
     # creation). Each one that executes as well calls the untracked implementations
@@ -826,8 +823,9 @@ class _Preparation:
 
     prepared: PreparedTape | None
     kept_key: tuple
-    """``(StructureKey, the parameters' bytes)`` for a tape with a structure (the key
-    fixes their dtypes and shapes), else ``_key(tape)``."""
+    """``(StructureKey, the operations' parameters' bytes)``: the key fixes everything
+    but the parameters' values (their dtypes and shapes too), the bytes those (``hash``
+    rounds every parameter)."""
 
 
 class _KeptStates:
@@ -862,27 +860,6 @@ class _KeptStates:
 def _parameter_bytes(parameters: Sequence) -> bytes:
     """The parameters' values bit for bit, for a key that fixes their dtypes and shapes."""
     return b"".join([np.asarray(value).tobytes() for value in parameters])
-
-
-def _key(tape: QuantumScript) -> tuple:
-    """All that a tape's kept final state and compilation depend on, exactly: the tape's
-    wires, the gates' types, wires and hyperparameters (``exact.gate_key``), and their
-    parameters bit for bit (``tape.hash`` rounds every parameter, and costs milliseconds
-    on circuits of a few hundred gates).
-
-    The wires suffice for what the measurements contribute: the compilation's register
-    (``program.register_wires``: the device's wires that the tape uses, measured wires
-    included) is a function of the tape's wires, and the final state, the batch size and
-    the steps are functions of the register and the operations. The sweep reads the
-    measurements from the tape it differentiates, never from the kept entry."""
-    gates = tuple(map(gate_key, tape.operations))
-    parameters = tuple(
-        (value.dtype.str, value.shape, value.tobytes())
-        for value in map(
-            np.asarray, tape.get_parameters(trainable_only=False, operations_only=True)
-        )
-    )
-    return tape.wires.labels, gates, parameters
 
 
 _MCM_OPS = frozenset({"MidMeasure", "Conditional"})

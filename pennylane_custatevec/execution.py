@@ -121,7 +121,8 @@ class _BatchKey:
     """The batch key of a tape compiled on its own: what the tapes of one forward batch
     share, the kernel key and the measurements exactly (the batch is measured with its
     first tape's measurements); built only when compared (``batching.group_by`` builds no
-    key for a lone tape)."""
+    key for a lone tape). Equal to the same pair as a structure's ``batch_key``, so that
+    tapes compiled either way batch together."""
 
     __slots__ = ("_program", "_tape", "_key")
 
@@ -138,7 +139,8 @@ class _BatchKey:
         return hash(self.key)
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, _BatchKey) and self.key == other.key
+        # equal to a prepared tape's key too (a structure's, ``Structure.batch_key``)
+        return self.key == (other.key if isinstance(other, _BatchKey) else other)
 
 
 def _prepared_key(item: PreparedTape) -> object:

@@ -14,7 +14,9 @@ never by ``hash``.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -146,11 +148,18 @@ class Structure:
             (operation, tuple(steps_of[operation])) for operation in sorted(rebuilt)
         )
         self._prepares_state = compiled.register.initial_state is not None
-        rebuilt_operations = [*rebuilt, 0] if self._prepares_state else rebuilt
-        self.replayable = all(_rebinds_exactly(operations[i]) for i in rebuilt_operations)
+
+    @functools.cached_property
+    def replayable(self) -> bool:
         """Whether ``compile`` can rebuild, from parameter values alone, every operation
         that it rebuilds (``execute_structures`` runs only such structures; a tape's own
-        operations serve ``compile`` otherwise)."""
+        operations serve ``compile`` otherwise). Asked by the compiled path only: a
+        device's tapes never pay for the check."""
+        operations = self.template.operations
+        rebuilt = [operation for operation, _ in self._rebuilt]
+        if self._prepares_state:
+            rebuilt.append(0)
+        return all(_rebinds_exactly(operations[i]) for i in rebuilt)
 
     @classmethod
     def of(cls, tape: QuantumScript, device_wires: Wires | None) -> Structure:
@@ -311,9 +320,11 @@ def _same_but_data(fresh: Sequence[Step], template: Sequence[Step]) -> bool:
 
 
 class StructureCache:
-    """A device's structures by ``StructureKey`` (at most ``MAX_STRUCTURES``; the oldest
-    go first), so that the tapes of one structure are compiled from the first one's
-    steps (``Structure.compile``)."""
+    """A device's structures by ``StructureKey`` (at most ``MAX_STRUCTURES``, the least
+    recently used go first), so that the tapes of one structure are compiled from the
+    first one's steps (``Structure.compile``). A structure is made on the second tape of
+    its key: a circuit seen once (a random circuit) costs its key and its compilation, no
+    more."""
 
     MAX_STRUCTURES = 256
     """Enough for the structures of a training loop (a QNode's tape, its
@@ -321,23 +332,38 @@ class StructureCache:
 
     def __init__(self, device_wires: Wires | None):
         self._device_wires = device_wires
-        self._structures: dict[StructureKey, Structure | None] = {}
+        self._structures: collections.OrderedDict[StructureKey, object] = collections.OrderedDict()
 
-    def get(self, tape: QuantumScript) -> Structure | None:
-        """The structure of ``tape``, made on the first tape of its key; None where the
-        tape has none (``Structure.of`` refuses it)."""
+    def lookup(self, tape: QuantumScript) -> tuple[StructureKey, Structure | None]:
+        """The key of ``tape`` and its structure: None the first time its key is seen,
+        and where the tape has none (``Structure.of`` refuses it)."""
         key = StructureKey.of(tape)
-        if key in self._structures:
-            return self._structures[key]
+        if tape.shots:  # a structure is analytic (the key does not hold the shots)
+            return key, None
+        entry = self._structures.get(key, _UNSEEN)
+        if entry is _UNSEEN:
+            self._remember(key, _SEEN_ONCE)
+            return key, None
+        self._structures.move_to_end(key)
+        if entry is not _SEEN_ONCE:
+            return key, entry
         try:
             has_one = _has_one(tape) and not _holds_objects(key)
             structure = Structure(key, tape, self._device_wires) if has_one else None
         except ValueError:
             structure = None
-        if len(self._structures) >= self.MAX_STRUCTURES:
-            self._structures.pop(next(iter(self._structures)))
         self._structures[key] = structure
-        return structure
+        return key, structure
+
+    def _remember(self, key: StructureKey, entry) -> None:
+        if len(self._structures) >= self.MAX_STRUCTURES:
+            self._structures.popitem(last=False)
+        self._structures[key] = entry
+
+
+_UNSEEN = object()
+_SEEN_ONCE = object()
+"""Markers of ``StructureCache``: a key not in it, and a key seen once (no structure yet)."""
 
 
 def _holds_objects(key: StructureKey) -> bool:

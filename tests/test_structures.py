@@ -254,3 +254,48 @@ def test_a_structure_compiles_templates_broadcasts_and_runs_of_rotations():
         assert_same_compilation(got, compile_steps(tape, device.wires))
         # every parametrized step reads its data by an angle rule: nothing is rebuilt
         assert not structure._rebuilt  # noqa: SLF001
+
+
+def test_the_cache_makes_a_structure_on_the_second_tape_of_a_key_and_keeps_the_hot_ones(
+    monkeypatch,
+):
+    from pennylane_custatevec.structures import StructureCache
+
+    monkeypatch.setattr(StructureCache, "MAX_STRUCTURES", 3)
+    cache = StructureCache(None)
+
+    def tape(wire, angle=0.1):
+        return qml.tape.QuantumScript(
+            [qml.RX(angle, wires=wire)], [qml.expval(qml.Z(wire))], trainable_params=[0]
+        )
+
+    key, structure = cache.lookup(tape(0))
+    assert structure is None and key == StructureKey.of(tape(0))  # seen once: none yet
+    _, structure = cache.lookup(tape(0, 0.7))
+    assert isinstance(structure, Structure)
+    assert cache.lookup(tape(0, 1.3))[1] is structure
+    for wire in (1, 2):  # two more keys, each seen once; the first stays the most recent
+        cache.lookup(tape(wire))
+        assert cache.lookup(tape(0))[1] is structure
+    cache.lookup(tape(3))  # a fourth key: the least recently used one (wire 1) goes
+    assert cache.lookup(tape(0))[1] is structure
+    assert cache.lookup(tape(1))[1] is None  # forgotten: seen once again
+    sampled = qml.tape.QuantumScript([qml.RX(0.1, 0)], [qml.expval(qml.Z(0))], shots=10)
+    cache.lookup(sampled)
+    assert cache.lookup(sampled)[1] is None  # no structure with shots
+
+
+def test_the_device_compiles_by_structure_from_the_second_call(mocker):
+    device = qml.device("custatevec.qubit", wires=2, backend="cpu")
+    compile_spy = mocker.spy(Structure, "compile")
+
+    @qml.qnode(device, diff_method="adjoint")
+    def circuit(x):
+        qml.RX(x, wires=0)
+        qml.CNOT([0, 1])
+        return qml.expval(qml.Z(1))
+
+    reference = qml.QNode(circuit.func, qml.device("default.qubit", wires=2))
+    for calls, x in enumerate([0.3, -1.1, 2.5]):
+        np.testing.assert_allclose(circuit(x), reference(x), atol=1e-12)
+        assert compile_spy.call_count == calls  # none on the first call, then one each
