@@ -10,27 +10,11 @@ import numpy as np
 import pennylane as qml
 import pytest
 import torch
+from compiled_support import three_qubit_circuit
 
 import pennylane_custatevec
 from pennylane_custatevec import options
 from pennylane_custatevec.device import CuStateVecDevice
-
-
-def _expval_and_probs():
-    return qml.expval(qml.Z(0)), qml.probs(wires=[1, 2])
-
-
-def _circuit(measurements=_expval_and_probs):
-    @qml.qnode(qml.device("custatevec.qubit", wires=3, backend="cpu"), interface="torch")
-    def circuit(x):
-        qml.RX(x[0], 0)
-        qml.RY(x[1], 1)
-        qml.CNOT([0, 1])
-        qml.CRZ(x[2], [1, 2])
-        qml.IsingXX(x[0] * x[1], wires=[0, 2])
-        return measurements()
-
-    return circuit
 
 
 def _flat(result):
@@ -73,7 +57,7 @@ def _separate_rows(circuit, x, rows):
 
 
 def test_jacrev_is_one_sweep(sweeps):
-    circuit = _circuit()
+    circuit = three_qubit_circuit()
     compiled = pennylane_custatevec.compile(circuit)
     x = torch.tensor([0.5, 0.2, -0.4], dtype=torch.float64, requires_grad=True)
     expected = torch.autograd.functional.jacobian(lambda v: _flat(circuit(v)), x)
@@ -98,7 +82,7 @@ def test_r_cotangents_are_one_sweep(sweeps, accumulation, transform):
     """torch.func.vmap over torch.func.vjp (on replayed calls), and torch's legacy vmap
     (``is_grads_batched=True``) on recorded (first), traced (second) and replayed calls
     alike: the 6 rows reach the device as one batch."""
-    circuit = _circuit()
+    circuit = three_qubit_circuit()
     compiled = pennylane_custatevec.compile(circuit)
     x = torch.tensor([0.3, -0.8, 1.1], dtype=torch.float64, requires_grad=True)
     rows = torch.as_tensor(np.random.default_rng(3).uniform(-1, 1, (6, 5)))
@@ -119,7 +103,7 @@ def test_r_cotangents_are_one_sweep(sweeps, accumulation, transform):
 
 def test_is_grads_batched_with_an_unused_output(sweeps):
     """An output outside the loss gets torch's unbatched zeros: repeated on every row."""
-    circuit = _circuit()
+    circuit = three_qubit_circuit()
     compiled = pennylane_custatevec.compile(circuit)
     x = torch.tensor([0.7, 0.1, -1.3], dtype=torch.float64, requires_grad=True)
     rows = torch.as_tensor(np.random.default_rng(6).uniform(-1, 1, 3))
@@ -132,7 +116,7 @@ def test_is_grads_batched_with_an_unused_output(sweeps):
 
 
 def test_jacobian_vectorize_is_one_sweep(sweeps):
-    circuit = _circuit()
+    circuit = three_qubit_circuit()
     compiled = pennylane_custatevec.compile(circuit)
     x = torch.tensor([0.5, 0.2, -0.4], dtype=torch.float64, requires_grad=True)
     expected = torch.autograd.functional.jacobian(lambda v: _flat(circuit(v)), x)
@@ -152,7 +136,7 @@ def test_torchjd_backward_over_eight_losses_is_one_sweep(sweeps):
     torchjd = pytest.importorskip("torchjd")
     from torchjd.aggregation import UPGrad
 
-    circuit = _circuit(lambda: qml.probs(wires=[0, 1, 2]))
+    circuit = three_qubit_circuit(lambda: qml.probs(wires=[0, 1, 2]))
     compiled = pennylane_custatevec.compile(circuit)
     weights = torch.as_tensor(np.random.default_rng(8).uniform(-1, 1, 8))
     start = torch.tensor([0.3, -0.8, 1.1], dtype=torch.float64)

@@ -21,6 +21,7 @@ from pennylane.devices import ExecutionConfig
 
 from ..queuing import without_queuing
 from ..structures import Structure, StructureRun
+from .vmap import unbatch_legacy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,67 +168,6 @@ class CircuitsVJP(torch.autograd.Function):
         return gradients, (0,) * len(gradients)
 
 
-_LEGACY_VMAP_LEVELS = 64
-"""Torch's legacy vmap nests at most 64 levels (``kVmapNumLevels`` in ATen's
-``LegacyBatchedTensorImpl.h``)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class LegacyBatch:
-    """The batch of a backward pass under torch's legacy vmap (``autograd.grad`` with
-    ``is_grads_batched=True``, ``autograd.functional.jacobian`` with ``vectorize=True``):
-    the cotangents arrive as legacy BatchedTensors of one vmap ``level``, each standing for
-    ``size`` rows; the gradients go back batched at that level."""
-
-    level: int
-    size: int
-
-
-def _legacy_level(cotangent: torch.Tensor) -> int:
-    """The one legacy vmap level that batches ``cotangent``: the level whose removal leaves
-    a plain tensor. Legacy BatchedTensors do not expose their levels to Python; removing a
-    level the tensor is not batched at leaves it batched (at its own levels), so the trial
-    is exact."""
-    for level in range(1, _LEGACY_VMAP_LEVELS + 1):
-        removed = torch._remove_batch_dim(cotangent, level, 1, 0)
-        if not torch._C._functorch.is_legacy_batchedtensor(removed):
-            return level
-    raise RuntimeError(
-        "pennylane_custatevec.compile: a cotangent is batched by nested legacy vmaps "
-        "(autograd.grad with is_grads_batched=True inside another); use torch.func.vmap "
-        "over torch.func.vjp, or torch.func.jacrev."
-    )
-
-
-def unbatch_legacy(cotangents: Sequence[torch.Tensor]) -> tuple[list, LegacyBatch | None]:
-    """Cotangents of a legacy-vmapped backward as plain tensors with their batch axis first
-    (a cotangent the vmap did not batch, as torch's zeros for an unused output, repeated
-    on every row), and their ``LegacyBatch``; cotangents without a legacy batch as they are,
-    and None."""
-    batched = [torch._C._functorch.is_legacy_batchedtensor(dy) for dy in cotangents]
-    if not any(batched):
-        return list(cotangents), None
-    levels = {
-        _legacy_level(dy) for dy, is_batched in zip(cotangents, batched, strict=True) if is_batched
-    }
-    if len(levels) != 1:
-        raise RuntimeError(
-            "pennylane_custatevec.compile: the cotangents are batched by different legacy "
-            f"vmap levels {sorted(levels)}; use torch.func.vmap over torch.func.vjp."
-        )
-    (level,) = levels
-    rows = [
-        torch._remove_batch_dim(dy, level, 1, 0) if is_batched else None
-        for dy, is_batched in zip(cotangents, batched, strict=True)
-    ]
-    size = next(row.shape[0] for row in rows if row is not None)
-    rows = [
-        dy.unsqueeze(0).expand(size, *dy.shape) if row is None else row
-        for dy, row in zip(cotangents, rows, strict=True)
-    ]
-    return rows, LegacyBatch(level, size)
-
-
 def vjp(
     call: CircuitCall, run: StructureRun, layout: ResultsLayout, cotangents: Sequence
 ) -> list[torch.Tensor]:
@@ -249,6 +189,6 @@ def vjp(
         for index in range(len(positions)):
             gradient = _to_torch(np.asarray(structure_gradients[index]), call.torch_device)
             if legacy is not None:
-                gradient = torch._add_batch_dim(gradient, 0, legacy.level)
+                gradient = legacy.batched(gradient)
             out.append(gradient)
     return out
