@@ -52,6 +52,7 @@ from torch._C import _functorch
 
 from ..device import CuStateVecDevice
 from ..exact import value_key
+from ..queuing import without_queuing
 from ..structures import Structure, StructureKey
 from .function import CircuitCall, Circuits, ResultsLayout, as_numpy
 from .trace import Slot, Trace, Tracer, TraceRefused
@@ -320,7 +321,8 @@ class CompiledQNode:
             )
         with vmapped.interpreter.lower():
             values = [vmapped.broadcast(value) for value in tape.get_parameters(False)]
-            broadcast = tape.bind_new_parameters(values, list(range(len(values))))
+            with without_queuing():
+                broadcast = tape.bind_new_parameters(values, list(range(len(values))))
             broadcast.trainable_params = qml.math.get_trainable_indices(values)
             result = self._recorded_tape(broadcast, output, args, kwargs, None)[0]
         return vmapped.batched(result)
@@ -341,7 +343,7 @@ class CompiledQNode:
         structures, keys, parameters, originals = [], [], [], []
         for device_tape in tapes:
             everything = device_tape.get_parameters(trainable_only=False)
-            (numeric,), _ = qml.transforms.convert_to_numpy_parameters(device_tape)
+            numeric = _numeric(device_tape)
             numeric.trainable_params = qml.math.get_trainable_indices(everything)
             structure_key = StructureKey.of(numeric)
             structures.append(self._structure(structure_key, numeric))
@@ -391,9 +393,10 @@ class CompiledQNode:
             structures, keys = [], []
             for device_tape, row in zip(tapes, sources, strict=True):
                 bound = [values[s.index] if isinstance(s, Slot) else s for s in row]
-                numeric = device_tape.bind_new_parameters(
-                    [as_numpy(value) for value in bound], list(range(len(bound)))
-                )
+                with without_queuing():
+                    numeric = device_tape.bind_new_parameters(
+                        [as_numpy(value) for value in bound], list(range(len(bound)))
+                    )
                 numeric.trainable_params = [
                     i
                     for i, value in enumerate(bound)
@@ -478,6 +481,14 @@ def _unflatten(leaves, nesting):
     from .function import unflatten
 
     return unflatten(list(leaves), nesting)
+
+
+def _numeric(tape: QuantumScript) -> QuantumScript:
+    """``tape`` with numpy parameters. Rebinding builds operators (a product observable's
+    factors): ``without_queuing``, never into another thread's recording."""
+    with without_queuing():
+        (numeric,), _ = qml.transforms.convert_to_numpy_parameters(tape)
+    return numeric
 
 
 def _record(qnode: qml.QNode, args, kwargs) -> tuple[QuantumScript, object]:
