@@ -177,6 +177,14 @@ class CompiledQNode:
     def __repr__(self) -> str:
         return f"<CompiledQNode of {self.qnode!r}>"
 
+    def __getattr__(self, name: str):
+        """The QNode's public attributes (``func``, ``interface``, ``device``,
+        ``construct``, ...), so that what takes a QNode (``qml.qnn.TorchLayer``, which reads
+        the quantum function's signature and the interface) takes a compiled one."""
+        if name.startswith("_") or name == "qnode":
+            raise AttributeError(name)
+        return getattr(self.qnode, name)
+
     def modes(self) -> dict:
         """How each signature key is served now (a ``_Mode``'s name per key), for tests and
         inspection."""
@@ -185,6 +193,7 @@ class CompiledQNode:
 
     # --- dispatch ------------------------------------------------------------------
 
+    @torch.compiler.disable  # under torch.compile: a graph break, the call runs eagerly
     def __call__(self, *args, **kwargs):
         reason = self._qnode_fallback_reason(args, kwargs)
         if reason is not None:
