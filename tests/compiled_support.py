@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pennylane as qml
 import torch
 
 ATOL = 1e-10
@@ -74,3 +75,23 @@ def assert_same_call(compiled, qnode, *args, **kwargs):
             assert g is not None, f"gradient {i}: None"
             np.testing.assert_allclose(g.numpy(), w.numpy(), atol=ATOL, err_msg=f"gradient {i}")
     return got
+
+
+def expval_and_probs():
+    return qml.expval(qml.Z(0)), qml.probs(wires=[1, 2])
+
+
+def three_qubit_circuit(measurements=expval_and_probs) -> qml.QNode:
+    """A QNode on 3 wires of ``x`` (3 entries): RX, RY, CNOT, CRZ and IsingXX of
+    ``x[0] * x[1]``, returning ``measurements()``."""
+
+    @qml.qnode(qml.device("custatevec.qubit", wires=3, backend="cpu"), interface="torch")
+    def circuit(x):
+        qml.RX(x[0], 0)
+        qml.RY(x[1], 1)
+        qml.CNOT([0, 1])
+        qml.CRZ(x[2], [1, 2])
+        qml.IsingXX(x[0] * x[1], wires=[0, 2])
+        return measurements()
+
+    return circuit

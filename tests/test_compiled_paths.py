@@ -12,6 +12,7 @@ import pennylane as qml
 import pytest
 import torch
 from compiled_support import assert_same_call, assert_same_result
+from pennylane.queuing import AnnotatedQueue
 from test_adjoint import COMPOSITE, PARAMETRIZED, gate_case
 
 import pennylane_custatevec
@@ -312,3 +313,15 @@ def test_operators_built_by_another_thread_never_enter_a_compiled_recording():
     for g, e in zip(got, expected, strict=True):
         for a, b in zip(g, e, strict=True):
             torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
+def test_the_compiled_path_builds_no_operator_into_a_recording():
+    """Operators the compiled path builds (rebinding a tape's parameters rebuilds a product
+    observable's factors) never land in a recording: another thread's would get them (a
+    wrong circuit); here one open around the calls in this thread stays empty."""
+    compiled = pennylane_custatevec.compile(_plain(_device(), interface="torch"))
+    x = _t([0.4, -1.2])
+    with AnnotatedQueue() as outer:
+        for _ in range(3):  # recorded, traced, replayed
+            compiled(x)
+    assert outer.queue == []

@@ -21,6 +21,7 @@ from pennylane.devices import ExecutionConfig
 
 from ..queuing import without_queuing
 from ..structures import Structure, StructureRun
+from .vmap import unbatch_legacy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,9 +133,11 @@ class Circuits(torch.autograd.Function):
 
 class CircuitsVJP(torch.autograd.Function):
     """The gradients of a ``Circuits`` call's trainable tensors for its outputs'
-    cotangents (``vjp``). Under ``vmap`` (``is_grads_batched=True``,
-    ``jacobian(..., vectorize=True)``, ``torch.func.vmap`` over a ``torch.func.vjp``
-    function) the batch of R cotangents reaches the device as one batch: one sweep."""
+    cotangents (``vjp``). Under torch.func's ``vmap`` (over a ``torch.func.vjp`` function,
+    ``torch.func.jacrev``, torchjd) its vmap rule, under torch's legacy vmap
+    (``is_grads_batched=True``, ``jacobian(..., vectorize=True)``, which never calls a vmap
+    rule) ``unbatch_legacy`` in ``vjp``, give the batch of R cotangents to the device as one
+    batch: one sweep."""
 
     @staticmethod
     def forward(call: CircuitCall, layout: ResultsLayout, *cotangents: torch.Tensor):
@@ -170,14 +173,10 @@ def vjp(
 ) -> list[torch.Tensor]:
     """The gradients of the trainable tensors of ``call`` for the flat ``cotangents`` of
     its outputs (torch's convention), by one ``vjp_structures`` of ``run``; a leading
-    axis of ``batch`` rows on every cotangent gives gradients with that leading axis."""
-    if any(torch._C._functorch.is_legacy_batchedtensor(dy) for dy in cotangents):
-        raise RuntimeError(
-            "pennylane_custatevec.compile: torch's legacy vmap (autograd.grad with "
-            "is_grads_batched=True, autograd.functional.jacobian with vectorize=True) cannot "
-            "reach the device; use torch.func.vmap over torch.func.vjp, or torch.func.jacrev, "
-            "which give the batch of cotangents to the device in one sweep."
-        )
+    axis of ``batch`` rows on every cotangent gives gradients with that leading axis.
+    Cotangents batched by torch's legacy vmap reach the device as one batch of their rows
+    (``unbatch_legacy``), and the gradients go back batched as they came."""
+    cotangents, legacy = unbatch_legacy(cotangents)
     host = [np.asarray(torch.conj(dy).detach().cpu().resolve_conj().numpy()) for dy in cotangents]
     per_structure, start = [], 0
     for count, nesting in layout.nesting:
@@ -188,5 +187,8 @@ def vjp(
     out = []
     for structure_gradients, positions in zip(gradients, call.trainable, strict=True):
         for index in range(len(positions)):
-            out.append(_to_torch(np.asarray(structure_gradients[index]), call.torch_device))
+            gradient = _to_torch(np.asarray(structure_gradients[index]), call.torch_device)
+            if legacy is not None:
+                gradient = legacy.batched(gradient)
+            out.append(gradient)
     return out

@@ -48,6 +48,7 @@ from pennylane.queuing import AnnotatedQueue
 from pennylane.tape import QuantumScript
 from pennylane.workflow.qnode import _to_qfunc_output_type
 from pennylane.workflow.resolution import _resolve_execution_config
+from torch._C import _functorch
 
 from ..device import CuStateVecDevice
 from ..exact import value_key
@@ -55,6 +56,7 @@ from ..queuing import without_queuing
 from ..structures import Structure, StructureKey
 from .function import CircuitCall, Circuits, ResultsLayout, as_numpy
 from .trace import Slot, Trace, Tracer, TraceRefused
+from .vmap import VmapCall
 
 MAX_KEYS = 64
 """Signature keys kept per compiled QNode (least recently used dropped)."""
@@ -175,6 +177,14 @@ class CompiledQNode:
     def __repr__(self) -> str:
         return f"<CompiledQNode of {self.qnode!r}>"
 
+    def __getattr__(self, name: str):
+        """The QNode's public attributes (``func``, ``interface``, ``device``,
+        ``construct``, ...), so that what takes a QNode (``qml.qnn.TorchLayer``, which reads
+        the quantum function's signature and the interface) takes a compiled one."""
+        if name.startswith("_") or name == "qnode":
+            raise AttributeError(name)
+        return getattr(self.qnode, name)
+
     def modes(self) -> dict:
         """How each signature key is served now (a ``_Mode``'s name per key), for tests and
         inspection."""
@@ -183,10 +193,16 @@ class CompiledQNode:
 
     # --- dispatch ------------------------------------------------------------------
 
+    @torch.compiler.disable  # under torch.compile: a graph break, the call runs eagerly
     def __call__(self, *args, **kwargs):
         reason = self._qnode_fallback_reason(args, kwargs)
         if reason is not None:
             return self._fallback(reason, args, kwargs)
+        leaves: list = []
+        _torch_leaves((args, kwargs), leaves)
+        vmapped = VmapCall.of(leaves)
+        if vmapped is not None:
+            return self._vmapped(vmapped, args, kwargs)
         device: CuStateVecDevice = self.qnode.device
         key = (
             _argument_key(args),
@@ -280,10 +296,45 @@ class CompiledQNode:
         """Record, preprocess and run one call: (result, batch, config, the parameters
         per structure as the device took them)."""
         tape, output = _record(self.qnode, args, kwargs)
+        return self._recorded_tape(tape, output, args, kwargs, config)
+
+    def _recorded_tape(self, tape: QuantumScript, output, args, kwargs, config):
+        """``_recorded`` from the recorded ``tape`` on."""
         if config is None:
             config = self._config_of(tape, args, kwargs)
         batch, parameters, originals = self._batch_of(tape, output, config)
         return self._run(batch, config, parameters, originals), batch, config, parameters
+
+    def _vmapped(self, vmapped: VmapCall, args, kwargs):
+        """A call under ``torch.func.vmap`` as one broadcast call (``vmap.VmapCall``): the
+        quantum function recorded on the batched arguments, its gate parameters' batch axes
+        first, the broadcast tape recorded, preprocessed and run below the vmap, its results
+        batched at their leading axis. Recorded on every call (a trace replays torch calls
+        on plain tensors)."""
+        tape, output = _record(self.qnode, args, kwargs)
+        if tape.batch_size is not None:
+            raise RuntimeError(
+                "pennylane_custatevec.compile: under torch.func.vmap the circuit of one row is "
+                f"itself broadcast (batch size {tape.batch_size}); pass the whole batch as a "
+                "broadcast input instead of vmapping."
+            )
+        if any(
+            _functorch.is_functorch_wrapped_tensor(value)
+            for measurement in tape.measurements
+            if measurement.obs is not None
+            for value in measurement.obs.data
+        ):
+            raise RuntimeError(
+                "pennylane_custatevec.compile: under torch.func.vmap an observable depends "
+                "on a batched argument; only gate parameters may."
+            )
+        with vmapped.interpreter.lower():
+            values = [vmapped.broadcast(value) for value in tape.get_parameters(False)]
+            with without_queuing():
+                broadcast = tape.bind_new_parameters(values, list(range(len(values))))
+            broadcast.trainable_params = qml.math.get_trainable_indices(values)
+            result = self._recorded_tape(broadcast, output, args, kwargs, None)[0]
+        return vmapped.batched(result)
 
     def _config_of(self, tape: QuantumScript, args, kwargs):
         config = qml.workflow.construct_execution_config(self.qnode, resolve=False)(*args, **kwargs)
@@ -304,7 +355,7 @@ class CompiledQNode:
             tapes, post_processing = device.preprocess_transforms(config)((tape,))
             for device_tape in tapes:
                 everything = device_tape.get_parameters(trainable_only=False)
-                (numeric,), _ = qml.transforms.convert_to_numpy_parameters(device_tape)
+                numeric = _numeric(device_tape)
                 numeric.trainable_params = qml.math.get_trainable_indices(everything)
                 structure_key = StructureKey.of(numeric)
                 structures.append(self._structure(structure_key, numeric))
@@ -473,6 +524,14 @@ class _ThisThreadsQueue(AnnotatedQueue):
     def update_info(self, obj, **kwargs):
         if threading.get_ident() == self._owner:
             super().update_info(obj, **kwargs)
+
+
+def _numeric(tape: QuantumScript) -> QuantumScript:
+    """``tape`` with numpy parameters. Rebinding builds operators (a product observable's
+    factors): ``without_queuing``, never into another thread's recording."""
+    with without_queuing():
+        (numeric,), _ = qml.transforms.convert_to_numpy_parameters(tape)
+    return numeric
 
 
 def _record(qnode: qml.QNode, args, kwargs) -> tuple[QuantumScript, object]:
