@@ -1,7 +1,10 @@
 """Hybrid classical-quantum classifier: a ``qml.qnn.TorchLayer`` on ``custatevec.qubit``.
 
 Shows a QNode differentiated by the device itself (``diff_method="adjoint"`` with
-``device_vjp=True``) training inside an ordinary ``torch.nn.Sequential``:
+``device_vjp=True``), compiled with ``pennylane_custatevec.compile`` (each call one
+``torch.autograd.Function``, without PennyLane's per-call workflow; ``--plain-qnode`` runs
+the QNode itself, with the same results), training inside an ordinary
+``torch.nn.Sequential``:
 
     TorchLayer(data re-uploading circuit) -> Linear(wires, 2)
 
@@ -27,6 +30,8 @@ import numpy as np
 import pennylane as qml
 import torch
 from tqdm import tqdm
+
+import pennylane_custatevec
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,7 @@ def make_moons(
     return x[order], y[order]
 
 
-def build_model(n_wires: int, n_layers: int) -> torch.nn.Module:
+def build_model(n_wires: int, n_layers: int, compiled: bool = True) -> torch.nn.Module:
     dev = qml.device("custatevec.qubit", wires=n_wires)
     feature_of_wire = [w % 2 for w in range(n_wires)]
 
@@ -69,7 +74,8 @@ def build_model(n_wires: int, n_layers: int) -> torch.nn.Module:
             qml.StronglyEntanglingLayers(weights[layer : layer + 1], wires=range(n_wires))
         return [qml.expval(qml.PauliZ(w)) for w in range(n_wires)]
 
-    quantum = qml.qnn.TorchLayer(circuit, {"weights": (n_layers, n_wires, 3)})
+    layer = pennylane_custatevec.compile(circuit) if compiled else circuit
+    quantum = qml.qnn.TorchLayer(layer, {"weights": (n_layers, n_wires, 3)})
     return torch.nn.Sequential(quantum, torch.nn.Linear(n_wires, 2))
 
 
@@ -94,6 +100,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.1, help="Adam learning rate (default 0.1)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument(
+        "--plain-qnode",
+        action="store_true",
+        help="run the QNode itself rather than pennylane_custatevec.compile of it",
+    )
     return parser.parse_args(argv)
 
 
@@ -106,7 +117,7 @@ def main(argv: list[str] | None = None) -> Result:
     y = torch.tensor(y_np)
     x_train, y_train, x_test, y_test = x[n_test:], y[n_test:], x[:n_test], y[:n_test]
 
-    model = build_model(args.wires, args.layers)
+    model = build_model(args.wires, args.layers, compiled=not args.plain_qnode)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     loss_fn = torch.nn.CrossEntropyLoss()
     n_train = len(x_train)

@@ -52,6 +52,18 @@ def test_torchlayer_classifier_learns_and_shows_progress(capsys):
     assert re.search(r"train accuracy [\d.]+  test accuracy [\d.]+$", captured.out.strip())
 
 
+def test_torchlayer_classifier_trains_alike_compiled_and_plain(capsys):
+    """The demo compiles its QNode by default; the plain QNode trains to the same numbers."""
+    classifier = load_demo("torchlayer_classifier")
+    arguments = ["--samples", "40", "--epochs", "2", "--no-progress"]
+    compiled = classifier.main(arguments)
+    plain = classifier.main([*arguments, "--plain-qnode"])
+    assert compiled.train_accuracy == plain.train_accuracy
+    assert compiled.test_accuracy == plain.test_accuracy
+    assert abs(compiled.final_loss - plain.final_loss) <= 1e-10
+    capsys.readouterr()
+
+
 def test_qaoa_maxcut_command_line_finds_the_max_cut():
     completed = subprocess.run(
         [
