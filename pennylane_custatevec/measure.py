@@ -84,29 +84,11 @@ def _expectation(
 ) -> np.ndarray:
     """<psi_b|O|psi_b> for each vector of the batch, float64 of shape (B,)."""
     if form.pauli is not None:
-        return _pauli_expectations(backend, state, register, [form.pauli])[0]
+        return _pauli_values(backend, state, _sentence_plan(register, [form.pauli]))[0]
     if form.matrix is not None:
         return np.real(backend.expval_matrix(state, form.matrix, register.targets(form.wires)))
     vectors = backend.to_host(state)
     return np.real(np.einsum("bi,bi->b", vectors.conj(), (form.sparse @ vectors.T).T))
-
-
-def _pauli_expectations(
-    backend: Backend, state: StateBatch, register: Register, sentences: list
-) -> list[np.ndarray]:
-    """<sum_k c_k P_k> of each Pauli sentence, float64 (B,) each: the distinct words of
-    all the sentences in one backend call."""
-    columns: dict = {}
-    per_sentence = []
-    for sentence in sentences:
-        terms = []
-        for letters, bits, coefficient in _backend_words(sentence, register):
-            column = columns.setdefault((letters, bits), len(columns))
-            terms.append((column, np.real(coefficient)))
-        per_sentence.append(terms)
-    values = backend.expval_pauli_words(state, list(columns))
-    zero = np.zeros(values.shape[0])
-    return [sum((c * values[:, k] for k, c in terms), zero) for terms in per_sentence]
 
 
 def transition(
@@ -135,28 +117,11 @@ def expvals(
 ) -> list[np.ndarray]:
     """<O> of each observable for each vector, float64 (B,) each: the Pauli ones' words
     in one backend call."""
-    return _paulis_in_one_call(
-        backend,
-        state,
-        register,
-        [obs.pauli_rep for obs in observables],
-        lambda i: expval(backend, state, register, observables[i]),
-    )
-
-
-def _paulis_in_one_call(
-    backend: Backend, state: StateBatch, register: Register, sentences: list, measure_one
-) -> list:
-    """Each item's value: the expectation value of its Pauli sentence where it has one
-    (not None), all of those from one backend call; ``measure_one(i)`` for the others."""
-    paulis = [i for i, sentence in enumerate(sentences) if sentence is not None]
-    results: list = [None] * len(sentences)
-    if paulis:
-        values = _pauli_expectations(backend, state, register, [sentences[i] for i in paulis])
-        for i, value in zip(paulis, values, strict=True):
-            results[i] = value
+    plan = _sentence_plan(register, [obs.pauli_rep for obs in observables])
+    values = _pauli_values(backend, state, plan)
     return [
-        measure_one(i) if sentence is None else results[i] for i, sentence in enumerate(sentences)
+        expval(backend, state, register, obs) if value is None else value
+        for obs, value in zip(observables, values, strict=True)
     ]
 
 
@@ -279,19 +244,11 @@ def pauli_plan(register: Register, measurements, memo: dict | None = None) -> Pa
     plan = memo.get(_PAULI_PLAN) if memo is not None else None
     if plan is not None:
         return plan
-    columns: dict = {}
-    terms = []
-    for mp in measurements:
-        if not isinstance(mp, ExpectationMP) or mp.obs is None or mp.obs.pauli_rep is None:
-            terms.append(None)
-            continue
-        terms.append(
-            tuple(
-                (columns.setdefault((letters, bits), len(columns)), coefficient)
-                for letters, bits, coefficient in _backend_words(mp.obs.pauli_rep, register)
-            )
-        )
-    plan = PauliPlan(tuple(columns), tuple(terms))
+    sentences = [
+        mp.obs.pauli_rep if isinstance(mp, ExpectationMP) and mp.obs is not None else None
+        for mp in measurements
+    ]
+    plan = _sentence_plan(register, sentences)
     if memo is not None:
         memo[_PAULI_PLAN] = plan
     return plan
@@ -304,13 +261,40 @@ def measure_all_analytic(
     expectation values of Pauli observables all come from one backend call
     (``pauli_plan``; ``memo``: the compilation's, see ``program.Compilation.memo``)."""
     plan = pauli_plan(register, measurements, memo)
-    values = backend.expval_pauli_words(state, list(plan.words)) if plan.words else None
-    results = []
-    for mp, terms in zip(measurements, plan.terms, strict=True):
-        if terms is None:
-            results.append(measure_analytic(backend, state, register, mp))
+    values = _pauli_values(backend, state, plan)
+    return [
+        measure_analytic(backend, state, register, mp) if value is None else value
+        for mp, value in zip(measurements, values, strict=True)
+    ]
+
+
+def _sentence_plan(register: Register, sentences: list) -> PauliPlan:
+    """The ``PauliPlan`` of Pauli sentences (None: an item that is not one)."""
+    columns: dict = {}
+    terms = []
+    for sentence in sentences:
+        if sentence is None:
+            terms.append(None)
             continue
-        total = np.zeros(register.batch_size if values is None else values.shape[0])
+        terms.append(
+            tuple(
+                (columns.setdefault((letters, bits), len(columns)), coefficient)
+                for letters, bits, coefficient in _backend_words(sentence, register)
+            )
+        )
+    return PauliPlan(tuple(columns), tuple(terms))
+
+
+def _pauli_values(backend: Backend, state: StateBatch, plan: PauliPlan) -> list[np.ndarray | None]:
+    """<sum_k c_k P_k> of each sentence of ``plan``, float64 (B,) each (None for an item
+    that is not one): the distinct words of all of them in one backend call."""
+    values = backend.expval_pauli_words(state, list(plan.words)) if plan.words else None
+    results: list = []
+    for terms in plan.terms:
+        if terms is None:
+            results.append(None)
+            continue
+        total = np.zeros(state.shape[0])  # the batch measured (a vector of it, say)
         for column, coefficient in terms:
             total = total + np.real(coefficient) * values[:, column]
         results.append(total)

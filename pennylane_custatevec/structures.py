@@ -169,8 +169,7 @@ class Structure:
             raise ValueError(
                 "a Structure is analytic: the tape has shots; run it through the QNode."
             )
-        n_operation_parameters = sum(len(op.data) for op in tape.operations)
-        observable_trainable = [i for i in tape.trainable_params if i >= n_operation_parameters]
+        observable_trainable = _trainable_observable_data(tape)
         if observable_trainable:
             raise ValueError(
                 "a Structure differentiates gate parameters only; the tape's trainable "
@@ -374,10 +373,14 @@ def _holds_objects(key: StructureKey) -> bool:
 
 def _has_one(tape: QuantumScript) -> bool:
     """Whether ``tape`` has a structure: analytic, its trainable parameters its gates'."""
-    if tape.shots:
-        return False
+    return not tape.shots and not _trainable_observable_data(tape)
+
+
+def _trainable_observable_data(tape: QuantumScript) -> list[int]:
+    """The tape's trainable parameters that belong to its observables (after all of its
+    operations' parameters)."""
     n_operation_parameters = sum(len(op.data) for op in tape.operations)
-    return all(index < n_operation_parameters for index in tape.trainable_params)
+    return [index for index in tape.trainable_params if index >= n_operation_parameters]
 
 
 @dataclasses.dataclass(eq=False)
