@@ -16,7 +16,7 @@ from pennylane.measurements import MeasurementProcess
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
-from . import batching, fusion, measure, simulate
+from . import batching, fusion, measure, sequences, simulate
 from .backends.base import Backend
 from .exact import measurements_key
 from .instructions import Kind
@@ -159,14 +159,13 @@ def _run_analytic_batch(
     (else none, so that the batch is freed on return)."""
     compilation = merge(compilations)  # a lone tape's own compilation
     register = compilation.register
-    fusion_qubits = fusion.block_width(register, fusion_qubits, backend.fusion_traits)
     plan = None
-    if fusion_qubits > 1 or keep:  # kept, the plan of one unit per step serves the sweep
-        plan = fusion.fused_plan(compilation, fusion_qubits, backend.fusion_traits)
-        program = plan.program
+    sequence = sequences.forward_plan(backend, compilation)
+    if sequence is not None:  # a small circuit of a known structure: one backend call
+        state = simulate.initial_state(backend, register, register.batch_size)
+        sequences.run(backend, state, sequence, compilation)
     else:
-        program = flatten(compilation)
-    state, _ = simulate.final_state(backend, program)
+        plan, state = _gate_by_gate(backend, compilation, fusion_qubits, keep)
     values = measure.measure_all_analytic(
         backend, state, register, tapes[0].measurements, compilation.memo
     )
@@ -182,6 +181,22 @@ def _run_analytic_batch(
             )
         offset += tape_register.batch_size
     return results, kept
+
+
+def _gate_by_gate(
+    backend, compilation: Compilation, fusion_qubits: int, keep: bool
+) -> tuple[fusion.FusedPlan | None, object]:
+    """(the fused plan or None, the final states) of a compilation run instruction by
+    instruction, fused into blocks of at most ``fusion_qubits`` qubits."""
+    fusion_qubits = fusion.block_width(compilation.register, fusion_qubits, backend.fusion_traits)
+    plan = None
+    if fusion_qubits > 1 or keep:  # kept, the plan of one unit per step serves the sweep
+        plan = fusion.fused_plan(compilation, fusion_qubits, backend.fusion_traits)
+        program = plan.program
+    else:
+        program = flatten(compilation)
+    state, _ = simulate.final_state(backend, program)
+    return plan, state
 
 
 def _run_sampled(backend, program: Program, tape: QuantumScript, rng, postselect_mode):

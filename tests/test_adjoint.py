@@ -819,10 +819,25 @@ def _check(params, out, values):
         np.testing.assert_allclose(p.grad.numpy(), r, atol=ATOL, rtol=0)
 
 
+class _Simulations:
+    """Counts the simulations of whole circuits: ``simulate.final_state`` (gate by gate)
+    and ``sequences.run`` (a small circuit of a known structure in one backend call)."""
+
+    def __init__(self, mocker):
+        self._spies = (
+            mocker.spy(pennylane_custatevec.simulate, "final_state"),
+            mocker.spy(pennylane_custatevec.sequences, "run"),
+        )
+
+    @property
+    def call_count(self) -> int:
+        return sum(spy.call_count for spy in self._spies)
+
+
 @pytest.fixture
 def simulations(mocker):
-    """The spy on pennylane_custatevec.simulate.final_state (forward and adjoint use it)."""
-    return mocker.spy(pennylane_custatevec.simulate, "final_state")
+    """The simulations of whole circuits (forward and adjoint run them)."""
+    return _Simulations(mocker)
 
 
 def test_vjp_backward_does_not_simulate_again(simulations):

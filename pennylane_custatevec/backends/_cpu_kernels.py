@@ -1226,3 +1226,222 @@ def chunks_per_vector(batch: int, items: int) -> int:
     """How many parallel jobs a kernel cuts each of ``batch`` vectors of ``items`` work
     items into: the first axis of a kernel's per-job partial sums is batch times this."""
     return int(_chunks_per_vector(batch, items))
+
+
+# --- whole gate sequences in one call (small registers; see cpu.CpuBackend.run_sequence) ---
+#
+# A sequence is a table ``ops`` (N, 11) int64, one row an entry, fields by ``SEQ_*`` index,
+# with its bits in ``bits`` and its matrices (dense gates, generators) in ``matrices``
+# (complex128, flat, row-major). Entries: a dense gate (its matrix on its bits, bit j of the
+# matrix index on state bit ``bits[start + j]``); a Pauli rotation exp(-i angle/2 P) where
+# the control bits ``control_mask`` equal ``control_value``, P|i> = i**p (-1)**|i & z| |i ^ x>,
+# its angle ``angles[row, slot]``; and two derivative entries that the forward pass skips:
+# the sweep adds Re(i <bra|G|phi>) (a generator matrix G on bits) or Re(-i/2 <bra|P|phi>)
+# (a rotation's generator -P/2 where its controls hold) to the gradient column ``column``.
+
+SEQ_OPCODE = 0
+SEQ_BITS_START = 1
+SEQ_N_BITS = 2
+SEQ_MATRIX_START = 3
+SEQ_X_MASK = 4
+SEQ_Z_MASK = 5
+SEQ_I_POWER = 6
+SEQ_CONTROL_MASK = 7
+SEQ_CONTROL_VALUE = 8
+SEQ_SLOT = 9
+SEQ_COLUMN = 10
+SEQ_FIELDS = 11
+
+SEQ_DENSE = 0
+SEQ_ROTATION = 1
+SEQ_DENSE_DERIVATIVE = 2
+SEQ_ROTATION_DERIVATIVE = 3
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _seq_offsets(bits, start, count, offsets):
+    """offsets[a]: the state index offset of matrix index a on the entry's bits."""
+    for a in range(1 << count):
+        offset = 0
+        for j in range(count):
+            if (a >> j) & 1:
+                offset |= 1 << bits[start + j]
+        offsets[a] = offset
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _seq_sorted_bits(bits, start, count, out):
+    for j in range(count):
+        out[j] = bits[start + j]
+    out[:count].sort()
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _seq_dense(vec, matrices, mstart, count, sorted_bits, offsets, old, adjoint):
+    """vec <- M vec (or M^dagger vec) on the entry's bits."""
+    d = 1 << count
+    for item in range(vec.shape[0] >> count):
+        base = _insert_zeros(item, sorted_bits[:count])
+        for a in range(d):
+            old[a] = vec[base + offsets[a]]
+        for a in range(d):
+            acc = 0j
+            for c in range(d):
+                if adjoint:
+                    acc += np.conj(matrices[mstart + c * d + a]) * old[c]
+                else:
+                    acc += matrices[mstart + a * d + c] * old[c]
+            vec[base + offsets[a]] = acc
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _seq_rotation(vec, row, angle):
+    """vec <- exp(-i angle/2 P) vec where the controls hold (P and the controls: the
+    entry's ``row`` of the table)."""
+    x_mask, z_mask = row[SEQ_X_MASK], row[SEQ_Z_MASK]
+    i_power = _SEQ_I_POWERS[row[SEQ_I_POWER]]
+    control_mask, control_value = row[SEQ_CONTROL_MASK], row[SEQ_CONTROL_VALUE]
+    cos = np.cos(0.5 * angle)
+    minus_i_sin = -1j * np.sin(0.5 * angle)
+    for j in range(vec.shape[0]):
+        if (j & control_mask) != control_value:
+            continue
+        k = j ^ x_mask
+        if x_mask == 0:
+            sign = 1.0 - 2.0 * _parity(j & z_mask)
+            vec[j] = (cos + minus_i_sin * sign) * vec[j]
+        elif j < k:
+            a = vec[j]
+            b = vec[k]
+            pj = i_power * (1.0 - 2.0 * _parity(k & z_mask)) * b  # (P vec)[j]
+            pk = i_power * (1.0 - 2.0 * _parity(j & z_mask)) * a  # (P vec)[k]
+            vec[j] = cos * a + minus_i_sin * pj
+            vec[k] = cos * b + minus_i_sin * pk
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _seq_pauli_braket(bra, ket, row):
+    """<bra|P|ket> over the indices where the controls hold (as ``_seq_rotation``)."""
+    x_mask, z_mask = row[SEQ_X_MASK], row[SEQ_Z_MASK]
+    i_power = _SEQ_I_POWERS[row[SEQ_I_POWER]]
+    control_mask, control_value = row[SEQ_CONTROL_MASK], row[SEQ_CONTROL_VALUE]
+    total = 0j
+    for j in range(ket.shape[0]):
+        if (j & control_mask) != control_value:
+            continue
+        k = j ^ x_mask
+        total += np.conj(bra[j]) * (i_power * (1.0 - 2.0 * _parity(k & z_mask))) * ket[k]
+    return total
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _seq_dense_braket(bra, ket, matrices, mstart, count, sorted_bits, offsets):
+    """<bra|G|ket> for a matrix G on the entry's bits."""
+    d = 1 << count
+    total = 0j
+    for item in range(ket.shape[0] >> count):
+        base = _insert_zeros(item, sorted_bits[:count])
+        for a in range(d):
+            acc = 0j
+            for c in range(d):
+                acc += matrices[mstart + a * d + c] * ket[base + offsets[c]]
+            total += np.conj(bra[base + offsets[a]]) * acc
+    return total
+
+
+_SEQ_I_POWERS = np.array([1.0 + 0.0j, 1.0j, -1.0 + 0.0j, -1.0j])
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _seq_apply(vec, ops, i, bits, matrices, angles, row, offsets, sorted_bits, old, inverse):
+    """Entry i (a gate) on one vector, or its inverse."""
+    opcode = ops[i, SEQ_OPCODE]
+    if opcode == SEQ_DENSE:
+        count = ops[i, SEQ_N_BITS]
+        start = ops[i, SEQ_BITS_START]
+        _seq_offsets(bits, start, count, offsets)
+        _seq_sorted_bits(bits, start, count, sorted_bits)
+        _seq_dense(
+            vec, matrices, ops[i, SEQ_MATRIX_START], count, sorted_bits, offsets, old, inverse
+        )
+    elif opcode == SEQ_ROTATION:
+        angle = angles[row, ops[i, SEQ_SLOT]]
+        _seq_rotation(vec, ops[i], -angle if inverse else angle)
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def run_sequence(state, ops, bits, matrices, angles):
+    """Every gate entry of the sequence, in order, on every vector of ``state`` (B, 2**n);
+    ``angles`` (1 or B, slots): the rotations' angles per vector."""
+    offsets = np.empty(64, dtype=np.int64)
+    sorted_bits = np.empty(6, dtype=np.int64)
+    old = np.empty(64, dtype=np.complex128)
+    for b in range(state.shape[0]):
+        row = b if angles.shape[0] > 1 else 0
+        vec = state[b]
+        for i in range(ops.shape[0]):
+            _seq_apply(vec, ops, i, bits, matrices, angles, row, offsets, sorted_bits, old, False)
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def sweep_sequence(phi, bras, ops, bits, matrices, angles, out):
+    """The adjoint sweep of the sequence from the final states ``phi`` (B, 2**n) and their
+    bras (B*R, 2**n; vector b's are rows b*R .. b*R + R - 1), both consumed: walking back
+    from the last entry, each derivative entry adds its gradient for every bra to
+    ``out[b, r, column]`` and each gate is undone on phi and the bras, down to the first
+    derivative entry."""
+    offsets = np.empty(64, dtype=np.int64)
+    sorted_bits = np.empty(6, dtype=np.int64)
+    old = np.empty(64, dtype=np.complex128)
+    first = ops.shape[0]
+    for i in range(ops.shape[0]):
+        opcode = ops[i, SEQ_OPCODE]
+        if opcode == SEQ_DENSE_DERIVATIVE or opcode == SEQ_ROTATION_DERIVATIVE:
+            first = i
+            break
+    rows = bras.shape[0] // phi.shape[0]
+    for b in range(phi.shape[0]):
+        row = b if angles.shape[0] > 1 else 0
+        vec = phi[b]
+        for i in range(ops.shape[0] - 1, first - 1, -1):
+            opcode = ops[i, SEQ_OPCODE]
+            if opcode == SEQ_ROTATION_DERIVATIVE:
+                column = ops[i, SEQ_COLUMN]
+                for r in range(rows):
+                    value = _seq_pauli_braket(bras[b * rows + r], vec, ops[i])
+                    out[b, r, column] += 0.5 * value.imag  # Re(-i/2 value)
+            elif opcode == SEQ_DENSE_DERIVATIVE:
+                column = ops[i, SEQ_COLUMN]
+                count = ops[i, SEQ_N_BITS]
+                start = ops[i, SEQ_BITS_START]
+                _seq_offsets(bits, start, count, offsets)
+                _seq_sorted_bits(bits, start, count, sorted_bits)
+                for r in range(rows):
+                    value = _seq_dense_braket(
+                        bras[b * rows + r],
+                        vec,
+                        matrices,
+                        ops[i, SEQ_MATRIX_START],
+                        count,
+                        sorted_bits,
+                        offsets,
+                    )
+                    out[b, r, column] -= value.imag  # Re(i value)
+            elif i > first:
+                _seq_apply(
+                    vec, ops, i, bits, matrices, angles, row, offsets, sorted_bits, old, True
+                )
+                for r in range(rows):
+                    _seq_apply(
+                        bras[b * rows + r],
+                        ops,
+                        i,
+                        bits,
+                        matrices,
+                        angles,
+                        row,
+                        offsets,
+                        sorted_bits,
+                        old,
+                        True,
+                    )

@@ -42,6 +42,60 @@ StateBatch = Any
 
 
 @dataclasses.dataclass(frozen=True)
+class DenseEntry:
+    """A gate of a ``GateSequence``: a matrix on ``bits`` (bit j of its index on state bit
+    ``bits[j]``; a controlled gate's controls among them, as ``instructions.
+    instruction_matrix`` gives it)."""
+
+    bits: tuple[int, ...]
+    matrix: np.ndarray | None
+    """(2**k, 2**k) complex128, or None: the call gives it (``matrices[slot]``)."""
+    slot: int = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class RotationEntry:
+    """A gate of a ``GateSequence``: exp(-i angle/2 P), P the word ``paulis`` on
+    ``targets``, where the controls equal their values; its angle per vector is column
+    ``slot`` of the call's ``angles``."""
+
+    paulis: str
+    targets: tuple[int, ...]
+    controls: tuple[int, ...]
+    control_values: tuple[int, ...]
+    slot: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DerivativeEntry:
+    """Not a gate: where the adjoint sweep of a ``GateSequence`` takes the gradient of the
+    gate step just before it, d/dtheta Re <bra|psi> = Re(i <bra|G|phi>) (phi the state after
+    that step), into gradient column ``column``. ``generator`` is G: a matrix on its bits
+    (a ``DenseEntry`` whose matrix is set), or, for a Pauli rotation, the rotation itself
+    (G = -P/2 where its controls hold)."""
+
+    column: int
+    generator: DenseEntry | RotationEntry
+
+
+SequenceEntry = DenseEntry | RotationEntry | DerivativeEntry
+
+
+@dataclasses.dataclass(frozen=True)
+class GateSequence:
+    """A whole circuit for a backend that runs it in one call (``Backend.
+    sequence_amplitudes``): its gates in order, with derivative entries for the sweep.
+    Made by ``sequences.py``, compiled by the backend once (``prepare_sequence``)."""
+
+    num_qubits: int
+    entries: tuple[SequenceEntry, ...]
+    n_slots: int
+    """Columns of the call's ``angles`` (one per rotation)."""
+    n_matrices: int
+    """Matrices the call gives (``DenseEntry.slot``)."""
+
+
+@dataclasses.dataclass(frozen=True)
 class FusionTraits:
     """How gate fusion plans for one backend: the default block width, what blocks cost,
     which fused kernels the backend has and the batch sizes where fusion pays. The
@@ -403,6 +457,37 @@ class Backend(abc.ABC):
             words,
             lambda s, a: self.apply_one_qubit_rotations(s, a, paulis, targets),
         )
+
+    # --- optional: a whole gate sequence in one call -------------------------------------
+
+    sequence_amplitudes: int = 0
+    """Batches of at most this many amplitudes (vectors x 2**n) may run a circuit as one
+    ``GateSequence`` call (``run_sequence``, ``sweep_sequence``), where the per-gate calls
+    cost more host time than their kernels; 0: the backend has no such call."""
+
+    def prepare_sequence(self, sequence: GateSequence) -> object:
+        """The backend's form of ``sequence`` (built once per circuit structure)."""
+        raise NotImplementedError(f"the {self.name} backend runs no gate sequences")
+
+    def run_sequence(
+        self, state: StateBatch, prepared: object, angles: np.ndarray, matrices: Sequence
+    ) -> None:
+        """Every gate of a prepared sequence on every vector of ``state``: ``angles``
+        (1 or B, n_slots) float64, ``matrices[slot]`` (2**k, 2**k) the call's matrices."""
+        raise NotImplementedError(f"the {self.name} backend runs no gate sequences")
+
+    def sweep_sequence(
+        self,
+        phi: StateBatch,
+        bras: StateBatch,
+        prepared: object,
+        angles: np.ndarray,
+        matrices: Sequence,
+        n_columns: int,
+    ) -> np.ndarray:
+        """The adjoint sweep of a prepared sequence (``DerivativeEntry``) from the B final
+        states ``phi`` and their R bras each (both consumed): float64 (B, R, n_columns)."""
+        raise NotImplementedError(f"the {self.name} backend runs no gate sequences")
 
     def gather(self, arrays: Sequence[Any]) -> list[np.ndarray]:
         """The reductions of a sweep (backend arrays, or host arrays from the default

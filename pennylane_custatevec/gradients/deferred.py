@@ -41,8 +41,8 @@ from pennylane.operation import Operator
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
-from .. import batching, fusion, measure, simulate
-from ..backends.base import Backend, StateBatch
+from .. import batching, fusion, measure, sequences, simulate
+from ..backends.base import Backend, DenseEntry, RotationEntry, StateBatch
 from ..exact import generator_key
 from ..instructions import Instruction, apply_instruction, inverse
 from ..kept import KeptState
@@ -619,6 +619,11 @@ def sweep(
     (``step_of``); the reductions those steps leave pending reach the host in one
     transfer at the end, and each then adds its gradients."""
     register = compilation.register
+    sequence = sequences.sweep_plan(
+        backend, compilation, columns, lambda step: _sequence_generator(register, step)
+    )
+    if sequence is not None:  # a small circuit: the whole sweep in one backend call
+        return sequences.sweep(backend, phi, bras, sequence, compilation, n_columns)
     batch = register.batch_size
     rows = bras.shape[0] // batch
     context = SweepContext(
@@ -844,6 +849,19 @@ def _generator(register: Register, step: Step, targets: tuple[int, ...]) -> np.n
             -0.5 * pauli_word_matrix(rotation.paulis)[None], rotation.targets, targets
         )
     return fusion.embed(_generator_matrix(op)[None], register.targets(op.wires), targets)
+
+
+def _sequence_generator(register: Register, step: Step) -> DenseEntry | RotationEntry | None:
+    """A trainable step's generator for a gate sequence (``sequences.sweep_plan``), as
+    ``_generator`` has it: -P/2 of a plain rotation, else G on the operation's bits."""
+    op = step.operation
+    rotation = plain_rotation(op, step.instructions)
+    if rotation is not None:
+        return RotationEntry(rotation.paulis, tuple(rotation.targets), (), (), -1)
+    targets = register.targets(op.wires)
+    if len(targets) > sequences.MAX_DENSE_BITS:
+        return None
+    return DenseEntry(targets, np.asarray(_generator_matrix(op), dtype=np.complex128))
 
 
 def _generator_matrix(op: Operator) -> np.ndarray:
