@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -496,7 +497,7 @@ class CuStateVecDevice(Device):
         self._kept.clear()
         preparations = [self._preparation(tape) for tape in circuits]
         run = self._run_tapes(circuits, config, [p.prepared for p in preparations])
-        self._kept.replace([p.kept_key for p in preparations], run.kept)
+        self._kept.replace([p.kept_key for p in preparations], run.kept, circuits)
         return run.results
 
     def _run_tapes(
@@ -535,7 +536,8 @@ class CuStateVecDevice(Device):
         if not self._kept:
             return None
         parameters = tape.get_parameters(trainable_only=False, operations_only=True)
-        return self._kept.pop((StructureKey.of(tape), _parameter_bytes(parameters)))
+        key = self._kept.structure_key_of(tape) or StructureKey.of(tape)
+        return self._kept.pop((key, _parameter_bytes(parameters)))
 
     # The public entry points are counted by ``simulator_tracking`` (wrapped at class
     # creation). Each one that executes as well calls the untracked implementations
@@ -837,24 +839,78 @@ class _KeptStates:
 
     def __init__(self):
         self._entries: dict[tuple, list[KeptState]] = {}
+        self._executed: dict[int, _ExecutedTape] = {}
 
     def __bool__(self) -> bool:
         return bool(self._entries)
 
     def clear(self) -> None:
         self._entries = {}
+        self._executed = {}
 
-    def replace(self, keys: Sequence[tuple], kept: Mapping[int, KeptState]) -> None:
+    def replace(
+        self,
+        keys: Sequence[tuple],
+        kept: Mapping[int, KeptState],
+        tapes: Sequence[QuantumScript],
+    ) -> None:
         """``keys[i]``: tape i's key; ``kept``: {tape index: KeptState}, as ``run_tapes``
-        returns it."""
+        returns it; ``tapes`` the tapes executed (whose structure keys the derivatives that
+        follow take for the same tape objects, ``structure_key_of``)."""
         self._entries = {}
+        self._executed = {}
         for i, entry in kept.items():
             self._entries.setdefault(keys[i], []).append(entry)
+            self._executed[id(tapes[i])] = _ExecutedTape.of(tapes[i], keys[i][0])
+
+    def structure_key_of(self, tape: QuantumScript) -> StructureKey | None:
+        """The structure key of ``tape`` if it is a tape object that the last execution ran
+        and still holds the same operations, measurements and trainable parameters (the
+        PennyLane workflow hands the derivatives the tapes it executed: their key is not
+        computed twice); else None."""
+        executed = self._executed.get(id(tape))
+        return executed.key if executed is not None and executed.holds(tape) else None
 
     def pop(self, key: tuple) -> KeptState | None:
         """The KeptState of the tape of ``key`` (removed), or None."""
         entries = self._entries.get(key)
         return entries.pop(0) if entries else None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _ExecutedTape:
+    """A tape object that an execution ran, by identity: its operations and
+    measurements (the objects, held so that no other object takes their place), its
+    trainable parameters, and its structure key. The kept state's key adds the
+    parameters' bytes, read again from the tape when asked."""
+
+    tape: weakref.ref
+    operations: tuple
+    measurements: tuple
+    trainable: tuple[int, ...]
+    key: StructureKey
+
+    @classmethod
+    def of(cls, tape: QuantumScript, key: StructureKey) -> _ExecutedTape:
+        return cls(
+            weakref.ref(tape),
+            tuple(tape.operations),
+            tuple(tape.measurements),
+            tuple(tape.trainable_params),
+            key,
+        )
+
+    def holds(self, tape: QuantumScript) -> bool:
+        return (
+            self.tape() is tape
+            and _same_objects(self.operations, tape.operations)
+            and _same_objects(self.measurements, tape.measurements)
+            and self.trainable == tuple(tape.trainable_params)
+        )
+
+
+def _same_objects(held: tuple, current: Sequence) -> bool:
+    return len(held) == len(current) and all(a is b for a, b in zip(held, current, strict=True))
 
 
 def _parameter_bytes(parameters: Sequence) -> bytes:

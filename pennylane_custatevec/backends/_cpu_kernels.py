@@ -1303,20 +1303,32 @@ def _seq_rotation(vec, row, angle):
     control_mask, control_value = row[SEQ_CONTROL_MASK], row[SEQ_CONTROL_VALUE]
     cos = np.cos(0.5 * angle)
     minus_i_sin = -1j * np.sin(0.5 * angle)
-    for j in range(vec.shape[0]):
+    if x_mask == 0:  # diagonal
+        for j in range(vec.shape[0]):
+            if (j & control_mask) == control_value:
+                vec[j] = (cos + minus_i_sin * (1.0 - 2.0 * _parity(j & z_mask))) * vec[j]
+        return
+    pivot = _highest_bit(x_mask)  # the pairs (j, j ^ x) with bit ``pivot`` of j clear
+    low = (1 << pivot) - 1
+    for item in range(vec.shape[0] >> 1):
+        j = ((item >> pivot) << (pivot + 1)) | (item & low)
         if (j & control_mask) != control_value:
             continue
         k = j ^ x_mask
-        if x_mask == 0:
-            sign = 1.0 - 2.0 * _parity(j & z_mask)
-            vec[j] = (cos + minus_i_sin * sign) * vec[j]
-        elif j < k:
-            a = vec[j]
-            b = vec[k]
-            pj = i_power * (1.0 - 2.0 * _parity(k & z_mask)) * b  # (P vec)[j]
-            pk = i_power * (1.0 - 2.0 * _parity(j & z_mask)) * a  # (P vec)[k]
-            vec[j] = cos * a + minus_i_sin * pj
-            vec[k] = cos * b + minus_i_sin * pk
+        a = vec[j]
+        b = vec[k]
+        pj = i_power * (1.0 - 2.0 * _parity(k & z_mask)) * b  # (P vec)[j]
+        pk = i_power * (1.0 - 2.0 * _parity(j & z_mask)) * a  # (P vec)[k]
+        vec[j] = cos * a + minus_i_sin * pj
+        vec[k] = cos * b + minus_i_sin * pk
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _highest_bit(mask):
+    bit = 0
+    while mask >> (bit + 1):
+        bit += 1
+    return bit
 
 
 @numba.njit(cache=True, fastmath=_FASTMATH)
@@ -1370,78 +1382,87 @@ def _seq_apply(vec, ops, i, bits, matrices, angles, row, offsets, sorted_bits, o
 
 
 @numba.njit(cache=True, fastmath=_FASTMATH)
-def run_sequence(state, ops, bits, matrices, angles):
-    """Every gate entry of the sequence, in order, on every vector of ``state`` (B, 2**n);
-    ``angles`` (1 or B, slots): the rotations' angles per vector."""
-    offsets = np.empty(64, dtype=np.int64)
-    sorted_bits = np.empty(6, dtype=np.int64)
-    old = np.empty(64, dtype=np.complex128)
-    for b in range(state.shape[0]):
-        row = b if angles.shape[0] > 1 else 0
-        vec = state[b]
-        for i in range(ops.shape[0]):
-            _seq_apply(vec, ops, i, bits, matrices, angles, row, offsets, sorted_bits, old, False)
+def _first_derivative(ops):
+    """The index of the first derivative entry (the sweep stops there), or N."""
+    for i in range(ops.shape[0]):
+        opcode = ops[i, SEQ_OPCODE]
+        if opcode == SEQ_DENSE_DERIVATIVE or opcode == SEQ_ROTATION_DERIVATIVE:
+            return i
+    return ops.shape[0]
 
 
 @numba.njit(cache=True, fastmath=_FASTMATH)
+def _seq_run_vector(vec, ops, bits, matrices, angles, row):
+    offsets = np.empty(64, dtype=np.int64)
+    sorted_bits = np.empty(6, dtype=np.int64)
+    old = np.empty(64, dtype=np.complex128)
+    for i in range(ops.shape[0]):
+        _seq_apply(vec, ops, i, bits, matrices, angles, row, offsets, sorted_bits, old, False)
+
+
+@Kernel.compile
+def run_sequence(state, ops, bits, matrices, angles):
+    """Every gate entry of the sequence, in order, on every vector of ``state`` (B, 2**n);
+    ``angles`` (1 or B, slots): the rotations' angles per vector. The vectors are
+    independent: the threaded compilation runs them on threads."""
+    stride = 1 if angles.shape[0] > 1 else 0  # angles per vector, or one row for all
+    for b in numba.prange(state.shape[0]):
+        _seq_run_vector(state[b], ops, bits, matrices, angles, b * stride)
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _seq_sweep_vector(vec, bras, ops, bits, matrices, angles, row, first, out):
+    """The sweep of one vector ``vec`` and its ``bras`` (R, 2**n); ``out`` (R, columns)."""
+    offsets = np.empty(64, dtype=np.int64)
+    sorted_bits = np.empty(6, dtype=np.int64)
+    old = np.empty(64, dtype=np.complex128)
+    rows = bras.shape[0]
+    for i in range(ops.shape[0] - 1, first - 1, -1):
+        opcode = ops[i, SEQ_OPCODE]
+        if opcode == SEQ_ROTATION_DERIVATIVE:
+            column = ops[i, SEQ_COLUMN]
+            for r in range(rows):
+                value = _seq_pauli_braket(bras[r], vec, ops[i])
+                out[r, column] += 0.5 * value.imag  # Re(-i/2 value)
+        elif opcode == SEQ_DENSE_DERIVATIVE:
+            column = ops[i, SEQ_COLUMN]
+            count = ops[i, SEQ_N_BITS]
+            start = ops[i, SEQ_BITS_START]
+            _seq_offsets(bits, start, count, offsets)
+            _seq_sorted_bits(bits, start, count, sorted_bits)
+            mstart = ops[i, SEQ_MATRIX_START]
+            for r in range(rows):
+                value = _seq_dense_braket(
+                    bras[r], vec, matrices, mstart, count, sorted_bits, offsets
+                )
+                out[r, column] -= value.imag  # Re(i value)
+        elif i > first:
+            _seq_apply(vec, ops, i, bits, matrices, angles, row, offsets, sorted_bits, old, True)
+            for r in range(rows):
+                _seq_apply(
+                    bras[r], ops, i, bits, matrices, angles, row, offsets, sorted_bits, old, True
+                )
+
+
+@Kernel.compile
 def sweep_sequence(phi, bras, ops, bits, matrices, angles, out):
     """The adjoint sweep of the sequence from the final states ``phi`` (B, 2**n) and their
     bras (B*R, 2**n; vector b's are rows b*R .. b*R + R - 1), both consumed: walking back
     from the last entry, each derivative entry adds its gradient for every bra to
     ``out[b, r, column]`` and each gate is undone on phi and the bras, down to the first
-    derivative entry."""
-    offsets = np.empty(64, dtype=np.int64)
-    sorted_bits = np.empty(6, dtype=np.int64)
-    old = np.empty(64, dtype=np.complex128)
-    first = ops.shape[0]
-    for i in range(ops.shape[0]):
-        opcode = ops[i, SEQ_OPCODE]
-        if opcode == SEQ_DENSE_DERIVATIVE or opcode == SEQ_ROTATION_DERIVATIVE:
-            first = i
-            break
+    derivative entry. The vectors are independent (threads in the threaded compilation)."""
+    first = _first_derivative(ops)
     rows = bras.shape[0] // phi.shape[0]
-    for b in range(phi.shape[0]):
-        row = b if angles.shape[0] > 1 else 0
-        vec = phi[b]
-        for i in range(ops.shape[0] - 1, first - 1, -1):
-            opcode = ops[i, SEQ_OPCODE]
-            if opcode == SEQ_ROTATION_DERIVATIVE:
-                column = ops[i, SEQ_COLUMN]
-                for r in range(rows):
-                    value = _seq_pauli_braket(bras[b * rows + r], vec, ops[i])
-                    out[b, r, column] += 0.5 * value.imag  # Re(-i/2 value)
-            elif opcode == SEQ_DENSE_DERIVATIVE:
-                column = ops[i, SEQ_COLUMN]
-                count = ops[i, SEQ_N_BITS]
-                start = ops[i, SEQ_BITS_START]
-                _seq_offsets(bits, start, count, offsets)
-                _seq_sorted_bits(bits, start, count, sorted_bits)
-                for r in range(rows):
-                    value = _seq_dense_braket(
-                        bras[b * rows + r],
-                        vec,
-                        matrices,
-                        ops[i, SEQ_MATRIX_START],
-                        count,
-                        sorted_bits,
-                        offsets,
-                    )
-                    out[b, r, column] -= value.imag  # Re(i value)
-            elif i > first:
-                _seq_apply(
-                    vec, ops, i, bits, matrices, angles, row, offsets, sorted_bits, old, True
-                )
-                for r in range(rows):
-                    _seq_apply(
-                        bras[b * rows + r],
-                        ops,
-                        i,
-                        bits,
-                        matrices,
-                        angles,
-                        row,
-                        offsets,
-                        sorted_bits,
-                        old,
-                        True,
-                    )
+    stride = 1 if angles.shape[0] > 1 else 0  # angles per vector, or one row for all
+    for b in numba.prange(phi.shape[0]):
+        _seq_sweep_vector(
+            phi[b],
+            bras[b * rows : (b + 1) * rows],
+            ops,
+            bits,
+            matrices,
+            angles,
+            b * stride,
+            first,
+            out[b],
+        )

@@ -237,6 +237,19 @@ def _prepared_sequence(sequence: GateSequence) -> _PreparedSequence:
     )
 
 
+def _sequence_kernel(kernel, state: np.ndarray):
+    """The threaded compilation for batches of several vectors of at least
+    ``_SEQUENCE_THREADED_AMPLITUDES`` amplitudes in all (each thread takes whole vectors,
+    and one call wakes the threads once for the whole sequence), else the serial one."""
+    if state.shape[0] > 1 and state.size >= _SEQUENCE_THREADED_AMPLITUDES:
+        return kernel.threaded
+    return kernel.serial
+
+
+_SEQUENCE_THREADED_AMPLITUDES = 1 << 11
+"""Provisional (not yet timed on a quiet machine): one thread wake-up per sequence call,
+against per-gate calls' one per gate (``_PARALLEL_THRESHOLD``)."""
+
 _SEQUENCE_MAX_BITS = 6
 """The widest dense gate of a gate sequence (the kernels' scratch holds 64 amplitudes)."""
 
@@ -274,9 +287,8 @@ class CPUBackend(Backend):
         return pool
 
     def run_sequence(self, state, prepared, angles, matrices) -> None:
-        """One kernel call for the whole sequence (serial: the sequences run here are
-        below the threaded kernels' size)."""
-        run_sequence(
+        """One kernel call for the whole sequence."""
+        _sequence_kernel(run_sequence, state)(
             state,
             prepared.ops,
             prepared.bits,
@@ -286,7 +298,7 @@ class CPUBackend(Backend):
 
     def sweep_sequence(self, phi, bras, prepared, angles, matrices, n_columns) -> np.ndarray:
         out = np.zeros((phi.shape[0], bras.shape[0] // phi.shape[0], n_columns))
-        sweep_sequence(
+        _sequence_kernel(sweep_sequence, phi)(
             phi,
             bras,
             prepared.ops,
