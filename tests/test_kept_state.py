@@ -280,3 +280,43 @@ def test_two_threads_with_other_fusion_widths_get_their_own_plans(plans):
         np.testing.assert_allclose(
             results[name], reference_vjp(tapes[name], dys[name]), atol=ATOL, rtol=0
         )
+
+
+def _vjp_after_execute(tape_to_execute, tape_to_differentiate):
+    dev = qml.device("custatevec.qubit", wires=2, backend="cpu")
+    config = dev.setup_execution_config(
+        ExecutionConfig(gradient_method="adjoint", use_device_jacobian_product=True)
+    )
+    dev.execute([tape_to_execute], config)
+    return dev.compute_vjp([tape_to_differentiate], [np.array(1.0)], config)[0]
+
+
+def _two_parameter_tape() -> QuantumScript:
+    return QuantumScript(
+        [qml.RX(0.4, 0), qml.RY(-0.9, 1), qml.CNOT([0, 1])],
+        [qml.expval(qml.Z(1))],
+        trainable_params=[0, 1],
+    )
+
+
+def test_the_executed_tape_object_reuses_its_key_only_while_it_is_unchanged():
+    """``_KeptStates.structure_key_of``: the derivative after an execution takes the
+    executed tape's structure key by identity; a tape changed in place since (its trainable
+    parameters, its operations) gets its own key, so no other tape's state."""
+    reference = _vjp_after_execute(_two_parameter_tape(), _two_parameter_tape())
+    tape = _two_parameter_tape()
+    np.testing.assert_allclose(_vjp_after_execute(tape, tape), reference, atol=1e-12, rtol=0)
+
+    tape = _two_parameter_tape()
+    dev = qml.device("custatevec.qubit", wires=2, backend="cpu")
+    config = dev.setup_execution_config(
+        ExecutionConfig(gradient_method="adjoint", use_device_jacobian_product=True)
+    )
+    dev.execute([tape], config)
+    assert dev._kept.structure_key_of(tape) is not None  # noqa: SLF001
+    tape.trainable_params = [1]
+    assert dev._kept.structure_key_of(tape) is None  # noqa: SLF001
+    (only_ry,) = dev.compute_vjp([tape], [np.array(1.0)], config)[0]
+    np.testing.assert_allclose(only_ry, reference[1], atol=1e-12, rtol=0)
+    tape._ops[0] = qml.RX(1.3, 0)  # noqa: SLF001  (a new operation object in place)
+    assert dev._kept.structure_key_of(tape) is None  # noqa: SLF001
