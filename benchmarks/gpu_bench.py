@@ -31,13 +31,20 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 import pennylane as qml
 import torch
-from run_workloads import Cell, cross_check, error_note, table_lines
+from run_workloads import (  # the workload report's cells and helpers, shared
+    Cell,
+    _seconds,
+    _version,
+    cross_check,
+    error_note,
+    progress,
+    table_lines,
+)
 from workloads import BUILDERS, Setup
 
 from pennylane_custatevec.backends import custatevec
@@ -241,8 +248,8 @@ def gate_lines(timings: Sequence[GateTiming], copy_bandwidth: float | None) -> l
     for t in timings:
         share = f"{t.bandwidth / copy_bandwidth:.0%}" if copy_bandwidth else "-"
         lines.append(
-            f"| {t.n_qubits} | {t.dtype} | {t.gate} | {_ms(t.seconds)} | "
-            f"{t.bandwidth / GB:.3g} GB/s | {share} |"
+            f"| {t.n_qubits} | {t.dtype} | {t.gate} | {_seconds(t.seconds)} | "
+            f"{_gb_per_s(t.bandwidth)} | {share} |"
         )
     return lines
 
@@ -379,7 +386,7 @@ def run_row(machine: Machine, row: Row, repeat: int) -> list[Cell]:
         if index in row.skip:
             cells.append(Cell(note=row.skip[index]))
             continue
-        _progress(f"{row.label}: {column.label}")
+        progress(f"{row.label}: {column.label}")
         cells.append(run_cell(machine, row, column, repeat))
     cross_check(cells)
     return cells
@@ -426,7 +433,7 @@ def render(report: Report, labels: Sequence[str]) -> str:
     copy = report.copy_bandwidth
     lines += ["", "## Gates", ""]
     lines.append(
-        f"Copy bandwidth (device-to-device, read + written): {copy / GB:.3g} GB/s."
+        f"Copy bandwidth (device-to-device, read + written): {_gb_per_s(copy)}."
         if copy
         else "Copy bandwidth: not measured yet."
     )
@@ -456,7 +463,7 @@ def summary_lines(report: Report, labels: Sequence[str]) -> list[str]:
     workload's GPU time against each peer."""
     lines = ["| measured | result |", "| --- | --- |"]
     if report.copy_bandwidth:
-        lines.append(f"| copy bandwidth | {report.copy_bandwidth / GB:.3g} GB/s |")
+        lines.append(f"| copy bandwidth | {_gb_per_s(report.copy_bandwidth)} |")
         groups: dict[tuple[int, str], list[GateTiming]] = {}
         for t in report.gates:
             groups.setdefault((t.n_qubits, t.dtype), []).append(t)
@@ -480,23 +487,13 @@ def summary_lines(report: Report, labels: Sequence[str]) -> list[str]:
 
 
 def _cell(cell: Cell) -> str:
-    text = [_ms(cell.seconds)] if cell.seconds is not None else []
+    text = [_seconds(cell.seconds)] if cell.seconds is not None else []
     return ", ".join([*text, cell.note] if cell.note else text) or "-"
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
-
-
-def _version(name: str) -> str:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def _progress(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+def _gb_per_s(bytes_per_second: float) -> str:
+    value = bytes_per_second / GB
+    return f"{value:.0f} GB/s" if value >= 100 else f"{value:.3g} GB/s"
 
 
 # --- main ---------------------------------------------------------------------------------
@@ -536,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     torch.manual_seed(SEED)
     report.copy_bandwidth = machine.copy_bandwidth(COPY_BYTES[mode])
-    _progress(f"copy bandwidth {report.copy_bandwidth / GB:.0f} GB/s")
+    progress(f"copy bandwidth {report.copy_bandwidth / GB:.0f} GB/s")
     for timing in time_gates(machine, GATE_QUBITS[mode], gate_repeat):
         report.gates.append(timing)
         write()

@@ -26,6 +26,8 @@
 #   DRY_RUN    1: stage and run the parts that need no GPU; the others say "skipped: no GPU"
 #              (as they do wherever nvidia-smi sees no GPU); the benchmark runs --dry-run
 #   OUT        where the results go when set: summary.txt, parts.log, gpu_bench.md
+#   PARTS      the parts to run, by key (default: all): environment bindings contract tests
+#              suite suite_shots benchmark; the others say "skipped: not in PARTS"
 # Environment (connected):
 #   CUDA               12 (default) or 13: the extra [cuda12] or [cuda13], matching the driver
 #   VENV               virtual environment to create or reuse (default: .venv-gpu)
@@ -135,10 +137,12 @@ has_gpu() {
     [ "$DRY_RUN" != 1 ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1
 }
 
-gpu_part() {  # gpu_part KEY NAME COMMAND...: run it where there is a GPU, else skip it
-    local key="$1" name="$2"
-    shift 2
-    if [ -n "$NO_GPU" ]; then
+offline_part() {  # offline_part KEY cpu|gpu NAME COMMAND...: run it, or say why not
+    local key="$1" needs="$2" name="$3"
+    shift 3
+    if [ -n "${PARTS:-}" ] && [[ " $PARTS " != *" $key "* ]]; then
+        skip_part "$name" "not in PARTS ($PARTS)"
+    elif [ "$needs" = gpu ] && [ -n "$NO_GPU" ]; then
         skip_part "$name" "no GPU ($NO_GPU)"
     else
         run_part_within "$(limit_of "$key")" "$name" "$@"
@@ -189,16 +193,16 @@ offline_check() {
     else
         nvidia-smi 2>&1 | tee -a "${PARTS_LOG:-/dev/null}"
     fi
-    run_part_within "$(limit_of environment)" "environment" "$PYTHON" scripts/gpu_site.py "${report[@]}"
-    run_part_within "$(limit_of bindings)" "live binding check (real cuquantum)" \
+    offline_part environment cpu "environment" "$PYTHON" scripts/gpu_site.py "${report[@]}"
+    offline_part bindings cpu "live binding check (real cuquantum)" \
         "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_custatevec_double.py -k installed_binding
-    gpu_part contract "backend contract (real library)" \
+    offline_part contract gpu "backend contract (real library)" \
         "${pytest[@]}" "${workers[@]}" tests/test_backend_contract.py -k gpu
-    gpu_part tests "project tests (custatevec backend)" \
+    offline_part tests gpu "project tests (custatevec backend)" \
         env PLCSV_TEST_BACKEND=custatevec "${pytest[@]}" "${workers[@]}" tests
-    gpu_part suite "PennyLane device suite (analytic, backend=custatevec)" \
+    offline_part suite gpu "PennyLane device suite (analytic, backend=custatevec)" \
         "${pytest[@]}" "${workers[@]}" "$suite" "${on_gpu[@]}"
-    gpu_part suite_shots "PennyLane device suite (shots=20000, backend=custatevec)" \
+    offline_part suite_shots gpu "PennyLane device suite (shots=20000, backend=custatevec)" \
         "${pytest[@]}" "${workers[@]}" "$suite" "${on_gpu[@]}" --shots=20000
     local bench_mode=()
     if [ -n "$NO_GPU" ]; then
@@ -206,7 +210,7 @@ offline_check() {
     elif [ "$QUICK" = 1 ]; then
         bench_mode=(--quick)
     fi
-    run_part_within "$(limit_of benchmark)" "GPU benchmark (${bench_mode[*]:-full})" \
+    offline_part benchmark cpu "GPU benchmark (${bench_mode[*]:-full})" \
         "$PYTHON" benchmarks/gpu_bench.py "${bench_mode[@]}" --out "$bench_out"
 
     if [ -n "$results" ]; then
