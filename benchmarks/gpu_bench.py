@@ -267,6 +267,8 @@ class Column:
     device_options: tuple = ()
     torch_device: str = "cpu"
     on_gpu: bool = False
+    backend: str | None = None
+    """The backend our device must run on (its GPU column must not fall back unseen)."""
 
 
 def columns(machine: Machine) -> tuple[Column, ...]:
@@ -274,14 +276,20 @@ def columns(machine: Machine) -> tuple[Column, ...]:
     ours = Setup("custatevec.qubit", "adjoint", device_vjp=True)
     where = "GPU" if machine.torch_device == "cuda" else "dry run: CPU"
     return (
-        Column(f"ours ({where})", ours, tuple(machine.ours_options.items()), on_gpu=True),
+        Column(
+            f"ours ({where})",
+            ours,
+            tuple(machine.ours_options.items()),
+            on_gpu=True,
+            backend=machine.ours_options.get("backend", "custatevec"),
+        ),
         Column(
             f"default.qubit backprop, torch {machine.torch_device}",
             Setup("default.qubit", "backprop"),
             torch_device=machine.torch_device,
             on_gpu=machine.torch_device == "cuda",
         ),
-        Column("ours (CPU backend)", ours, (("backend", "cpu"),)),
+        Column("ours (CPU backend)", ours, (("backend", "cpu"),), backend="cpu"),
     )
 
 
@@ -329,20 +337,21 @@ COPY_BYTES = {"full": 4 << 30, "quick": 4 << 30, "dry-run": 1 << 20}
 
 
 @contextlib.contextmanager
-def device_options(device_name: str, options: dict):
-    """``qml.device(device_name, ...)`` gets ``options`` as keyword arguments for the block:
-    the workloads build their devices with defaults, and our CPU column needs backend="cpu"."""
-    if not options:
-        yield
-        return
-    original = qml.device
+def devices_built(device_name: str, options: dict) -> Iterator[list]:
+    """In the block, ``qml.device(device_name, ...)`` gets ``options`` as keyword arguments
+    (the workloads build their devices with defaults; our CPU column needs backend="cpu"),
+    and the devices it builds are collected in the list yielded."""
+    original, built = qml.device, []
 
     def device(name, *args, **kwargs):
-        return original(name, *args, **({**options, **kwargs} if name == device_name else kwargs))
+        if name != device_name:
+            return original(name, *args, **kwargs)
+        built.append(original(name, *args, **{**options, **kwargs}))
+        return built[-1]
 
     qml.device = device
     try:
-        yield
+        yield built
     finally:
         qml.device = original
 
@@ -355,8 +364,12 @@ def run_cell(machine: Machine, row: Row, column: Column, repeat: int) -> Cell:
         with torch.device(column.torch_device):
             if measure_gpu:
                 machine.reset_peak()
-            with device_options(column.setup.device, dict(column.device_options)):
+            with devices_built(column.setup.device, dict(column.device_options)) as built:
                 workload = BUILDERS[row.workload](column.setup, **row.sizes)
+            if column.backend is not None:
+                elsewhere = {device.backend_name for device in built} - {column.backend}
+                if elsewhere:
+                    return Cell(note=f"ERROR: ran on backend {', '.join(sorted(elsewhere))}")
             cell = Cell(arrays=workload.step())
             times = []
             for _ in range(repeat):

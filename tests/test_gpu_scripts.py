@@ -255,3 +255,12 @@ def test_without_a_gpu_the_benchmark_says_so_and_exits_0(tmp_path, monkeypatch):
     out = tmp_path / "gpu_bench.md"
     assert gpu_bench.main(["--out", str(out)]) == 0
     assert "No GPU: no CUDA GPU is visible. Nothing measured;" in out.read_text()
+
+
+def test_a_column_whose_device_runs_on_another_backend_is_an_error():
+    """Our GPU column must not fall back to the CPU unseen: its cell says where it ran."""
+    ours = gpu_bench.Setup("custatevec.qubit", "adjoint", device_vjp=True)
+    column = gpu_bench.Column("ours", ours, (("backend", "cpu"),), backend="custatevec")
+    row = gpu_bench.Row("W1", {"n_wires": 2})
+    cell = gpu_bench.run_cell(gpu_bench.cpu_machine(), row, column, repeat=1)
+    assert (cell.note, cell.seconds, cell.arrays) == ("ERROR: ran on backend cpu", None, None)
