@@ -46,16 +46,19 @@ QUICK="${QUICK:-0}"
 DRY_RUN="${DRY_RUN:-0}"
 MARKERS=.gpu_check_loads  # TARGET/$MARKERS/<load>: the wheels of each installed load
 
-# Time limits of the offline parts with QUICK=1 (seconds, 480 in all: the check must fit a
-# 10-minute device call with the install and the machine's start around it).
+# Time limits of the offline parts with QUICK=1 (seconds, 470 in all: the check must fit a
+# 10-minute device call with the install around it). A pytest part also gets
+# pytest-timeout's --session-timeout, 35 s less (a third less for the short parts: the
+# collection and the summary), so that it ends with its summary and the failures rather
+# than being killed, and --timeout=120 per test (a hung GPU call fails its test).
 QUICK_LIMITS=(
-    "environment 20"
-    "bindings 40"
+    "environment 15"
+    "bindings 30"
     "contract 40"
-    "tests 170"
-    "suite 50"
-    "suite_shots 50"
-    "benchmark 110"
+    "tests 175"
+    "suite 55"
+    "suite_shots 55"
+    "benchmark 100"
 )
 
 limit_of() {  # limit_of PART -> its QUICK limit in seconds, 0 (none) without QUICK
@@ -69,6 +72,15 @@ limit_of() {  # limit_of PART -> its QUICK limit in seconds, 0 (none) without QU
     done
     echo "gpu_check.sh: no time limit for part $1" >&2
     exit 2
+}
+
+pytest_limits() {  # pytest_limits PART -> pytest-timeout's options for the part's limit
+    local limit
+    limit="$(limit_of "$1")"
+    if [ "$limit" -gt 0 ] && "$PYTHON" -c 'import pytest_timeout as t, sys
+sys.exit(not hasattr(t, "SESSION_TIMEOUT_KEY"))' >/dev/null 2>&1; then  # pytest-timeout >= 2.3
+        echo "--session-timeout=$((limit > 105 ? limit - 35 : limit * 2 / 3)) --timeout=120"
+    fi
 }
 
 # --- offline: the loads ---------------------------------------------------------------
@@ -196,14 +208,25 @@ offline_check() {
     offline_part environment cpu "environment" "$PYTHON" scripts/gpu_site.py "${report[@]}"
     offline_part bindings cpu "live binding check (real cuquantum)" \
         "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_custatevec_double.py -k installed_binding
+    local key
+    local -A limited
+    for key in contract tests suite suite_shots; do
+        limited[$key]="$(pytest_limits "$key")"
+    done
+    # one process: ~700 short tests, less than the workers' start (imports) would cost
+    # shellcheck disable=SC2086 # limited[...]: options split on purpose
     offline_part contract gpu "backend contract (real library)" \
-        "${pytest[@]}" "${workers[@]}" tests/test_backend_contract.py -k gpu
+        "${pytest[@]}" ${limited[contract]} tests/test_backend_contract.py -k gpu
+    # shellcheck disable=SC2086
     offline_part tests gpu "project tests (custatevec backend)" \
-        env PLCSV_TEST_BACKEND=custatevec "${pytest[@]}" "${workers[@]}" tests
+        env PLCSV_TEST_BACKEND=custatevec "${pytest[@]}" "${workers[@]}" ${limited[tests]} tests
+    # shellcheck disable=SC2086
     offline_part suite gpu "PennyLane device suite (analytic, backend=custatevec)" \
-        "${pytest[@]}" "${workers[@]}" "$suite" "${on_gpu[@]}"
+        "${pytest[@]}" "${workers[@]}" ${limited[suite]} "$suite" "${on_gpu[@]}"
+    # shellcheck disable=SC2086
     offline_part suite_shots gpu "PennyLane device suite (shots=20000, backend=custatevec)" \
-        "${pytest[@]}" "${workers[@]}" "$suite" "${on_gpu[@]}" --shots=20000
+        "${pytest[@]}" "${workers[@]}" ${limited[suite_shots]} "$suite" "${on_gpu[@]}" \
+        --shots=20000
     local bench_mode=()
     if [ -n "$NO_GPU" ]; then
         bench_mode=(--dry-run)
