@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Create (or reuse) the virtual environment .venv at the repository root and install the
-# package in editable mode with its test, benchmark and docs extras. Safe to run again.
+# package in editable mode with its test, benchmark and docs extras, and the real cuStateVec
+# bindings (CUDA 13, no GPU needed) for the live binding check. Safe to run again.
 #
 # Environment:
 #   PYTHON             interpreter used to create .venv (default: python3, must be >= 3.11)
 #   TORCH_REQUIREMENT  torch to install when .venv has none (default: torch==2.13.0)
+#   REAL_CUSTATEVEC    0: leave out the real cuStateVec bindings (default: 1; about 530 MB
+#                      of wheels, 444 MB of them cuBLAS)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -41,5 +44,14 @@ fi
 
 echo "==> installing pennylane-custatevec (editable) with extras test,bench,docs"
 "$VPY" -m pip install -e ".[test,bench,docs]"
+
+# The real library without a GPU: tests/test_custatevec_double.py checks the backend's calls
+# against its bindings, and that its create() fails the way the backend's fallback expects.
+# --no-deps: the cuquantum-python wheel asks for cuQuantum's other libraries (not needed to
+# import the custatevec bindings), and nothing here may move numpy, pennylane, jax or torch.
+if [ "${REAL_CUSTATEVEC:-1}" = 1 ]; then
+    echo "==> installing the real cuStateVec bindings (scripts/gpu_cuquantum.txt, gpu_cuda_runtime.txt)"
+    "$VPY" -m pip install --no-deps -r scripts/gpu_cuquantum.txt -r scripts/gpu_cuda_runtime.txt
+fi
 
 echo "==> done: $("$VPY" -c 'import pennylane_custatevec as p; print("pennylane-custatevec", p.__version__)')"

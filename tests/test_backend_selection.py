@@ -3,6 +3,7 @@ custatevec.qubit device on the cuStateVec backend (run on the NumPy double)."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import warnings
 
@@ -93,14 +94,25 @@ def test_probe_destroys_its_handle(probe_sees):
     assert libraries.custatevec.handles == {} and len(libraries.custatevec.destroyed) == 1
 
 
+def _missing_here() -> str:
+    """What the real probe must name on a machine without a usable GPU: the first missing
+    package, else the GPU (CI installs cupy and the real cuStateVec bindings)."""
+    if importlib.util.find_spec("cupy") is None:
+        return "cupy is not installed"
+    if importlib.util.find_spec("cuquantum") is None:
+        return "cuquantum-python >= 26.9 is not installed"
+    return "no CUDA GPU is (usable|visible)"
+
+
 @pytest.mark.skipif(AUTO_BACKEND == "custatevec", reason="the GPU backend is usable here")
 def test_here_auto_picks_the_cpu_and_says_why(monkeypatch):
-    """This machine has no cupy: the real probe says so."""
+    """This machine has no usable GPU: the real probe says what is missing."""
     monkeypatch.setattr(backends, "_fallbacks_reported", set())
     custatevec.unavailable_reason.cache_clear()
-    with pytest.warns(UserWarning, match="cupy is not installed"):
+    missing = _missing_here()
+    with pytest.warns(UserWarning, match=missing):
         assert qml.device("custatevec.qubit", wires=1).backend_name == "cpu"
-    with pytest.raises(BackendUnavailableError, match="cupy is not installed"):
+    with pytest.raises(BackendUnavailableError, match=missing):
         qml.device("custatevec.qubit", wires=1, backend="custatevec")
 
 

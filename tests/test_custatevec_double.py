@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
+import types
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 import pytest
 import scipy.linalg
+from conftest import AUTO_BACKEND
 from custatevec_double import (
     ComputeType,
     DeviceArray,
@@ -24,6 +28,8 @@ from custatevec_double import (
     make_libraries,
 )
 from reference import dense_operator, random_state, random_unitary, word_matrix
+
+from pennylane_custatevec.backends import custatevec
 
 SNAPSHOT = json.loads((Path(__file__).parent / "data" / "custatevec_bindings.json").read_text())
 C64F, R64F = cudaDataType.CUDA_C_64F, cudaDataType.CUDA_C_32F
@@ -57,13 +63,95 @@ def test_signatures_and_enums_match_the_real_binding_snapshot():
     assert {m.name: int(m) for m in cudaDataType} == SNAPSHOT["cudaDataType"]
 
 
+def binding_names_the_backend_uses() -> set[str]:
+    """Every ``cusv.NAME`` and ``self._cusv.NAME`` in backends/custatevec.py."""
+    source = Path(custatevec.__file__).read_text(encoding="utf-8")
+    return set(re.findall(r"\b_?cusv\.([A-Za-z_]\w*)", source))
+
+
+def test_the_snapshot_has_every_binding_name_the_backend_uses():
+    """Each name the backend takes from the binding is a function or an enum of the snapshot
+    (or the error class), so that the double and the live check below cover every call."""
+    used = binding_names_the_backend_uses()
+    assert {"create", "apply_matrix", "sampler_sample", "MatrixLayout"} <= used
+    known = set(SNAPSHOT["functions"]) | set(SNAPSHOT["enums"]) | {"cuStateVecError"}
+    assert sorted(used - known) == []
+
+
+# --- the installed binding (CI installs the real library; no GPU needed) ------------------
+# scripts/gpu_check.sh runs these by their common keyword, installed_binding.
+
+
 def test_snapshot_matches_the_installed_binding():
-    """Where cuquantum is installed, the snapshot is still what it has."""
+    """Where cuquantum is installed, the snapshot is still what it has: the positional
+    parameters of every function the backend calls, every enum, the cudaDataType values."""
     cusv = pytest.importorskip("cuquantum.bindings.custatevec")
+    from cuquantum import cudaDataType as installed_data_type
+
     for name, parameters in SNAPSHOT["functions"].items():
         assert list(inspect.signature(getattr(cusv, name)).parameters) == parameters, name
     for name, members in SNAPSHOT["enums"].items():
         assert {m.name: int(m) for m in getattr(cusv, name)} == members, name
+    assert {
+        name: int(getattr(installed_data_type, name)) for name in SNAPSHOT["cudaDataType"]
+    } == SNAPSHOT["cudaDataType"]
+
+
+def test_installed_binding_has_every_name_the_backend_uses():
+    cusv = pytest.importorskip("cuquantum.bindings.custatevec")
+    assert sorted(n for n in binding_names_the_backend_uses() if not hasattr(cusv, n)) == []
+
+
+def _cublas_installed() -> bool:
+    try:
+        metadata.version("nvidia-cublas")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(AUTO_BACKEND == "custatevec", reason="a GPU is usable here")
+def test_installed_binding_create_fails_as_the_fallback_expects(monkeypatch):
+    """Without a GPU the real create() raises what ``unavailable_reason`` catches: with cuBLAS
+    installed cuStateVecError NOT_INITIALIZED, which it reports as the GPU's problem; without
+    cuBLAS cuda-pathfinder's DynamicLibNotFoundError for libcublasLt, a RuntimeError, which
+    it reports as cuBLAS's. A stand-in cupy that sees a GPU makes the probe reach create()."""
+    cusv = pytest.importorskip("cuquantum.bindings.custatevec")
+    from cuquantum import cudaDataType as installed_data_type
+
+    cublas = _cublas_installed()
+    with pytest.raises(cusv.cuStateVecError if cublas else RuntimeError) as info:
+        cusv.create()
+    if cublas:
+        assert "NOT_INITIALIZED" in str(info.value)
+    sees_a_gpu = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: True))
+    libraries = custatevec.Libraries(sees_a_gpu, cusv, installed_data_type)
+    monkeypatch.setattr(custatevec, "import_libraries", lambda: libraries)
+    custatevec.unavailable_reason.cache_clear()
+    try:
+        reason = custatevec.unavailable_reason()
+    finally:
+        custatevec.unavailable_reason.cache_clear()
+    expected = (
+        r"cuStateVec could not start on the GPU \(NOT_INITIALIZED.*compute capability"
+        if cublas
+        else r"cuBLAS could not be loaded \(.*libcublasLt.*nvidia-cublas"
+    )
+    assert re.match(expected, reason, re.DOTALL), reason
+
+
+@pytest.mark.skipif(AUTO_BACKEND == "custatevec", reason="a GPU is usable here")
+def test_installed_binding_probe_names_the_missing_gpu():
+    """With cupy and cuquantum installed and no GPU, "auto"'s reason is the GPU, not a
+    package (cupy's runtime finds no driver, or no device)."""
+    pytest.importorskip("cuquantum.bindings.custatevec")
+    pytest.importorskip("cupy")
+    custatevec.unavailable_reason.cache_clear()
+    try:
+        reason = custatevec.unavailable_reason()
+    finally:
+        custatevec.unavailable_reason.cache_clear()
+    assert re.match(r"no CUDA GPU is (usable|visible) ", reason), reason
 
 
 # --- semantics -----------------------------------------------------------------------------
