@@ -1,7 +1,7 @@
 """The torch.autograd.Function that runs a compiled call's circuits on the device.
 
-``Circuits.apply(call, layout, *trainable)`` runs ``call.structures`` on
-``call.device`` (``execute_structures``) with the gate parameters of ``call`` and the
+``apply(Circuits, call, layout, *trainable)`` runs ``call.plan.structures`` on
+``call.plan.device`` (``execute_structures``) with the gate parameters of ``call`` and the
 trainable ones given as tensors, and returns the results as flat torch tensors on the
 inputs' torch device; its backward is the device's adjoint VJP (``vjp_structures``, with
 the execution config of the forward pass, so the options in force at the forward pass).
@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from pennylane.devices import ExecutionConfig
+from torch._functorch.utils import unwrap_dead_wrappers
 
 from ..queuing import without_queuing
 from ..structures import Structure, StructureRun
@@ -25,20 +26,29 @@ from .vmap import unbatch_legacy
 
 
 @dataclasses.dataclass(frozen=True)
-class CircuitCall:
-    """What one call of a compiled QNode runs on the device."""
+class CircuitsPlan:
+    """What every call of one batch of structures runs on the device (built once per
+    signature key that replays, once per call that records)."""
 
     device: object
     """The ``custatevec.qubit`` device."""
     structures: tuple[Structure, ...]
     """One per device tape of the call."""
-    parameters: tuple[tuple, ...]
-    """Per structure, its operation parameters as the device takes them (numpy arrays or
-    Python numbers); the entries at ``trainable`` are replaced by the trainable tensors."""
     trainable: tuple[tuple[int, ...], ...]
     """Per structure, the positions of its trainable parameters (``trainable_params``)."""
     config: ExecutionConfig
-    """The execution config of the call (the options in force at its forward pass)."""
+    """The execution config of the calls (the options in force at their forward pass)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CircuitCall:
+    """What one call of a compiled QNode runs on the device: its plan with its parameters."""
+
+    plan: CircuitsPlan
+    parameters: tuple[list, ...]
+    """Per structure, its operation parameters as the device takes them (numpy arrays or
+    Python numbers); the entries at ``plan.trainable`` (None here) are filled with the
+    trainable tensors' data in the forward pass."""
     torch_device: torch.device | None
     """Where the results go: the torch device of the first CUDA parameter, else the CPU
     (as PennyLane's torch interface decides)."""
@@ -58,6 +68,8 @@ def as_numpy(value):
     """A gate parameter as the device takes it: a torch tensor's data as numpy (no copy on
     the CPU), anything else as it is."""
     if isinstance(value, torch.Tensor):
+        if value.is_cpu and not value.is_conj():  # the usual case: the data as they are
+            return value.detach().numpy()
         return value.detach().cpu().resolve_conj().numpy()
     return value
 
@@ -90,7 +102,7 @@ def unflatten(leaves: Sequence, nesting):
 def _bound_parameters(call: CircuitCall, trainable: Sequence[torch.Tensor]) -> list[list]:
     """Per structure, its parameter values with the trainable tensors' data in place."""
     values, taken = [], 0
-    for parameters, positions in zip(call.parameters, call.trainable, strict=True):
+    for parameters, positions in zip(call.parameters, call.plan.trainable, strict=True):
         bound = list(parameters)
         for position in positions:
             bound[position] = as_numpy(trainable[taken])
@@ -100,7 +112,32 @@ def _bound_parameters(call: CircuitCall, trainable: Sequence[torch.Tensor]) -> l
 
 
 def _to_torch(value, device) -> torch.Tensor:
+    """A device result (or gradient) as a torch tensor on ``device`` (None: the CPU),
+    as ``torch.as_tensor`` makes it; numpy data on the CPU are shared, not copied
+    (``torch.from_numpy``: the dtype and the memory that ``as_tensor`` gives)."""
+    if device is None and isinstance(value, (np.ndarray, np.generic)):
+        return torch.from_numpy(np.asarray(value))
     return torch.as_tensor(value, device=device)
+
+
+def _host_cotangent(cotangent: torch.Tensor) -> np.ndarray:
+    """A torch cotangent (dL/dz*) as the device takes it: PennyLane's dL/dz, numpy."""
+    if cotangent.is_cpu and not cotangent.is_complex():  # real: its conjugate is itself
+        return cotangent.detach().numpy()
+    return np.asarray(torch.conj(cotangent).detach().cpu().resolve_conj().numpy())
+
+
+def apply(function: type[torch.autograd.Function], *args):
+    """``function.apply(*args)``. Where no torch.func transform is active, torch's own
+    ``Function.apply`` binds the arguments to ``forward``'s signature on every call
+    (``inspect.signature``, for functions with ``setup_context``), which is most of its
+    cost; the arguments here are positional without defaults, so the binding changes
+    nothing and the C-level apply that it ends in is called directly (after the same
+    unwrapping of dead torch.func wrappers). Under a torch.func transform: torch's
+    ``apply`` (``custom_function_call``, the vmap rules)."""
+    if torch._C._are_functorch_transforms_active():
+        return function.apply(*args)
+    return super(torch.autograd.Function, function).apply(*unwrap_dead_wrappers(args))
 
 
 class Circuits(torch.autograd.Function):
@@ -110,9 +147,10 @@ class Circuits(torch.autograd.Function):
 
     @staticmethod
     def forward(call: CircuitCall, layout: ResultsLayout, *trainable: torch.Tensor):
+        plan = call.plan
         with without_queuing():  # the device may build operators: never into a recording
-            run = call.device.execute_structures(
-                call.structures, _bound_parameters(call, trainable), call.config
+            run = plan.device.execute_structures(
+                plan.structures, _bound_parameters(call, trainable), plan.config
             )
         leaves, nestings = [], []
         for result in run.results:
@@ -128,7 +166,13 @@ class Circuits(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *cotangents: torch.Tensor):
-        return (None, None, *CircuitsVJP.apply(ctx.call, ctx.layout, *cotangents))
+        """The VJP. As a ``CircuitsVJP`` Function where its own rules matter: under a
+        torch.func transform (its vmap rule) and with ``create_graph=True`` (grad mode on:
+        its backward refuses a second derivative); else (a plain backward pass, grad mode
+        off, nothing records) ``vjp`` itself, which is what that Function's forward runs."""
+        if torch.is_grad_enabled() or torch._C._are_functorch_transforms_active():
+            return (None, None, *apply(CircuitsVJP, ctx.call, ctx.layout, *cotangents))
+        return (None, None, *vjp(ctx.call, ctx.layout.run, ctx.layout, cotangents))
 
 
 class CircuitsVJP(torch.autograd.Function):
@@ -177,15 +221,16 @@ def vjp(
     Cotangents batched by torch's legacy vmap reach the device as one batch of their rows
     (``unbatch_legacy``), and the gradients go back batched as they came."""
     cotangents, legacy = unbatch_legacy(cotangents)
-    host = [np.asarray(torch.conj(dy).detach().cpu().resolve_conj().numpy()) for dy in cotangents]
+    host = [_host_cotangent(dy) for dy in cotangents]
     per_structure, start = [], 0
     for count, nesting in layout.nesting:
         per_structure.append(unflatten(host[start : start + count], nesting))
         start += count
+    plan = call.plan
     with without_queuing():
-        gradients = call.device.vjp_structures(run, per_structure, call.config)
+        gradients = plan.device.vjp_structures(run, per_structure, plan.config)
     out = []
-    for structure_gradients, positions in zip(gradients, call.trainable, strict=True):
+    for structure_gradients, positions in zip(gradients, plan.trainable, strict=True):
         for index in range(len(positions)):
             gradient = _to_torch(np.asarray(structure_gradients[index]), call.torch_device)
             if legacy is not None:
