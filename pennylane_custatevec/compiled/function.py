@@ -38,6 +38,57 @@ class CircuitsPlan:
     """Per structure, the positions of its trainable parameters (``trainable_params``)."""
     config: ExecutionConfig
     """The execution config of the calls (the options in force at their forward pass)."""
+    sources: tuple[tuple[int, tuple | None], ...]
+    """Per trainable parameter (the structures in order, each one's ``trainable`` in
+    order): ``(k, index)``, the parameter is the Function's input ``k`` itself (index None)
+    or its view ``input[index]`` (an index of ints and a trailing Ellipsis: what
+    ``input[i]`` gives, also in numpy). A view's gradient is scattered into its input's."""
+    gathers: tuple[_Gather, ...] | None
+    """Per input, which parameters' gradients make its gradient; None: every input is one
+    parameter itself (its gradient is the parameter's)."""
+
+    @classmethod
+    def of(cls, device, structures, config, sources=None) -> CircuitsPlan:
+        """The plan of ``structures``; ``sources`` None: each trainable parameter its own
+        input."""
+        trainable = tuple(tuple(s.template.trainable_params) for s in structures)
+        if sources is None:
+            sources = tuple((k, None) for k in range(sum(map(len, trainable))))
+        sources = tuple(sources)
+        gathers = None
+        if any(index is not None for _, index in sources):
+            gathers = _Gather.of_inputs(sources)
+        return cls(device, tuple(structures), trainable, config, sources, gathers)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Gather:
+    """How one input's gradient comes from the trainable parameters' gradients."""
+
+    parameters: tuple[int, ...]
+    """The numbers of the parameters that are this input or its views."""
+    indices: tuple[tuple, ...] | None
+    """Their indices into the input (None: the input is the one parameter itself)."""
+    in_order: bool
+    """Whether the views are ``input[0], input[1], ...`` in that order, each once: the
+    gradient is then the parameters' gradients stacked (where they are all of them)."""
+
+    @classmethod
+    def of_inputs(cls, sources: tuple) -> tuple[_Gather, ...]:
+        """Per input of ``sources`` (``CircuitsPlan.sources``), its gather."""
+        inputs: dict[int, list] = {}
+        for number, (k, index) in enumerate(sources):
+            inputs.setdefault(k, []).append((number, index))
+        gathers = []
+        for k in range(len(inputs)):
+            numbers = tuple(number for number, _ in inputs[k])
+            indices = tuple(index for _, index in inputs[k])
+            if indices == (None,):
+                gathers.append(cls(numbers, None, False))
+                continue
+            in_order = all(index == (i, Ellipsis) for i, index in enumerate(indices))
+            gathers.append(cls(numbers, indices, in_order))
+        return tuple(gathers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +113,8 @@ class ResultsLayout:
 
     nesting: tuple = ()
     run: StructureRun | None = None
+    input_shapes: tuple = ()
+    """The shapes of the Function's inputs (the gradients' shapes)."""
 
 
 def as_numpy(value):
@@ -99,16 +152,45 @@ def unflatten(leaves: Sequence, nesting):
     return kind(items)
 
 
-def _bound_parameters(call: CircuitCall, trainable: Sequence[torch.Tensor]) -> list[list]:
-    """Per structure, its parameter values with the trainable tensors' data in place."""
-    values, taken = [], 0
+def _bound_parameters(call: CircuitCall, inputs: Sequence[torch.Tensor]) -> list[list]:
+    """Per structure, its parameter values with the trainable ones' data in place (the
+    inputs' data, or views of them: ``plan.sources``)."""
+    host = [as_numpy(tensor) for tensor in inputs]
+    sources = iter(call.plan.sources)
+    values = []
     for parameters, positions in zip(call.parameters, call.plan.trainable, strict=True):
         bound = list(parameters)
         for position in positions:
-            bound[position] = as_numpy(trainable[taken])
-            taken += 1
+            k, index = next(sources)
+            bound[position] = host[k] if index is None else host[k][index]
         values.append(bound)
     return values
+
+
+def _input_gradients(
+    plan: CircuitsPlan, gradients: list, shapes: tuple, batched: bool
+) -> list[np.ndarray]:
+    """The gradients of the Function's inputs from those of the trainable parameters
+    (``gradients``, flat, a leading batch axis where ``batched``): an input that is a
+    parameter itself takes its gradient; an input whose views are parameters the sum of
+    theirs, each at its index (zeros elsewhere: what torch's indexing backward gives)."""
+    if plan.gathers is None:
+        return gradients
+    out = []
+    for gather, shape in zip(plan.gathers, shapes, strict=True):
+        own = [gradients[number] for number in gather.parameters]
+        if gather.indices is None:
+            out.append(own[0])
+        elif gather.in_order and len(own) == shape[0]:  # x[0], x[1], ...: all of x
+            stacked = np.array(own)
+            out.append(np.moveaxis(stacked, 0, 1) if batched else stacked)
+        else:
+            lead = own[0].shape[:1] if batched else ()
+            total = np.zeros(lead + tuple(shape), dtype=np.result_type(*own))
+            for index, gradient in zip(gather.indices, own, strict=True):
+                total[(slice(None), *index) if batched else index] += gradient
+            out.append(total)
+    return out
 
 
 def _to_torch(value, device) -> torch.Tensor:
@@ -158,6 +240,7 @@ class Circuits(torch.autograd.Function):
             leaves.extend(result_leaves)
             nestings.append((len(result_leaves), nesting))
         layout.nesting, layout.run = tuple(nestings), run
+        layout.input_shapes = tuple(tensor.shape for tensor in trainable)
         return tuple(_to_torch(leaf, call.torch_device) for leaf in leaves)
 
     @staticmethod
@@ -208,16 +291,20 @@ class CircuitsVJP(torch.autograd.Function):
                 rows.append(dy.unsqueeze(0).expand(info.batch_size, *dy.shape))
             else:
                 rows.append(dy.movedim(axis, 0))
-        gradients = tuple(vjp(call, layout.run, layout, rows))
+        gradients = tuple(vjp(call, layout.run, layout, rows, batched=True))
         return gradients, (0,) * len(gradients)
 
 
 def vjp(
-    call: CircuitCall, run: StructureRun, layout: ResultsLayout, cotangents: Sequence
+    call: CircuitCall,
+    run: StructureRun,
+    layout: ResultsLayout,
+    cotangents: Sequence,
+    batched: bool = False,
 ) -> list[torch.Tensor]:
-    """The gradients of the trainable tensors of ``call`` for the flat ``cotangents`` of
-    its outputs (torch's convention), by one ``vjp_structures`` of ``run``; a leading
-    axis of ``batch`` rows on every cotangent gives gradients with that leading axis.
+    """The gradients of the Function's inputs of ``call`` for the flat ``cotangents`` of
+    its outputs (torch's convention), by one ``vjp_structures`` of ``run``; ``batched``: a
+    leading axis of rows on every cotangent gives gradients with that leading axis.
     Cotangents batched by torch's legacy vmap reach the device as one batch of their rows
     (``unbatch_legacy``), and the gradients go back batched as they came."""
     cotangents, legacy = unbatch_legacy(cotangents)
@@ -229,11 +316,16 @@ def vjp(
     plan = call.plan
     with without_queuing():
         gradients = plan.device.vjp_structures(run, per_structure, plan.config)
+    flat = [
+        np.asarray(structure_gradients[index])
+        for structure_gradients, positions in zip(gradients, plan.trainable, strict=True)
+        for index in range(len(positions))
+    ]
+    flat = _input_gradients(plan, flat, layout.input_shapes, batched or legacy is not None)
     out = []
-    for structure_gradients, positions in zip(gradients, plan.trainable, strict=True):
-        for index in range(len(positions)):
-            gradient = _to_torch(np.asarray(structure_gradients[index]), call.torch_device)
-            if legacy is not None:
-                gradient = legacy.batched(gradient)
-            out.append(gradient)
+    for gradient in flat:
+        gradient = _to_torch(gradient, call.torch_device)
+        if legacy is not None:
+            gradient = legacy.batched(gradient)
+        out.append(gradient)
     return out

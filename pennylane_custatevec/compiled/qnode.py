@@ -182,13 +182,17 @@ class _ReplayRow:
     that traced only), and whether it is one of the structure's trainable parameters."""
 
     @classmethod
-    def of(cls, sources: tuple, trainable: Sequence[int]) -> _ReplayRow:
+    def of(cls, sources: tuple, trainable: Sequence[int], views: dict) -> _ReplayRow:
+        """The row of a structure's ``sources`` (``_Replay.sources``); a trainable
+        parameter that is a view of an argument (``views``, ``Trace.integer_views``) stands
+        here for the torch device only: by its argument's Slot."""
         trainable = set(trainable)
         dynamic = tuple(
-            (position, source, position in trainable)
+            (position, _viewed(source, views) if position in trainable else source,
+             position in trainable)
             for position, source in enumerate(sources)
             if isinstance(source, (Slot, torch.Tensor))
-        )
+        )  # fmt: skip
         if {position for position, _, is_trainable in dynamic if is_trainable} != trainable:
             raise TraceRefused("a trainable parameter is not a torch value of the trace")
         constants = tuple(
@@ -207,6 +211,9 @@ class _Replay:
     batch: _Batch
     rows: tuple[_ReplayRow, ...]
     """Per structure, how the trace's values give its parameters."""
+    inputs: tuple
+    """The Function's inputs (``_function_inputs``): per input its Slot, or the tensor (a
+    constant, for the call that traced only)."""
     plan: CircuitsPlan
     """What every replayed call runs (the key's execution config)."""
 
@@ -215,20 +222,20 @@ class _Replay:
         parameters as the device takes them (None at the trainable ones), the trainable
         tensors in order, and the torch device of the first CUDA parameter (else None).
         Raises TraceRefused where a trainable parameter does not require grad."""
-        parameters, tensors, torch_device = [], [], None
+        parameters, torch_device = [], None
         for row in self.rows:
             bound = list(row.constants)
             for position, source, trainable in row.dynamic:
                 value = values[source.index] if type(source) is Slot else source
                 if torch_device is None and value.is_cuda:
                     torch_device = value.device
-                if trainable:
-                    if not value.requires_grad:
-                        raise TraceRefused("the trainable parameters differ from the trace's")
-                    tensors.append(value)  # its data reach the device inside the Function
-                else:
+                if not trainable:  # the trainable ones reach the device inside the Function
                     bound[position] = as_numpy(value)
             parameters.append(bound)
+        tensors = [values[s.index] if type(s) is Slot else s for s in self.inputs]
+        for tensor in tensors:
+            if not tensor.requires_grad:
+                raise TraceRefused("the trainable parameters differ from the trace's")
         return tuple(parameters), tensors, torch_device
 
 
@@ -413,7 +420,7 @@ class CompiledQNode:
             for row, structure in zip(originals, batch.structures, strict=True)
             for i in structure.template.trainable_params
         ]
-        plan = self._plan_of(batch, config)
+        plan = CircuitsPlan.of(self.qnode.device, batch.structures, config)
         result = self._run(batch, plan, tuple(parameters), tensors, _torch_device(originals))
         return result, batch, config, parameters
 
@@ -539,13 +546,24 @@ class CompiledQNode:
             keys.append(structure_key)
             structure = self._structure(structure_key, numeric)
             structures.append(structure)
-            replay_rows.append(_ReplayRow.of(row, structure.template.trainable_params))
-        trace.prune(needed)  # binding may have recorded calls the replay does not need
+        views = trace.integer_views()
+        inputs, plan_sources = _function_inputs(sources, structures, views)
+        for row, structure in zip(sources, structures, strict=True):
+            replay_rows.append(_ReplayRow.of(row, structure.template.trainable_params, views))
+        # the replay computes what the rows and the Function's inputs take (no views)
+        trace.prune(
+            [source.index for source in inputs if type(source) is Slot]
+            + [
+                source.index
+                for row in replay_rows
+                for _, source, _ in row.dynamic
+                if type(source) is Slot
+            ]
+        )
         trace.close()
         batch = _Batch.of(structures, keys, post_processing, output)
-        replay = _Replay(
-            trace, sources, batch, tuple(replay_rows), self._plan_of(batch, entry.config)
-        )
+        plan = CircuitsPlan.of(self.qnode.device, structures, entry.config, plan_sources)
+        replay = _Replay(trace, sources, batch, tuple(replay_rows), inputs, plan)
         reasons = [reason for _, reason in rows if reason is not None]
         if tuple(keys) != entry.first.keys or not _constants_agree(sources, entry.first_parameters):
             reasons.append("the trace gave another circuit than the first call")
@@ -564,14 +582,6 @@ class CompiledQNode:
         return self._run(replay.batch, replay.plan, parameters, tensors, torch_device)
 
     # --- running -------------------------------------------------------------------
-
-    def _plan_of(self, batch: _Batch, config) -> CircuitsPlan:
-        return CircuitsPlan(
-            device=self.qnode.device,
-            structures=batch.structures,
-            trainable=tuple(tuple(s.template.trainable_params) for s in batch.structures),
-            config=config,
-        )
 
     def _run(self, batch: _Batch, plan: CircuitsPlan, parameters: tuple, tensors, torch_device):
         """Run the batch's structures as one ``Circuits`` Function and post-process:
@@ -663,6 +673,36 @@ def _parameter_sources(tape: QuantumScript, trace: Trace) -> tuple[tuple, str | 
         if _holds_tracer(measurement.obs) or _holds_tracer(measurement.mv):
             raise TraceRefused("a measurement depends on an argument tensor")
     return tuple(sources), reason
+
+
+def _viewed(source, views: dict):
+    """A trainable parameter's source, or its argument's Slot where it is a view."""
+    view = views.get(source.index) if type(source) is Slot else None
+    return source if view is None else Slot(view[0])
+
+
+def _function_inputs(sources: tuple, structures, views: dict) -> tuple[tuple, tuple]:
+    """The inputs of a replay's ``Circuits`` Function and its ``CircuitsPlan.sources``:
+    each trainable parameter its own input (its Slot, or a tensor constant), except those
+    that are integer-indexed views of an argument (``x[i]``, ``views``): their argument is
+    one input, once, and each of them its view. The replay then indexes nothing in torch
+    and autograd keeps one node for the call (the backward scatters the views' gradients
+    into the argument's, ``function._input_gradients``)."""
+    inputs, plan_sources, argument_inputs = [], [], {}
+    for row, structure in zip(sources, structures, strict=True):
+        for position in structure.template.trainable_params:
+            source = row[position]
+            view = views.get(source.index) if type(source) is Slot else None
+            if view is None:
+                plan_sources.append((len(inputs), None))
+                inputs.append(source)
+                continue
+            argument, index = view
+            if argument not in argument_inputs:
+                argument_inputs[argument] = len(inputs)
+                inputs.append(Slot(argument))
+            plan_sources.append((argument_inputs[argument], (*index, Ellipsis)))
+    return tuple(inputs), tuple(plan_sources)
 
 
 def _holds_tracer(value, allowed: frozenset | set = frozenset()) -> bool:
