@@ -246,15 +246,32 @@ class Circuits(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         ctx.call, ctx.layout = inputs[0], inputs[1]
+        ctx.save_for_backward(*inputs[2:])  # for CircuitsVJP with create_graph=True
 
     @staticmethod
     def backward(ctx, *cotangents: torch.Tensor):
         """The VJP. As a ``CircuitsVJP`` Function where its own rules matter: under a
         torch.func transform (its vmap rule) and with ``create_graph=True`` (grad mode on:
         its backward refuses a second derivative); else (a plain backward pass, grad mode
-        off, nothing records) ``vjp`` itself, which is what that Function's forward runs."""
+        off, nothing records) ``vjp`` itself, which is what that Function's forward runs.
+
+        The gradients depend on the forward's inputs (through the final states), so
+        ``CircuitsVJP`` takes them as inputs as well: a second derivative then reaches its
+        backward, which refuses it, instead of torch taking the gradients for constants of
+        the inputs (a Hessian without the circuit's second derivatives: a wrong number)."""
         if torch.is_grad_enabled() or torch._C._are_functorch_transforms_active():
-            return (None, None, *apply(CircuitsVJP, ctx.call, ctx.layout, *cotangents))
+            return (
+                None,
+                None,
+                *apply(
+                    CircuitsVJP,
+                    ctx.call,
+                    ctx.layout,
+                    len(cotangents),
+                    *cotangents,
+                    *ctx.saved_tensors,
+                ),
+            )
         return (None, None, *vjp(ctx.call, ctx.layout.run, ctx.layout, cotangents))
 
 
@@ -264,11 +281,12 @@ class CircuitsVJP(torch.autograd.Function):
     ``torch.func.jacrev``, torchjd) its vmap rule, under torch's legacy vmap
     (``is_grads_batched=True``, ``jacobian(..., vectorize=True)``, which never calls a vmap
     rule) ``unbatch_legacy`` in ``vjp``, give the batch of R cotangents to the device as one
-    batch: one sweep."""
+    batch: one sweep. Its tensors: the ``n_cotangents`` cotangents, then the ``Circuits``
+    call's inputs (unused: the gradients depend on them, see ``Circuits.backward``)."""
 
     @staticmethod
-    def forward(call: CircuitCall, layout: ResultsLayout, *cotangents: torch.Tensor):
-        return tuple(vjp(call, layout.run, layout, cotangents))
+    def forward(call: CircuitCall, layout: ResultsLayout, n_cotangents: int, *tensors):
+        return tuple(vjp(call, layout.run, layout, tensors[:n_cotangents]))
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -282,11 +300,12 @@ class CircuitsVJP(torch.autograd.Function):
         )
 
     @staticmethod
-    def vmap(info, in_dims, call: CircuitCall, layout: ResultsLayout, *cotangents):
+    def vmap(info, in_dims, call: CircuitCall, layout: ResultsLayout, n_cotangents, *tensors):
         """One sweep for the batch: each cotangent with its batch axis first (a cotangent
         without one repeated), the gradients with the batch axis first."""
         rows = []
-        for dy, axis in zip(cotangents, in_dims[2:], strict=True):
+        cotangents = tensors[:n_cotangents]
+        for dy, axis in zip(cotangents, in_dims[3 : 3 + n_cotangents], strict=True):
             if axis is None:
                 rows.append(dy.unsqueeze(0).expand(info.batch_size, *dy.shape))
             else:
