@@ -1,7 +1,8 @@
 """``compile(qnode)``: a QNode on ``custatevec.qubit`` as one torch.autograd.Function per call,
 without PennyLane's per-call workflow.
 
-A call's **signature key** is: per argument (positional, then keyword by name), a torch
+A call's **signature key** is: per argument (positional, then keyword by name in the
+call's order), a torch
 tensor by its shape, dtype, device and ``requires_grad``, a numpy array or Python value by
 its exact value (``exact.value_key``), anything else by identity, nested in lists, tuples
 and dicts; the differentiation options in force (``pennylane_custatevec.options``) and
