@@ -2,12 +2,11 @@
 without PennyLane's per-call workflow.
 
 A call's **signature key** is: per argument (positional, then keyword by name in the
-call's order), a torch
-tensor by its shape, dtype, device and ``requires_grad``, a numpy array or Python value by
-its exact value (``exact.value_key``), anything else by identity, nested in lists, tuples
-and dicts; the differentiation options in force (``pennylane_custatevec.options``) and
-whether torch's grad mode is on. Per key (at most ``MAX_KEYS``, least recently used
-dropped):
+call's order), a torch tensor by its shape, dtype, device and ``requires_grad``, a numpy
+array or Python value by its exact value (``exact.value_key``), anything else by identity,
+nested in lists, tuples and dicts; the differentiation options in force
+(``pennylane_custatevec.options``) and whether torch's grad mode is on. Per key (at most
+``MAX_KEYS``, least recently used dropped):
 
 1. the first call records the quantum function with the real arguments, preprocesses it
    and runs it (``_recorded``): a circuit seen once costs what the QNode path costs;
