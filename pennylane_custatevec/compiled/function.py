@@ -1,7 +1,7 @@
 """The torch.autograd.Function that runs a compiled call's circuits on the device.
 
-``Circuits.apply(call, layout, *trainable)`` runs ``call.structures`` on
-``call.device`` (``execute_structures``) with the gate parameters of ``call`` and the
+``apply(Circuits, call, layout, *trainable)`` runs ``call.plan.structures`` on
+``call.plan.device`` (``execute_structures``) with the gate parameters of ``call`` and the
 trainable ones given as tensors, and returns the results as flat torch tensors on the
 inputs' torch device; its backward is the device's adjoint VJP (``vjp_structures``, with
 the execution config of the forward pass, so the options in force at the forward pass).
@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from pennylane.devices import ExecutionConfig
+from torch._functorch.utils import unwrap_dead_wrappers
 
 from ..queuing import without_queuing
 from ..structures import Structure, StructureRun
@@ -25,20 +26,80 @@ from .vmap import unbatch_legacy
 
 
 @dataclasses.dataclass(frozen=True)
-class CircuitCall:
-    """What one call of a compiled QNode runs on the device."""
+class CircuitsPlan:
+    """What every call of one batch of structures runs on the device (built once per
+    signature key that replays, once per call that records)."""
 
     device: object
     """The ``custatevec.qubit`` device."""
     structures: tuple[Structure, ...]
     """One per device tape of the call."""
-    parameters: tuple[tuple, ...]
-    """Per structure, its operation parameters as the device takes them (numpy arrays or
-    Python numbers); the entries at ``trainable`` are replaced by the trainable tensors."""
     trainable: tuple[tuple[int, ...], ...]
     """Per structure, the positions of its trainable parameters (``trainable_params``)."""
     config: ExecutionConfig
-    """The execution config of the call (the options in force at its forward pass)."""
+    """The execution config of the calls (the options in force at their forward pass)."""
+    sources: tuple[tuple[int, tuple | None], ...]
+    """Per trainable parameter (the structures in order, each one's ``trainable`` in
+    order): ``(k, index)``, the parameter is the Function's input ``k`` itself (index None)
+    or its view ``input[index]`` (an index of ints and a trailing Ellipsis: what
+    ``input[i]`` gives, also in numpy). A view's gradient is scattered into its input's."""
+    gathers: tuple[_Gather, ...] | None
+    """Per input, which parameters' gradients make its gradient; None: every input is one
+    parameter itself (its gradient is the parameter's)."""
+
+    @classmethod
+    def of(cls, device, structures, config, sources=None) -> CircuitsPlan:
+        """The plan of ``structures``; ``sources`` None: each trainable parameter its own
+        input."""
+        trainable = tuple(tuple(s.template.trainable_params) for s in structures)
+        if sources is None:
+            sources = tuple((k, None) for k in range(sum(map(len, trainable))))
+        sources = tuple(sources)
+        gathers = None
+        if any(index is not None for _, index in sources):
+            gathers = _Gather.of_inputs(sources)
+        return cls(device, tuple(structures), trainable, config, sources, gathers)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Gather:
+    """How one input's gradient comes from the trainable parameters' gradients."""
+
+    parameters: tuple[int, ...]
+    """The numbers of the parameters that are this input or its views."""
+    indices: tuple[tuple, ...] | None
+    """Their indices into the input (None: the input is the one parameter itself)."""
+    in_order: bool
+    """Whether the views are ``input[0], input[1], ...`` in that order, each once: the
+    gradient is then the parameters' gradients stacked (where they are all of them)."""
+
+    @classmethod
+    def of_inputs(cls, sources: tuple) -> tuple[_Gather, ...]:
+        """Per input of ``sources`` (``CircuitsPlan.sources``), its gather."""
+        inputs: dict[int, list] = {}
+        for number, (k, index) in enumerate(sources):
+            inputs.setdefault(k, []).append((number, index))
+        gathers = []
+        for k in range(len(inputs)):
+            numbers = tuple(number for number, _ in inputs[k])
+            indices = tuple(index for _, index in inputs[k])
+            if indices == (None,):
+                gathers.append(cls(numbers, None, False))
+                continue
+            in_order = all(index == (i, Ellipsis) for i, index in enumerate(indices))
+            gathers.append(cls(numbers, indices, in_order))
+        return tuple(gathers)
+
+
+@dataclasses.dataclass(frozen=True)
+class CircuitCall:
+    """What one call of a compiled QNode runs on the device: its plan with its parameters."""
+
+    plan: CircuitsPlan
+    parameters: tuple[list, ...]
+    """Per structure, its operation parameters as the device takes them (numpy arrays or
+    Python numbers); the entries at ``plan.trainable`` (None here) are filled with the
+    trainable tensors' data in the forward pass."""
     torch_device: torch.device | None
     """Where the results go: the torch device of the first CUDA parameter, else the CPU
     (as PennyLane's torch interface decides)."""
@@ -52,12 +113,16 @@ class ResultsLayout:
 
     nesting: tuple = ()
     run: StructureRun | None = None
+    input_shapes: tuple = ()
+    """The shapes of the Function's inputs (the gradients' shapes)."""
 
 
 def as_numpy(value):
     """A gate parameter as the device takes it: a torch tensor's data as numpy (no copy on
     the CPU), anything else as it is."""
     if isinstance(value, torch.Tensor):
+        if value.is_cpu and not value.is_conj():  # the usual case: the data as they are
+            return value.detach().numpy()
         return value.detach().cpu().resolve_conj().numpy()
     return value
 
@@ -87,20 +152,74 @@ def unflatten(leaves: Sequence, nesting):
     return kind(items)
 
 
-def _bound_parameters(call: CircuitCall, trainable: Sequence[torch.Tensor]) -> list[list]:
-    """Per structure, its parameter values with the trainable tensors' data in place."""
-    values, taken = [], 0
-    for parameters, positions in zip(call.parameters, call.trainable, strict=True):
+def _bound_parameters(call: CircuitCall, inputs: Sequence[torch.Tensor]) -> list[list]:
+    """Per structure, its parameter values with the trainable ones' data in place (the
+    inputs' data, or views of them: ``plan.sources``)."""
+    host = [as_numpy(tensor) for tensor in inputs]
+    sources = iter(call.plan.sources)
+    values = []
+    for parameters, positions in zip(call.parameters, call.plan.trainable, strict=True):
         bound = list(parameters)
         for position in positions:
-            bound[position] = as_numpy(trainable[taken])
-            taken += 1
+            k, index = next(sources)
+            bound[position] = host[k] if index is None else host[k][index]
         values.append(bound)
     return values
 
 
+def _input_gradients(
+    plan: CircuitsPlan, gradients: list, shapes: tuple, batched: bool
+) -> list[np.ndarray]:
+    """The gradients of the Function's inputs from those of the trainable parameters
+    (``gradients``, flat, a leading batch axis where ``batched``): an input that is a
+    parameter itself takes its gradient; an input whose views are parameters the sum of
+    theirs, each at its index (zeros elsewhere: what torch's indexing backward gives)."""
+    if plan.gathers is None:
+        return gradients
+    out = []
+    for gather, shape in zip(plan.gathers, shapes, strict=True):
+        own = [gradients[number] for number in gather.parameters]
+        if gather.indices is None:
+            out.append(own[0])
+        elif gather.in_order and len(own) == shape[0]:  # x[0], x[1], ...: all of x
+            stacked = np.array(own)
+            out.append(np.moveaxis(stacked, 0, 1) if batched else stacked)
+        else:
+            lead = own[0].shape[:1] if batched else ()
+            total = np.zeros(lead + tuple(shape), dtype=np.result_type(*own))
+            for index, gradient in zip(gather.indices, own, strict=True):
+                total[(slice(None), *index) if batched else index] += gradient
+            out.append(total)
+    return out
+
+
 def _to_torch(value, device) -> torch.Tensor:
+    """A device result (or gradient) as a torch tensor on ``device`` (None: the CPU),
+    as ``torch.as_tensor`` makes it; numpy data on the CPU are shared, not copied
+    (``torch.from_numpy``: the dtype and the memory that ``as_tensor`` gives)."""
+    if device is None and isinstance(value, (np.ndarray, np.generic)):
+        return torch.from_numpy(np.asarray(value))
     return torch.as_tensor(value, device=device)
+
+
+def _host_cotangent(cotangent: torch.Tensor) -> np.ndarray:
+    """A torch cotangent (dL/dz*) as the device takes it: PennyLane's dL/dz, numpy."""
+    if cotangent.is_cpu and not cotangent.is_complex():  # real: its conjugate is itself
+        return cotangent.detach().numpy()
+    return np.asarray(torch.conj(cotangent).detach().cpu().resolve_conj().numpy())
+
+
+def apply(function: type[torch.autograd.Function], *args):
+    """``function.apply(*args)``. Where no torch.func transform is active, torch's own
+    ``Function.apply`` binds the arguments to ``forward``'s signature on every call
+    (``inspect.signature``, for functions with ``setup_context``), which is most of its
+    cost; the arguments here are positional without defaults, so the binding changes
+    nothing and the C-level apply that it ends in is called directly (after the same
+    unwrapping of dead torch.func wrappers). Under a torch.func transform: torch's
+    ``apply`` (``custom_function_call``, the vmap rules)."""
+    if torch._C._are_functorch_transforms_active():
+        return function.apply(*args)
+    return super(torch.autograd.Function, function).apply(*unwrap_dead_wrappers(args))
 
 
 class Circuits(torch.autograd.Function):
@@ -110,9 +229,10 @@ class Circuits(torch.autograd.Function):
 
     @staticmethod
     def forward(call: CircuitCall, layout: ResultsLayout, *trainable: torch.Tensor):
+        plan = call.plan
         with without_queuing():  # the device may build operators: never into a recording
-            run = call.device.execute_structures(
-                call.structures, _bound_parameters(call, trainable), call.config
+            run = plan.device.execute_structures(
+                plan.structures, _bound_parameters(call, trainable), plan.config
             )
         leaves, nestings = [], []
         for result in run.results:
@@ -120,15 +240,39 @@ class Circuits(torch.autograd.Function):
             leaves.extend(result_leaves)
             nestings.append((len(result_leaves), nesting))
         layout.nesting, layout.run = tuple(nestings), run
+        layout.input_shapes = tuple(tensor.shape for tensor in trainable)
         return tuple(_to_torch(leaf, call.torch_device) for leaf in leaves)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         ctx.call, ctx.layout = inputs[0], inputs[1]
+        ctx.save_for_backward(*inputs[2:])  # for CircuitsVJP with create_graph=True
 
     @staticmethod
     def backward(ctx, *cotangents: torch.Tensor):
-        return (None, None, *CircuitsVJP.apply(ctx.call, ctx.layout, *cotangents))
+        """The VJP. As a ``CircuitsVJP`` Function where its own rules matter: under a
+        torch.func transform (its vmap rule) and with ``create_graph=True`` (grad mode on:
+        its backward refuses a second derivative); else (a plain backward pass, grad mode
+        off, nothing records) ``vjp`` itself, which is what that Function's forward runs.
+
+        The gradients depend on the forward's inputs (through the final states), so
+        ``CircuitsVJP`` takes them as inputs as well: a second derivative then reaches its
+        backward, which refuses it, instead of torch taking the gradients for constants of
+        the inputs (a Hessian without the circuit's second derivatives: a wrong number)."""
+        if torch.is_grad_enabled() or torch._C._are_functorch_transforms_active():
+            return (
+                None,
+                None,
+                *apply(
+                    CircuitsVJP,
+                    ctx.call,
+                    ctx.layout,
+                    len(cotangents),
+                    *cotangents,
+                    *ctx.saved_tensors,
+                ),
+            )
+        return (None, None, *vjp(ctx.call, ctx.layout.run, ctx.layout, cotangents))
 
 
 class CircuitsVJP(torch.autograd.Function):
@@ -137,11 +281,12 @@ class CircuitsVJP(torch.autograd.Function):
     ``torch.func.jacrev``, torchjd) its vmap rule, under torch's legacy vmap
     (``is_grads_batched=True``, ``jacobian(..., vectorize=True)``, which never calls a vmap
     rule) ``unbatch_legacy`` in ``vjp``, give the batch of R cotangents to the device as one
-    batch: one sweep."""
+    batch: one sweep. Its tensors: the ``n_cotangents`` cotangents, then the ``Circuits``
+    call's inputs (unused: the gradients depend on them, see ``Circuits.backward``)."""
 
     @staticmethod
-    def forward(call: CircuitCall, layout: ResultsLayout, *cotangents: torch.Tensor):
-        return tuple(vjp(call, layout.run, layout, cotangents))
+    def forward(call: CircuitCall, layout: ResultsLayout, n_cotangents: int, *tensors):
+        return tuple(vjp(call, layout.run, layout, tensors[:n_cotangents]))
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -155,40 +300,51 @@ class CircuitsVJP(torch.autograd.Function):
         )
 
     @staticmethod
-    def vmap(info, in_dims, call: CircuitCall, layout: ResultsLayout, *cotangents):
+    def vmap(info, in_dims, call: CircuitCall, layout: ResultsLayout, n_cotangents, *tensors):
         """One sweep for the batch: each cotangent with its batch axis first (a cotangent
         without one repeated), the gradients with the batch axis first."""
         rows = []
-        for dy, axis in zip(cotangents, in_dims[2:], strict=True):
+        cotangents = tensors[:n_cotangents]
+        for dy, axis in zip(cotangents, in_dims[3 : 3 + n_cotangents], strict=True):
             if axis is None:
                 rows.append(dy.unsqueeze(0).expand(info.batch_size, *dy.shape))
             else:
                 rows.append(dy.movedim(axis, 0))
-        gradients = tuple(vjp(call, layout.run, layout, rows))
+        gradients = tuple(vjp(call, layout.run, layout, rows, batched=True))
         return gradients, (0,) * len(gradients)
 
 
 def vjp(
-    call: CircuitCall, run: StructureRun, layout: ResultsLayout, cotangents: Sequence
+    call: CircuitCall,
+    run: StructureRun,
+    layout: ResultsLayout,
+    cotangents: Sequence,
+    batched: bool = False,
 ) -> list[torch.Tensor]:
-    """The gradients of the trainable tensors of ``call`` for the flat ``cotangents`` of
-    its outputs (torch's convention), by one ``vjp_structures`` of ``run``; a leading
-    axis of ``batch`` rows on every cotangent gives gradients with that leading axis.
+    """The gradients of the Function's inputs of ``call`` for the flat ``cotangents`` of
+    its outputs (torch's convention), by one ``vjp_structures`` of ``run``; ``batched``: a
+    leading axis of rows on every cotangent gives gradients with that leading axis.
     Cotangents batched by torch's legacy vmap reach the device as one batch of their rows
     (``unbatch_legacy``), and the gradients go back batched as they came."""
     cotangents, legacy = unbatch_legacy(cotangents)
-    host = [np.asarray(torch.conj(dy).detach().cpu().resolve_conj().numpy()) for dy in cotangents]
+    host = [_host_cotangent(dy) for dy in cotangents]
     per_structure, start = [], 0
     for count, nesting in layout.nesting:
         per_structure.append(unflatten(host[start : start + count], nesting))
         start += count
+    plan = call.plan
     with without_queuing():
-        gradients = call.device.vjp_structures(run, per_structure, call.config)
+        gradients = plan.device.vjp_structures(run, per_structure, plan.config)
+    flat = [
+        np.asarray(structure_gradients[index])
+        for structure_gradients, positions in zip(gradients, plan.trainable, strict=True)
+        for index in range(len(positions))
+    ]
+    flat = _input_gradients(plan, flat, layout.input_shapes, batched or legacy is not None)
     out = []
-    for structure_gradients, positions in zip(gradients, call.trainable, strict=True):
-        for index in range(len(positions)):
-            gradient = _to_torch(np.asarray(structure_gradients[index]), call.torch_device)
-            if legacy is not None:
-                gradient = legacy.batched(gradient)
-            out.append(gradient)
+    for gradient in flat:
+        gradient = _to_torch(gradient, call.torch_device)
+        if legacy is not None:
+            gradient = legacy.batched(gradient)
+        out.append(gradient)
     return out

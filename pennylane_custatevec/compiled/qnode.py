@@ -1,12 +1,12 @@
 """``compile(qnode)``: a QNode on ``custatevec.qubit`` as one torch.autograd.Function per call,
 without PennyLane's per-call workflow.
 
-A call's **signature key** is: per argument (positional, then keyword by name), a torch
-tensor by its shape, dtype, device and ``requires_grad``, a numpy array or Python value by
-its exact value (``exact.value_key``), anything else by identity, nested in lists, tuples
-and dicts; the differentiation options in force (``pennylane_custatevec.options``) and
-whether torch's grad mode is on. Per key (at most ``MAX_KEYS``, least recently used
-dropped):
+A call's **signature key** is: per argument (positional, then keyword by name in the
+call's order), a torch tensor by its shape, dtype, device and ``requires_grad``, a numpy
+array or Python value by its exact value (``exact.value_key``), anything else by identity,
+nested in lists, tuples and dicts; the differentiation options in force
+(``pennylane_custatevec.options``) and whether torch's grad mode is on. Per key (at most
+``MAX_KEYS``, least recently used dropped):
 
 1. the first call records the quantum function with the real arguments, preprocesses it
    and runs it (``_recorded``): a circuit seen once costs what the QNode path costs;
@@ -38,23 +38,41 @@ import enum
 import functools
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pennylane as qml
 import torch
-from pennylane.measurements import MidMeasureMP
+from pennylane.devices.preprocess import null_postprocessing as _device_null_postprocessing
+from pennylane.measurements import MeasurementProcess, MidMeasureMP
 from pennylane.operation import Operator
 from pennylane.queuing import AnnotatedQueue
 from pennylane.tape import QuantumScript
+from pennylane.transforms.core.compile_pipeline import (
+    _apply_postprocessing_stack,
+    _batch_postprocessing,
+)
+from pennylane.transforms.defer_measurements import (
+    null_postprocessing as _deferral_null_postprocessing,
+)
 from pennylane.workflow.qnode import _to_qfunc_output_type
 from pennylane.workflow.resolution import _resolve_execution_config
 from torch._C import _functorch
 
+from .. import settings
 from ..device import CuStateVecDevice
 from ..exact import value_key
 from ..queuing import without_queuing
 from ..structures import Structure, StructureKey
-from .function import CircuitCall, Circuits, ResultsLayout, as_numpy
+from ..transforms import _first_result
+from .function import (
+    CircuitCall,
+    Circuits,
+    CircuitsPlan,
+    ResultsLayout,
+    apply,
+    as_numpy,
+    unflatten,
+)
 from .trace import Slot, Trace, Tracer, TraceRefused
 from .vmap import VmapCall
 
@@ -78,24 +96,21 @@ class _Fallback(Exception):
     """The compiled path cannot serve this call; the message is the reason."""
 
 
-@dataclasses.dataclass(frozen=True)
-class _TensorSpec:
-    """A torch argument's part of a signature key."""
-
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    device: torch.device
-    requires_grad: bool
+_TENSOR = object()
+"""The tag of a torch argument's part of a signature key: ``(_TENSOR, shape, dtype,
+device, requires_grad)`` (a private object: no other part of a key holds it)."""
 
 
-def _argument_key(value):
-    """An argument's part of the signature key (module docstring)."""
+def _argument_key(value, leaves: list):
+    """An argument's part of the signature key (module docstring); its torch tensors are
+    appended to ``leaves`` in the order ``_with_tracers`` visits them."""
     if isinstance(value, torch.Tensor):
-        return _TensorSpec(tuple(value.shape), value.dtype, value.device, value.requires_grad)
+        leaves.append(value)
+        return (_TENSOR, value.shape, value.dtype, value.device, value.requires_grad)
     if type(value) in (tuple, list):
-        return (type(value), tuple(_argument_key(item) for item in value))
+        return (type(value), tuple(_argument_key(item, leaves) for item in value))
     if type(value) is dict:
-        return (dict, tuple((name, _argument_key(item)) for name, item in value.items()))
+        return (dict, tuple((name, _argument_key(item, leaves)) for name, item in value.items()))
     return value_key(value)  # exact values; an object of another kind by identity
 
 
@@ -131,6 +146,59 @@ class _Batch:
     post_processing: Callable
     qfunc_output: object
     """What the quantum function returned (its measurements' nesting)."""
+    passes_through: bool
+    """Whether ``post_processing`` returns the results as they are (``_passes_through``):
+    then it is not called."""
+
+    @classmethod
+    def of(cls, structures, keys, post_processing: Callable, qfunc_output) -> _Batch:
+        return cls(
+            tuple(structures),
+            tuple(keys),
+            post_processing,
+            qfunc_output,
+            _passes_through(post_processing),
+        )
+
+    def finish(self, results: tuple):
+        """The call's result from the structures' results, as the QNode gives it: the
+        device's post-processing, then the quantum function's output nesting (a single
+        measurement's result is its own nesting: ``_to_qfunc_output_type`` returns it)."""
+        result = results[0] if self.passes_through else self.post_processing(results)[0]
+        if isinstance(self.qfunc_output, MeasurementProcess):
+            return result
+        return _to_qfunc_output_type(result, self.qfunc_output, False)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ReplayRow:
+    """How a replay gives one structure's operation parameters."""
+
+    constants: tuple
+    """Per operation parameter: the constant that is not a torch tensor, else None."""
+    dynamic: tuple[tuple[int, object, bool], ...]
+    """``(position, source, trainable)`` per other parameter, in position order: its
+    ``Slot`` in the trace, or the torch tensor (a constant: a global tensor, for the call
+    that traced only), and whether it is one of the structure's trainable parameters."""
+
+    @classmethod
+    def of(cls, sources: tuple, trainable: Sequence[int], views: dict) -> _ReplayRow:
+        """The row of a structure's ``sources`` (``_Replay.sources``); a trainable
+        parameter that is a view of an argument (``views``, ``Trace.integer_views``) stands
+        here for the torch device only: by its argument's Slot."""
+        trainable = set(trainable)
+        dynamic = tuple(
+            (position, _viewed(source, views) if position in trainable else source,
+             position in trainable)
+            for position, source in enumerate(sources)
+            if isinstance(source, (Slot, torch.Tensor))
+        )  # fmt: skip
+        if {position for position, _, is_trainable in dynamic if is_trainable} != trainable:
+            raise TraceRefused("a trainable parameter is not a torch value of the trace")
+        constants = tuple(
+            None if isinstance(source, (Slot, torch.Tensor)) else source for source in sources
+        )
+        return cls(constants, dynamic)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +209,34 @@ class _Replay:
     sources: tuple[tuple, ...]
     """Per structure, per operation parameter: a ``Slot`` of the trace or a constant."""
     batch: _Batch
+    rows: tuple[_ReplayRow, ...]
+    """Per structure, how the trace's values give its parameters."""
+    inputs: tuple
+    """The Function's inputs (``_function_inputs``): per input its Slot, or the tensor (a
+    constant, for the call that traced only)."""
+    plan: CircuitsPlan
+    """What every replayed call runs (the key's execution config)."""
+
+    def bind(self, values: list) -> tuple[tuple, list, torch.device | None]:
+        """The parameters of a call from the trace's ``values``: per structure, its
+        parameters as the device takes them (None at the trainable ones), the trainable
+        tensors in order, and the torch device of the first CUDA parameter (else None).
+        Raises TraceRefused where a trainable parameter does not require grad."""
+        parameters, torch_device = [], None
+        for row in self.rows:
+            bound = list(row.constants)
+            for position, source, trainable in row.dynamic:
+                value = values[source.index] if type(source) is Slot else source
+                if torch_device is None and value.is_cuda:
+                    torch_device = value.device
+                if not trainable:  # the trainable ones reach the device inside the Function
+                    bound[position] = as_numpy(value)
+            parameters.append(bound)
+        tensors = [values[s.index] if type(s) is Slot else s for s in self.inputs]
+        for tensor in tensors:
+            if not tensor.requires_grad:
+                raise TraceRefused("the trainable parameters differ from the trace's")
+        return tuple(parameters), tensors, torch_device
 
 
 @dataclasses.dataclass
@@ -172,6 +268,9 @@ class CompiledQNode:
         self._structures: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.RLock()
         self._warned: set[str] = set()
+        self._options_seen: tuple | None = None
+        """(the option overrides of a context, the options in force there): the last
+        resolved (``_options_in_force``)."""
         functools.update_wrapper(self, qnode, updated=())
 
     def __repr__(self) -> str:
@@ -199,17 +298,16 @@ class CompiledQNode:
         if reason is not None:
             return self._fallback(reason, args, kwargs)
         leaves: list = []
-        _torch_leaves((args, kwargs), leaves)
+        key = (
+            _argument_key(args, leaves),
+            # in the call's order: the quantum function sees them in that order
+            tuple((name, _argument_key(value, leaves)) for name, value in kwargs.items()),
+            self._options_in_force(),
+            torch.is_grad_enabled(),
+        )
         vmapped = VmapCall.of(leaves)
         if vmapped is not None:
             return self._vmapped(vmapped, args, kwargs)
-        device: CuStateVecDevice = self.qnode.device
-        key = (
-            _argument_key(args),
-            tuple(sorted((name, _argument_key(value)) for name, value in kwargs.items())),
-            device.options_in_force(),
-            torch.is_grad_enabled(),
-        )
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
@@ -221,21 +319,35 @@ class CompiledQNode:
         if entry.mode is _Mode.SEEN_ONCE:
             with self._lock:  # one thread traces a key; the others wait for its outcome
                 if entry.mode is _Mode.SEEN_ONCE:
-                    this_call_only = self._trace(entry, args, kwargs)
+                    this_call_only = self._trace(entry, args, kwargs, leaves)
                     if this_call_only is not None:
                         try:  # the quantum function ran once for this call: not again
-                            return self._replayed(this_call_only, entry.config, args, kwargs)
+                            return self._replayed(this_call_only, leaves)
                         except TraceRefused:
                             pass
-        if entry.mode is _Mode.REPLAY:
+        replay = entry.replay  # once: another thread may drop it
+        if entry.mode is _Mode.REPLAY and replay is not None:
             try:
-                return self._replayed(entry.replay, entry.config, args, kwargs)
+                return self._replayed(replay, leaves)
             except TraceRefused:
                 entry.mode, entry.replay = _Mode.RERECORD, None
         try:
             return self._recorded(args, kwargs, entry.config)[0]
         except _Fallback as refusal:
             return self._fallback(str(refusal), args, kwargs)
+
+    def _options_in_force(self):
+        """The device's ``options_in_force()``, resolved once per context's overrides: the
+        device's own options are fixed when it is built, the overrides of a context are one
+        immutable mapping (``settings.current_overrides``), held here so that it is the
+        same object only while it is the same mapping."""
+        overrides = settings.current_overrides()
+        seen = self._options_seen
+        if seen is not None and seen[0] is overrides:
+            return seen[1]
+        options = self.qnode.device.options_in_force()
+        self._options_seen = (overrides, options)
+        return options
 
     def _first_call(self, key, args, kwargs):
         try:
@@ -303,7 +415,14 @@ class CompiledQNode:
         if config is None:
             config = self._config_of(tape, args, kwargs)
         batch, parameters, originals = self._batch_of(tape, output, config)
-        return self._run(batch, config, parameters, originals), batch, config, parameters
+        tensors = [
+            row[i]
+            for row, structure in zip(originals, batch.structures, strict=True)
+            for i in structure.template.trainable_params
+        ]
+        plan = CircuitsPlan.of(self.qnode.device, batch.structures, config)
+        result = self._run(batch, plan, tuple(parameters), tensors, _torch_device(originals))
+        return result, batch, config, parameters
 
     def _vmapped(self, vmapped: VmapCall, args, kwargs):
         """A call under ``torch.func.vmap`` as one broadcast call (``vmap.VmapCall``): the
@@ -367,7 +486,7 @@ class CompiledQNode:
                 originals.append(
                     device_tape.get_parameters(trainable_only=False, operations_only=True)
                 )
-        batch = _Batch(tuple(structures), tuple(keys), post_processing, output)
+        batch = _Batch.of(structures, keys, post_processing, output)
         return batch, parameters, originals
 
     def _structure(self, key: StructureKey, tape: QuantumScript) -> Structure:
@@ -388,33 +507,31 @@ class CompiledQNode:
 
     # --- traced calls --------------------------------------------------------------
 
-    def _trace(self, entry: _Entry, args, kwargs) -> _Replay | None:
+    def _trace(self, entry: _Entry, args, kwargs, leaves: list) -> _Replay | None:
         """Trace the key's second call: REPLAY if the trace is sound, else RERECORD. A
         trace that recorded the whole call but cannot stand for later ones (other circuits
         than the first call's, a torch tensor not computed from the arguments) is returned
-        to run this call; else None."""
+        to run this call; else None. ``leaves``: the call's torch tensors (``_argument_key``)."""
         trace = Trace()
         traced_args = _with_tracers(args, trace)
         traced_kwargs = _with_tracers(kwargs, trace)
         try:
             tape, output = _record(self.qnode, traced_args, traced_kwargs)
             with without_queuing():  # the bound tapes' operators: into no recording
-                return self._traced(entry, trace, tape, output, args, kwargs)
+                return self._traced(entry, trace, tape, output, leaves)
         except (TraceRefused, _Fallback) as refusal:
             entry.mode, entry.reason = _Mode.RERECORD, str(refusal)
             return None
 
-    def _traced(self, entry: _Entry, trace: Trace, tape, output, args, kwargs):
+    def _traced(self, entry: _Entry, trace: Trace, tape, output, leaves: list):
         """``_trace`` after the recording: preprocess, bind, and judge the trace."""
         tapes, post_processing = self.qnode.device.preprocess_transforms(entry.config)((tape,))
         rows = [_parameter_sources(device_tape, trace) for device_tape in tapes]
         sources = tuple(row for row, _ in rows)
         needed = [source.index for row in sources for source in row if isinstance(source, Slot)]
         trace.prune(needed)
-        leaves: list = []
-        _torch_leaves((args, kwargs), leaves)
         values = trace.replay(leaves)
-        structures, keys = [], []
+        structures, keys, replay_rows = [], [], []
         for device_tape, row in zip(tapes, sources, strict=True):
             bound = [values[s.index] if isinstance(s, Slot) else s for s in row]
             numeric = device_tape.bind_new_parameters(
@@ -427,12 +544,26 @@ class CompiledQNode:
             ]
             structure_key = StructureKey.of(numeric)
             keys.append(structure_key)
-            structures.append(self._structure(structure_key, numeric))
-        trace.prune(needed)  # binding may have recorded calls the replay does not need
-        trace.close()
-        replay = _Replay(
-            trace, sources, _Batch(tuple(structures), tuple(keys), post_processing, output)
+            structure = self._structure(structure_key, numeric)
+            structures.append(structure)
+        views = trace.integer_views()
+        inputs, plan_sources = _function_inputs(sources, structures, views)
+        for row, structure in zip(sources, structures, strict=True):
+            replay_rows.append(_ReplayRow.of(row, structure.template.trainable_params, views))
+        # the replay computes what the rows and the Function's inputs take (no views)
+        trace.prune(
+            [source.index for source in inputs if type(source) is Slot]
+            + [
+                source.index
+                for row in replay_rows
+                for _, source, _ in row.dynamic
+                if type(source) is Slot
+            ]
         )
+        trace.close()
+        batch = _Batch.of(structures, keys, post_processing, output)
+        plan = CircuitsPlan.of(self.qnode.device, structures, entry.config, plan_sources)
+        replay = _Replay(trace, sources, batch, tuple(replay_rows), inputs, plan)
         reasons = [reason for _, reason in rows if reason is not None]
         if tuple(keys) != entry.first.keys or not _constants_agree(sources, entry.first_parameters):
             reasons.append("the trace gave another circuit than the first call")
@@ -443,51 +574,26 @@ class CompiledQNode:
         entry.mode, entry.replay = _Mode.REPLAY, replay
         return None
 
-    def _replayed(self, replay: _Replay, config, args, kwargs):
-        leaves: list = []
-        _torch_leaves((args, kwargs), leaves)
+    def _replayed(self, replay: _Replay, leaves: list):
+        """A call replayed: the trace on the call's torch tensors ``leaves``, its values
+        bound to the structures' parameters, run."""
         values = replay.trace.replay(leaves)
-        parameters, bound_values = [], []
-        for structure, row in zip(replay.batch.structures, replay.sources, strict=True):
-            bound = [values[s.index] if isinstance(s, Slot) else s for s in row]
-            trainable = structure.template.trainable_params
-            for i in trainable:
-                if not (isinstance(bound[i], torch.Tensor) and bound[i].requires_grad):
-                    raise TraceRefused("the trainable parameters differ from the trace's")
-            # the trainable ones reach the device inside the Function (torch.func wraps them)
-            parameters.append(
-                [None if i in trainable else as_numpy(value) for i, value in enumerate(bound)]
-            )
-            bound_values.append(bound)
-        return self._run(replay.batch, config, parameters, bound_values)
+        parameters, tensors, torch_device = replay.bind(values)
+        return self._run(replay.batch, replay.plan, parameters, tensors, torch_device)
 
     # --- running -------------------------------------------------------------------
 
-    def _run(self, batch: _Batch, config, parameters, values):
+    def _run(self, batch: _Batch, plan: CircuitsPlan, parameters: tuple, tensors, torch_device):
         """Run the batch's structures as one ``Circuits`` Function and post-process:
-        ``parameters`` per structure as the device takes them, ``values`` as the call
-        computed them (the trainable ones torch tensors)."""
-        tensors = [
-            row[i]
-            for row, structure in zip(values, batch.structures, strict=True)
-            for i in structure.template.trainable_params
-        ]
-        call = CircuitCall(
-            device=self.qnode.device,
-            structures=batch.structures,
-            parameters=tuple(tuple(row) for row in parameters),
-            trainable=tuple(tuple(s.template.trainable_params) for s in batch.structures),
-            config=config,
-            torch_device=_torch_device(values),
-        )
+        ``parameters`` per structure as the device takes them (the trainable ones filled
+        in from ``tensors``, in order), the results on ``torch_device`` (None: the CPU)."""
         layout = ResultsLayout()
-        flat = Circuits.apply(call, layout, *tensors)
+        flat = apply(Circuits, CircuitCall(plan, parameters, torch_device), layout, *tensors)
         results, start = [], 0
         for count, nesting in layout.nesting:
-            results.append(_unflatten(flat[start : start + count], nesting))
+            results.append(unflatten(flat[start : start + count], nesting))
             start += count
-        result = batch.post_processing(tuple(results))[0]
-        return _to_qfunc_output_type(result, batch.qfunc_output, False)
+        return batch.finish(tuple(results))
 
 
 def compile(qnode: qml.QNode) -> CompiledQNode:  # noqa: A001 - the package's entry point
@@ -495,12 +601,6 @@ def compile(qnode: qml.QNode) -> CompiledQNode:  # noqa: A001 - the package's en
     gradients, that runs each call as one torch.autograd.Function (see ``doc/compiled.md``).
     Usable as a decorator over a QNode."""
     return CompiledQNode(qnode)
-
-
-def _unflatten(leaves, nesting):
-    from .function import unflatten
-
-    return unflatten(list(leaves), nesting)
 
 
 class _ThisThreadsQueue(AnnotatedQueue):
@@ -575,6 +675,36 @@ def _parameter_sources(tape: QuantumScript, trace: Trace) -> tuple[tuple, str | 
     return tuple(sources), reason
 
 
+def _viewed(source, views: dict):
+    """A trainable parameter's source, or its argument's Slot where it is a view."""
+    view = views.get(source.index) if type(source) is Slot else None
+    return source if view is None else Slot(view[0])
+
+
+def _function_inputs(sources: tuple, structures, views: dict) -> tuple[tuple, tuple]:
+    """The inputs of a replay's ``Circuits`` Function and its ``CircuitsPlan.sources``:
+    each trainable parameter its own input (its Slot, or a tensor constant), except those
+    that are integer-indexed views of an argument (``x[i]``, ``views``): their argument is
+    one input, once, and each of them its view. The replay then indexes nothing in torch
+    and autograd keeps one node for the call (the backward scatters the views' gradients
+    into the argument's, ``function._input_gradients``)."""
+    inputs, plan_sources, argument_inputs = [], [], {}
+    for row, structure in zip(sources, structures, strict=True):
+        for position in structure.template.trainable_params:
+            source = row[position]
+            view = views.get(source.index) if type(source) is Slot else None
+            if view is None:
+                plan_sources.append((len(inputs), None))
+                inputs.append(source)
+                continue
+            argument, index = view
+            if argument not in argument_inputs:
+                argument_inputs[argument] = len(inputs)
+                inputs.append(Slot(argument))
+            plan_sources.append((argument_inputs[argument], (*index, Ellipsis)))
+    return tuple(inputs), tuple(plan_sources)
+
+
 def _holds_tracer(value, allowed: frozenset | set = frozenset()) -> bool:
     """Whether ``value`` holds a tracer other than those in ``allowed`` (by id)."""
     if isinstance(value, Tracer):
@@ -607,3 +737,40 @@ def _torch_device(values) -> torch.device | None:
             if isinstance(value, torch.Tensor) and value.is_cuda:
                 return value.device
     return None
+
+
+_FIRST_RESULT = frozenset(
+    {_device_null_postprocessing, _deferral_null_postprocessing, _first_result}
+)
+"""Post-processing functions of one tape's results that return ``results[0]``: those of
+the device's own transforms for an analytic tape (PennyLane's and this package's)."""
+
+
+def _passes_through(post_processing: Callable) -> bool:
+    """Whether the device's ``post_processing`` (PennyLane's stack of batch
+    post-processings, ``CompilePipeline``) returns its results as they are: each stage maps
+    tape ``i`` of the batch to ``results[i:i + 1][0]`` (a one-tape slice and a function in
+    ``_FIRST_RESULT``), as the device's transforms do for tapes they leave as they are.
+    Anything else (or another shape of PennyLane's objects) is run."""
+    if not (
+        isinstance(post_processing, functools.partial)
+        and post_processing.func is _apply_postprocessing_stack
+        and not post_processing.args
+        and set(post_processing.keywords) == {"postprocessing_stack"}
+    ):
+        return False
+    for stage in post_processing.keywords["postprocessing_stack"]:
+        if not (
+            isinstance(stage, functools.partial)
+            and stage.func is _batch_postprocessing
+            and not stage.args
+            and set(stage.keywords) == {"individual_fns", "slices"}
+        ):
+            return False
+        functions, slices = stage.keywords["individual_fns"], stage.keywords["slices"]
+        if len(functions) != len(slices) or not all(
+            function in _FIRST_RESULT and part == slice(i, i + 1)
+            for i, (function, part) in enumerate(zip(functions, slices, strict=True))
+        ):
+            return False
+    return True

@@ -52,6 +52,17 @@ class Node:
     outputs: tuple[tuple[int | None, int, tuple[int, ...]], ...]
     has_slots: bool
     """Whether ``args``/``kwargs`` hold a Slot (else they are passed as they are)."""
+    top_slots: tuple[tuple[int, int], ...] | None
+    """Where every Slot sits among ``args`` itself (none in ``kwargs`` or nested): its
+    ``(position, slot)`` pairs, so that a replay puts the values in place without walking
+    the arguments (``_substitute``); None where Slots sit elsewhere."""
+
+    @classmethod
+    def of(cls, func: Callable, args: tuple, kwargs: dict, outputs: tuple) -> Node:
+        slots = _slots_in((args, kwargs))
+        top = tuple((i, arg.index) for i, arg in enumerate(args) if isinstance(arg, Slot))
+        top_only = len(top) == len(slots) and type(args) is tuple
+        return cls(func, args, kwargs, outputs, bool(slots), top if top_only else None)
 
 
 _METADATA = frozenset(
@@ -84,6 +95,9 @@ _IN_PLACE_DUNDERS = frozenset(
         "__ilshift__", "__irshift__", "__delitem__",
     }
 )  # fmt: skip
+
+
+_GETITEM = torch.Tensor.__getitem__
 
 
 def _name_of(func) -> str:
@@ -132,6 +146,28 @@ class Trace:
                 live.update(_slots_in((node.args, node.kwargs)))
         self.nodes = kept[::-1]
 
+    def integer_views(self) -> dict[int, tuple[int, tuple[int, ...]]]:
+        """The slots that are an argument indexed by integers only (``x[i]``, ``x[i, j]``:
+        a view, whose values numpy's ``x[i, j, ...]`` gives as well), as ``{slot:
+        (the argument's slot, the index as a tuple)}``."""
+        arguments = set(self.inputs)
+        views = {}
+        for node in self.nodes:
+            if node.func is not _GETITEM or node.kwargs or len(node.args) != 2:
+                continue
+            tensor, index = node.args
+            index = index if type(index) is tuple else (index,)
+            if (
+                type(tensor) is Slot
+                and tensor.index in arguments
+                and index
+                and all(type(item) is int for item in index)  # not bool: a new axis
+                and len(node.outputs) == 1
+                and node.outputs[0][0] is None
+            ):
+                views[node.outputs[0][1]] = (tensor.index, index)
+        return views
+
     def replay(self, arguments: Sequence[torch.Tensor]) -> list:
         """The values of all slots for new ``arguments`` (one per traced argument, in the
         order of ``inputs``), computed with plain torch calls; raises TraceRefused where an
@@ -140,7 +176,11 @@ class Trace:
         for slot, argument in zip(self.inputs, arguments, strict=True):
             values[slot] = argument
         for node in self.nodes:
-            if node.has_slots:
+            if node.top_slots is not None:
+                args, kwargs = list(node.args), node.kwargs
+                for position, slot in node.top_slots:
+                    args[position] = values[slot]
+            elif node.has_slots:
                 args = _substitute(node.args, values)
                 kwargs = _substitute(node.kwargs, values)
             else:
@@ -202,7 +242,7 @@ class Trace:
                 "an argument's value)"
             )
         marked = (_mark(args, self), _mark(kwargs, self))
-        self.nodes.append(Node(func, marked[0], marked[1], outputs, bool(_slots_in(marked))))
+        self.nodes.append(Node.of(func, marked[0], marked[1], outputs))
         return result
 
 
