@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> None:
     timed(deferred, "sweep", "ours: sweep")
     timed(CPUBackend, "adjoint_block_step", "ours: sweep, one-qubit block steps")
     timed(CPUBackend, "apply_pauli", "ours: CNOTs, forward and sweep")
+    # a small circuit (--quick) runs as one gate sequence per pass (sequences.py)
+    timed(CPUBackend, "run_sequence", "ours: gate sequences, forward and sweep")
+    timed(CPUBackend, "sweep_sequence", "ours: gate sequences, forward and sweep")
     timed(lightning.LightningQubit, "execute_and_compute_derivatives", "lightning: device")
     steps = {
         "ours": BUILDERS["W2"](Setup("custatevec.qubit", "adjoint"), **sizes).step,

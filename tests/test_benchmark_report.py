@@ -255,8 +255,10 @@ def test_w2_profile_runs():
         step, in_device, rest = map(float, re.findall(r"(-?[\d.]+) ms", line))
         assert step > 0 and in_device > 0 and abs(step - in_device - rest) <= 1.0
     parts = {line.strip().split(":")[1].strip() for line in lines if line.startswith("  ours")}
-    # at 6 wires the CPU runs unfused: no block steps
-    assert {"forward pass", "sweep", "CNOTs, forward and sweep"} <= parts
+    # at 6 wires a known structure runs as one gate sequence per pass (sequences.py): no
+    # per-gate CNOT calls and no block steps
+    assert {"forward pass", "sweep", "gate sequences, forward and sweep"} <= parts
+    assert "CNOTs, forward and sweep" not in parts
 
 
 def test_rounds_start_one_configuration_later():
