@@ -259,7 +259,7 @@ def _train_steps(c_dtype, sequences_on: bool, monkeypatch, device_vjp: bool, bat
     return out
 
 
-@pytest.mark.parametrize("batch", [5, 128])  # 128 x 16 amplitudes: the threaded kernels
+@pytest.mark.parametrize("batch", [5, 128])  # 128 x 16 amplitudes: the largest sequence
 @pytest.mark.parametrize("device_vjp", [True, False])
 @pytest.mark.parametrize("c_dtype", [np.complex128, np.complex64])
 def test_the_device_runs_a_known_structure_as_a_sequence_with_the_same_numbers(

@@ -238,17 +238,12 @@ def _prepared_sequence(sequence: GateSequence) -> _PreparedSequence:
 
 
 def _sequence_kernel(kernel, state: np.ndarray):
-    """The threaded compilation for batches of several vectors of at least
-    ``_SEQUENCE_THREADED_AMPLITUDES`` amplitudes in all (each thread takes whole vectors,
-    and one call wakes the threads once for the whole sequence), else the serial one."""
-    if state.shape[0] > 1 and state.size >= _SEQUENCE_THREADED_AMPLITUDES:
-        return kernel.threaded
+    """The serial compilation, always: a sequence holds at most ``sequence_amplitudes``
+    amplitudes, where threads gain little, and numba's default (workqueue) threading layer
+    is not safe for kernels launched from several Python threads at once (two threads
+    running circuits on one device), which small circuits are the likeliest to do."""
     return kernel.serial
 
-
-_SEQUENCE_THREADED_AMPLITUDES = 1 << 11
-"""Not timed against the serial compilation (provisional): one thread wake-up per
-sequence call, against per-gate calls' one per gate (``_PARALLEL_THRESHOLD``)."""
 
 _SEQUENCE_MAX_BITS = 6
 """The widest dense gate of a gate sequence (the kernels' scratch holds 64 amplitudes)."""
