@@ -1400,13 +1400,15 @@ def _seq_run_vector(vec, ops, bits, matrices, angles, row):
         _seq_apply(vec, ops, i, bits, matrices, angles, row, offsets, sorted_bits, old, False)
 
 
-@Kernel.compile
+@numba.njit(cache=True, fastmath=_FASTMATH)
 def run_sequence(state, ops, bits, matrices, angles):
     """Every gate entry of the sequence, in order, on every vector of ``state`` (B, 2**n);
-    ``angles`` (1 or B, slots): the rotations' angles per vector. The vectors are
-    independent: the threaded compilation runs them on threads."""
+    ``angles`` (1 or B, slots): the rotations' angles per vector. Serial only: a sequence
+    holds at most ``CPUBackend.sequence_amplitudes`` amplitudes, where threads gain little,
+    and numba's default (workqueue) threading layer is not safe for kernels launched from
+    several Python threads at once (a fresh-clone CI run hung with a threaded sequence)."""
     stride = 1 if angles.shape[0] > 1 else 0  # angles per vector, or one row for all
-    for b in numba.prange(state.shape[0]):
+    for b in range(state.shape[0]):
         _seq_run_vector(state[b], ops, bits, matrices, angles, b * stride)
 
 
@@ -1444,17 +1446,17 @@ def _seq_sweep_vector(vec, bras, ops, bits, matrices, angles, row, first, out):
                 )
 
 
-@Kernel.compile
+@numba.njit(cache=True, fastmath=_FASTMATH)
 def sweep_sequence(phi, bras, ops, bits, matrices, angles, out):
     """The adjoint sweep of the sequence from the final states ``phi`` (B, 2**n) and their
     bras (B*R, 2**n; vector b's are rows b*R .. b*R + R - 1), both consumed: walking back
     from the last entry, each derivative entry adds its gradient for every bra to
     ``out[b, r, column]`` and each gate is undone on phi and the bras, down to the first
-    derivative entry. The vectors are independent (threads in the threaded compilation)."""
+    derivative entry. Serial only, as ``run_sequence``."""
     first = _first_derivative(ops)
     rows = bras.shape[0] // phi.shape[0]
     stride = 1 if angles.shape[0] > 1 else 0  # angles per vector, or one row for all
-    for b in numba.prange(phi.shape[0]):
+    for b in range(phi.shape[0]):
         _seq_sweep_vector(
             phi[b],
             bras[b * rows : (b + 1) * rows],

@@ -237,14 +237,6 @@ def _prepared_sequence(sequence: GateSequence) -> _PreparedSequence:
     )
 
 
-def _sequence_kernel(kernel, state: np.ndarray):
-    """The serial compilation, always: a sequence holds at most ``sequence_amplitudes``
-    amplitudes, where threads gain little, and numba's default (workqueue) threading layer
-    is not safe for kernels launched from several Python threads at once (two threads
-    running circuits on one device), which small circuits are the likeliest to do."""
-    return kernel.serial
-
-
 _SEQUENCE_MAX_BITS = 6
 """The widest dense gate of a gate sequence (the kernels' scratch holds 64 amplitudes)."""
 
@@ -286,7 +278,7 @@ class CPUBackend(Backend):
 
     def run_sequence(self, state, prepared, angles, matrices) -> None:
         """One kernel call for the whole sequence."""
-        _sequence_kernel(run_sequence, state)(
+        run_sequence(
             state,
             prepared.ops,
             prepared.bits,
@@ -296,7 +288,7 @@ class CPUBackend(Backend):
 
     def sweep_sequence(self, phi, bras, prepared, angles, matrices, n_columns) -> np.ndarray:
         out = np.zeros((phi.shape[0], bras.shape[0] // phi.shape[0], n_columns))
-        _sequence_kernel(sweep_sequence, phi)(
+        sweep_sequence(
             phi,
             bras,
             prepared.ops,
