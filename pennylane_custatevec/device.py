@@ -32,7 +32,7 @@ from pennylane.measurements import (
 from pennylane.tape import QuantumScript
 from pennylane.transforms import defer_measurements, dynamic_one_shot
 
-from . import settings
+from . import direct, settings
 from .backends import BACKEND_CHOICES, select_backend
 from .execution import PreparedTape, run_tapes
 from .gradients import deferred, eager, jvp
@@ -688,17 +688,25 @@ class CuStateVecDevice(Device):
         the returned run (not on the device: two runs never take each other's states)."""
         config = execution_config or ExecutionConfig()
         tapes = tuple(structure.template for structure in structures)
+        plans = direct.plans_of(self._backend, structures)
+        if plans is not None:  # small circuits of Pauli expvals: a few backend calls each
+            results, direct_run = direct.forward(self._backend, plans, parameters)
+            self._track_structures(tapes)
+            return StructureRun(results, tapes, [None] * len(tapes), direct_run)
         prepared = [
             PreparedTape(structure.compile(values), structure.batch_key)
             for structure, values in zip(structures, parameters, strict=True)
         ]
         run = self._run_tapes(tapes, config, prepared)
-        if self.tracker.active:
-            self.tracker.update(executions=len(tapes), batches=1)
-            self.tracker.record()
+        self._track_structures(tapes)
         # a state not kept (memory) leaves its compilation: the sweep simulates from it
         kept = [run.kept.get(i) or KeptState(None, p.compilation) for i, p in enumerate(prepared)]
         return StructureRun(run.results, tapes, kept)
+
+    def _track_structures(self, tapes: Sequence[QuantumScript]) -> None:
+        if self.tracker.active:
+            self.tracker.update(executions=len(tapes), batches=1)
+            self.tracker.record()
 
     def vjp_structures(
         self,
@@ -717,7 +725,23 @@ class CuStateVecDevice(Device):
         if self.tracker.active:
             self.tracker.update(vjp_batches=1, vjps=len(run.tapes))
             self.tracker.record()
-        return self._vjps(run.tapes, cotangents, kept, in_force)
+        if run.direct is None:
+            return self._vjps(run.tapes, cotangents, kept, in_force)
+        gradients: list = [None] * len(run.tapes)
+        if in_force.grad_accumulation == "deferred":  # the direct sweep is the deferred one
+            for i, dy in enumerate(cotangents):
+                gradients[i] = direct.vjp(self._backend, run.direct, i, dy)
+        general = [i for i, value in enumerate(gradients) if value is None]
+        if general:
+            swept = self._vjps(
+                [run.tapes[i] for i in general],
+                [cotangents[i] for i in general],
+                [run.direct.kept_state(i) for i in general],
+                in_force,
+            )
+            for i, value in zip(general, swept, strict=True):
+                gradients[i] = value
+        return tuple(gradients)
 
 
 def _require_first_derivatives(config: ExecutionConfig) -> None:

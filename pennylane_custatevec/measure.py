@@ -84,7 +84,7 @@ def _expectation(
 ) -> np.ndarray:
     """<psi_b|O|psi_b> for each vector of the batch, float64 of shape (B,)."""
     if form.pauli is not None:
-        return _pauli_values(backend, state, _sentence_plan(register, [form.pauli]))[0]
+        return pauli_values(backend, state, _sentence_plan(register, [form.pauli]))[0]
     if form.matrix is not None:
         return np.real(backend.expval_matrix(state, form.matrix, register.targets(form.wires)))
     vectors = backend.to_host(state)
@@ -118,7 +118,7 @@ def expvals(
     """<O> of each observable for each vector, float64 (B,) each: the Pauli ones' words
     in one backend call."""
     plan = _sentence_plan(register, [obs.pauli_rep for obs in observables])
-    values = _pauli_values(backend, state, plan)
+    values = pauli_values(backend, state, plan)
     return [
         expval(backend, state, register, obs) if value is None else value
         for obs, value in zip(observables, values, strict=True)
@@ -261,7 +261,7 @@ def measure_all_analytic(
     expectation values of Pauli observables all come from one backend call
     (``pauli_plan``; ``memo``: the compilation's, see ``program.Compilation.memo``)."""
     plan = pauli_plan(register, measurements, memo)
-    values = _pauli_values(backend, state, plan)
+    values = pauli_values(backend, state, plan)
     return [
         measure_analytic(backend, state, register, mp) if value is None else value
         for mp, value in zip(measurements, values, strict=True)
@@ -285,7 +285,7 @@ def _sentence_plan(register: Register, sentences: list) -> PauliPlan:
     return PauliPlan(tuple(columns), tuple(terms))
 
 
-def _pauli_values(backend: Backend, state: StateBatch, plan: PauliPlan) -> list[np.ndarray | None]:
+def pauli_values(backend: Backend, state: StateBatch, plan: PauliPlan) -> list[np.ndarray | None]:
     """<sum_k c_k P_k> of each sentence of ``plan``, float64 (B,) each (None for an item
     that is not one): the distinct words of all of them in one backend call."""
     values = backend.expval_pauli_words(state, list(plan.words)) if plan.words else None

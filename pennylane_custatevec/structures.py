@@ -181,7 +181,19 @@ class Structure:
         """The values ``compile`` takes for ``tape`` (a tape of this structure)."""
         return tape.get_parameters(trainable_only=False, operations_only=True)
 
-    def _check_count(self, parameters: Sequence) -> None:
+    @property
+    def angle_rules(self) -> dict[int, _AngleRule]:
+        """{step index: its angle rule} of the steps whose data a rule reads."""
+        return dict(self._angles)
+
+    @property
+    def rebuilt_operations(self) -> tuple[int, ...]:
+        """The operations that ``compile`` rebuilds from their parameters (no angle rule
+        covers them)."""
+        return tuple(operation for operation, _ in self._rebuilt)
+
+    def check_count(self, parameters: Sequence) -> None:
+        """Refuse ``parameters`` that are not one value per operation parameter."""
         if len(parameters) != self.n_parameters:
             raise ValueError(
                 f"the structure takes {self.n_parameters} operation parameters, got "
@@ -194,7 +206,7 @@ class Structure:
         ``parameters``; equal to ``program.compile_steps`` of that tape. The operations
         that the angle rules do not cover are ``tape``'s own where given, else the
         template's rebuilt with their parameters (a structure that is ``replayable``)."""
-        self._check_count(parameters)
+        self.check_count(parameters)
         template = self.compilation
         steps = list(template.steps)
         for index, rule in self._angles:
@@ -394,10 +406,19 @@ class StructureRun:
     tapes: tuple[QuantumScript, ...]
     """The tapes that ran (each structure's template with the call's parameters)."""
     kept: list[KeptState | None]
-    """The final state the forward pass kept of each tape, or None (not kept: memory,
-    or taken already)."""
+    """What the forward pass kept of each tape: its compilation with its final state
+    (None: not kept for memory, or taken already), or None where the run is direct."""
+    direct: object | None = None
+    """A ``direct.DirectRun`` where the call ran directly (small structures of Pauli
+    expectation values: ``kept`` is then all None and the run holds the states)."""
 
     def take_kept(self) -> list[KeptState | None]:
-        """The kept states, handed out once (a sweep consumes them); None afterwards."""
-        kept, self.kept = self.kept, [None] * len(self.kept)
+        """The kept states, handed out once (a sweep consumes them); afterwards each
+        tape's compilation without its state, so that a later VJP of the run (a second
+        backward pass over one graph) simulates the call's circuit again, never the
+        template's (whose parameters are another call's)."""
+        kept = self.kept
+        self.kept = [
+            None if entry is None else KeptState(None, entry.compilation) for entry in kept
+        ]
         return kept

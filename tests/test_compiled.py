@@ -295,3 +295,37 @@ def test_the_trace_refuses_values_leaving_torch():
     slot = trace.slot_of(out)
     values = trace.replay([torch.tensor([0.1, 0.2])])
     torch.testing.assert_close(values[slot], torch.sin(torch.tensor(0.2)) * 3)
+
+
+@pytest.mark.parametrize("measurement", ["probs", "expval"])
+def test_a_second_backward_pass_over_one_call_differentiates_that_call(measurement):
+    """Two gradients over one call's graph (``retain_graph=True``): the second VJP of a
+    run simulates that call's circuit again. It used to sweep the structure's template,
+    the first call's parameters: a wrong gradient from the second call on (probs, the
+    general path); the direct path (expvals) re-simulates from the call's angles."""
+
+    def make():
+        device = qml.device("custatevec.qubit", wires=2, backend="cpu")
+
+        @qml.qnode(device, interface="torch", diff_method="adjoint")
+        def circuit(x):
+            qml.RX(x[0], wires=0)
+            qml.RY(x[1], wires=1)
+            qml.CNOT([0, 1])
+            if measurement == "probs":
+                return qml.probs(wires=[0, 1])
+            return qml.expval(qml.Z(1)), qml.expval(qml.X(0) @ qml.Y(1))
+
+        return circuit
+
+    qnode, compiled = make(), pennylane_custatevec.compile(make())
+    for step in range(3):
+        x = torch.tensor([0.3 + step, 0.5 * step + 0.1], dtype=torch.float64, requires_grad=True)
+        got, want = [], []
+        for function, out in ((compiled, got), (qnode, want)):
+            y = function(x)
+            first, second = (y[0], y[3]) if measurement == "probs" else y
+            out.append(torch.autograd.grad(first, x, retain_graph=True)[0])
+            out.append(torch.autograd.grad(second, x)[0])
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=0)

@@ -94,6 +94,18 @@ def gate_spec(name):
     return n_wires, lambda r, w: cls(*_angles(r, n_params), wires=w)
 
 
+def gate_forms(name: str) -> list[str]:
+    """The forms a gate is tested in: plain, and controlled and adjoint where its
+    capabilities.toml entry says it is controllable, invertible."""
+    properties = GATES[name].get("properties", [])
+    forms = ["plain"]
+    if "controllable" in properties:
+        forms.append("controlled")
+    if "invertible" in properties:
+        forms.append("adjoint")
+    return forms
+
+
 def make_gate(name, rng, available=GATE_WIRES, extra=0):
     """The gate on a random choice (and order) of wires, and ``extra`` further wires."""
     n_wires, factory = gate_spec(name)

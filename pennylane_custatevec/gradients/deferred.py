@@ -619,9 +619,7 @@ def sweep(
     (``step_of``); the reductions those steps leave pending reach the host in one
     transfer at the end, and each then adds its gradients."""
     register = compilation.register
-    sequence = sequences.sweep_plan(
-        backend, compilation, columns, lambda step: _sequence_generator(register, step)
-    )
+    sequence = sequence_sweep_plan(backend, compilation, columns)
     if sequence is not None:  # a small circuit: the whole sweep in one backend call
         return sequences.sweep(backend, phi, bras, sequence, compilation, n_columns)
     batch = register.batch_size
@@ -849,6 +847,17 @@ def _generator(register: Register, step: Step, targets: tuple[int, ...]) -> np.n
             -0.5 * pauli_word_matrix(rotation.paulis)[None], rotation.targets, targets
         )
     return fusion.embed(_generator_matrix(op)[None], register.targets(op.wires), targets)
+
+
+def sequence_sweep_plan(
+    backend: Backend, compilation: Compilation, columns: dict[int, int]
+) -> sequences.SequencePlan | None:
+    """The compilation's deferred sweep as one gate sequence (``sequences.sweep_plan``,
+    kept in the compilation's memo), or None where it is not one."""
+    register = compilation.register
+    return sequences.sweep_plan(
+        backend, compilation, columns, lambda step: _sequence_generator(register, step)
+    )
 
 
 def _sequence_generator(register: Register, step: Step) -> DenseEntry | RotationEntry | None:

@@ -1,0 +1,292 @@
+"""Small circuits of a known structure, run directly: a call in a few backend calls.
+
+The compiled torch path (``pennylane_custatevec.compiled``) runs the same structures call
+after call with new parameter values. Where a structure is small enough to run as one gate
+sequence (``sequences``: at most ``Backend.sequence_amplitudes`` amplitudes) and measures
+expectation values of Pauli sentences only, a call needs no tape, no compilation and no
+batching: ``DirectPlan`` holds, built once per structure, the forward and sweep sequences,
+where each rotation's angle comes from (the structure's angle rules), the measured Pauli
+words ``P_k`` with the weights ``W`` of each measurement and the gradient columns.
+
+Forward, for parameters theta (``forward``):
+
+    a_s     = the angle of rotation slot s, read from theta by its rule
+    psi     = U(a) |0>                                  (Backend.run_sequence)
+    <O_m>   = sum_k W[m, k] <psi|P_k|psi>               (Backend.expval_pauli_words)
+
+VJP, for cotangent rows dy_r (``vjp``; the bras as ``gradients.common`` builds them):
+
+    bra_r   = sum_k c_rk P_k psi,  c_rk = 2 sum_m dy_rm W[m, k]   (Backend.add_pauli_sum)
+    g_rj    = Re <bra_r| dU/dtheta_j ... |0>            (Backend.sweep_sequence, deferred)
+
+The numbers are those of the general path (``execution.run_tapes``,
+``gradients.deferred.vjps``), which runs the same sequences for such circuits; what a
+structure or a call does not fit (a rebuilt operation, a state preparation, another
+measurement, the eager mode, a broadcast with a batch of cotangents) returns None here and
+takes the general path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from . import measure, sequences
+from .backends.base import Backend, StateBatch
+from .gradients.common import (
+    DifferentiatedTape,
+    checked_cotangents,
+    cotangent_batch,
+    is_zero,
+    stacked_gradients,
+)
+from .gradients.deferred import sequence_sweep_plan
+from .kept import KeptState
+from .rotations import real_angles
+from .structures import Structure
+
+_DIRECT = ("direct", "plan")
+"""The key of a structure's ``DirectPlan`` (or None: it has none) in its memo."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _AngleSource:
+    """Where one rotation slot of the sequence takes its angle: element ``element`` of
+    operation parameter ``parameter`` (per vector where ``broadcast``), or the
+    ``constant`` angles (1 or B,) of a gate without a parameter."""
+
+    parameter: int
+    element: int
+    broadcast: bool
+    name: str
+    constant: np.ndarray | None = None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DirectPlan:
+    """How one structure's calls run directly (module docstring); built once per
+    structure (``plan_of``)."""
+
+    structure: Structure
+    forward: sequences.SequencePlan
+    sweep: sequences.SequencePlan | None
+    """The deferred sweep's sequence; None: the structure has no trainable parameter."""
+    sources: tuple[_AngleSource, ...]
+    """Per rotation slot of the sequences, where its angle comes from."""
+    rows: int
+    """1, or the broadcast's B: the rows of the angles and of the results."""
+    pauli: measure.PauliPlan
+    """The measured words and each measurement's terms."""
+    circuit: DifferentiatedTape
+    """The template as the adjoint method sees it: columns, cotangent checks, ``fold``."""
+
+    def angles(self, parameters: Sequence) -> np.ndarray:
+        """(1 or B, slots) float64: each rotation's angle for ``parameters`` (one value
+        per operation parameter, in tape order, as ``Structure.compile`` takes them)."""
+        angles = np.empty((self.rows, len(self.sources)))
+        for slot, source in enumerate(self.sources):
+            if source.constant is not None:
+                angles[:, slot] = source.constant
+                continue
+            value = parameters[source.parameter]
+            if (
+                not source.broadcast
+                and type(value) is np.ndarray
+                and value.dtype.kind == "f"
+                and value.size > source.element
+            ):
+                angles[:, slot] = value.item(source.element)  # the usual case: real data
+            elif type(value) is float and source.element == 0 and not source.broadcast:
+                angles[:, slot] = value
+            else:
+                angles[:, slot] = _angle_rows(value, source)
+        return angles
+
+
+def _angle_rows(value, source: _AngleSource) -> np.ndarray:
+    """The angles of ``source`` from its parameter's ``value``, as ``Structure.compile``
+    reads them (``structures._AngleRule.data``: complex values with a zero imaginary part
+    taken as real, others refused)."""
+    angles = real_angles(value, source.name)
+    rows = angles.reshape((angles.shape[0], -1) if source.broadcast else (1, -1))
+    return rows[:, source.element]
+
+
+def plan_of(backend: Backend, structure: Structure) -> DirectPlan | None:
+    """The structure's ``DirectPlan``, or None where its calls take the general path;
+    built on the first call and kept in the structure's memo."""
+    memo = structure.compilation.memo
+    if _DIRECT not in memo:
+        memo[_DIRECT] = _build(backend, structure)
+    return memo[_DIRECT]
+
+
+def _build(backend: Backend, structure: Structure) -> DirectPlan | None:
+    compilation = structure.compilation
+    register = compilation.register
+    if structure.has_mid_measurements or register.initial_state is not None:
+        return None
+    if structure.rebuilt_operations:
+        return None  # their matrices follow from the parameters only by a rebuild
+    forward = sequences.forward_plan(backend, compilation)
+    if forward is None or forward.matrix_sources:
+        return None
+    pauli = measure.pauli_plan(register, structure.template.measurements, compilation.memo)
+    if None in pauli.terms:
+        return None
+    circuit = DifferentiatedTape(structure.template, structure.device_wires, compilation)
+    sweep = None
+    if circuit.n_params:
+        sweep = sequence_sweep_plan(backend, compilation, circuit.columns)
+        if sweep is None or sweep.angle_sources != forward.angle_sources:
+            return None
+    rules = structure.angle_rules
+    sources = []
+    for step_index, instruction_index in forward.angle_sources:
+        step = compilation.steps[step_index]
+        rule = rules.get(step_index)
+        if rule is not None:
+            sources.append(_AngleSource(rule.parameter, rule.element, rule.broadcast, rule.name))
+        elif step.origin.parameter is None or not step.operation.data:
+            constant = np.asarray(step.instructions[instruction_index].data, dtype=np.float64)
+            sources.append(_AngleSource(-1, 0, False, step.operation.name, constant))
+        else:
+            return None
+    rows = register.batch_size if forward.broadcast_angles else 1
+    return DirectPlan(structure, forward, sweep, tuple(sources), rows, pauli, circuit)
+
+
+@dataclasses.dataclass(eq=False)
+class DirectRun:
+    """What ``forward`` hands to ``vjp``: per structure its plan, the call's parameters
+    and its final state (consumed by the first VJP; a second one simulates again)."""
+
+    plans: tuple[DirectPlan, ...]
+    parameters: tuple[Sequence, ...]
+    states: list[StateBatch | None]
+
+    def take_state(self, index: int) -> StateBatch | None:
+        state, self.states[index] = self.states[index], None
+        return state
+
+    def kept_state(self, index: int) -> KeptState:
+        """Structure ``index``'s final state (None where a VJP took it) with its
+        compilation, for the general path's sweep (which simulates a missing state)."""
+        plan = self.plans[index]
+        compilation = plan.structure.compile(self.parameters[index])
+        return KeptState(self.take_state(index), compilation)
+
+
+def plans_of(backend: Backend, structures: Sequence[Structure]) -> tuple[DirectPlan, ...] | None:
+    """The plans of ``structures``, or None where one of them has none (then the call
+    takes the general path, which batches its structures as it does tapes)."""
+    plans = []
+    for structure in structures:
+        plan = plan_of(backend, structure)
+        if plan is None:
+            return None
+        plans.append(plan)
+    return tuple(plans)
+
+
+def forward(
+    backend: Backend, plans: Sequence[DirectPlan], parameters: Sequence[Sequence]
+) -> tuple[tuple, DirectRun]:
+    """The results of each plan's structure for its parameters, as ``execute`` gives them
+    for the tapes, and the run for ``vjp``."""
+    results, states = [], []
+    for plan, values in zip(plans, parameters, strict=True):
+        plan.structure.check_count(values)
+        state = _final_state(backend, plan, plan.angles(values))
+        results.append(_results(plan, measure.pauli_values(backend, state, plan.pauli)))
+        states.append(state)
+    return tuple(results), DirectRun(tuple(plans), tuple(parameters), states)
+
+
+def _final_state(backend: Backend, plan: DirectPlan, angles: np.ndarray) -> StateBatch:
+    register = plan.structure.compilation.register
+    state = backend.zero_state(register.num_qubits, register.batch_size)
+    backend.run_sequence(state, plan.forward.prepared, angles, ())
+    return state
+
+
+def _results(plan: DirectPlan, values: list[np.ndarray]):
+    """One tape's results from its measurements' values (B,) each: bare for one
+    measurement, a tuple for several; a scalar each unless broadcast (``execution``)."""
+    broadcast = plan.structure.compilation.register.broadcast
+    per_measurement = [value if broadcast else value[0] for value in values]
+    return per_measurement[0] if len(per_measurement) == 1 else tuple(per_measurement)
+
+
+def vjp(backend: Backend, run: DirectRun, index: int, cotangents) -> tuple | None:
+    """The VJP of structure ``index`` of ``run`` for its cotangents (as ``compute_vjp``
+    takes them for its tape: a batch of K with a leading axis K), in the deferred mode;
+    None where it takes the general path (a broadcast with a batch of cotangents)."""
+    plan = run.plans[index]
+    circuit = plan.circuit
+    rows = cotangent_batch(circuit, cotangents)
+    batched = rows is not None
+    if not batched:
+        rows = [checked_cotangents(circuit, cotangents)]
+    register = plan.structure.compilation.register
+    if batched and register.broadcast and len(rows) > 1:
+        return None
+    if circuit.n_params == 0:
+        return ()
+    if all(is_zero(dy) for row in rows for dy in row):
+        gradients = np.zeros((len(rows), circuit.n_columns))
+    else:
+        angles = plan.angles(run.parameters[index])
+        phi = run.take_state(index)
+        if phi is None:  # taken by an earlier VJP of this run: simulated again
+            phi = _final_state(backend, plan, angles)
+        bras = _bras(backend, plan, phi, rows)
+        swept = backend.sweep_sequence(
+            phi, bras, plan.sweep.prepared, angles, (), circuit.n_columns
+        )
+        gradients = swept.sum(axis=0)  # (R, columns): over the vectors of a broadcast
+    if batched:
+        return stacked_gradients(circuit, gradients)
+    return tuple(circuit.fold(gradients[0]))
+
+
+def _bras(backend: Backend, plan: DirectPlan, psi: StateBatch, rows: list[tuple]) -> StateBatch:
+    """bra_r = 2 sum_m dy_rm O_m psi for each row r (one vector, R bras), or for a
+    broadcast (one row: dy_m of shape (B,)) each vector's bra with its own weights."""
+    register = plan.structure.compilation.register
+    words, terms = plan.pauli.words, plan.pauli.terms
+    bras = backend.zero_state(register.num_qubits, register.batch_size * len(rows))
+    backend.scale(bras, np.zeros(1))
+    if not register.broadcast:
+        for r, row in enumerate(rows):
+            coefficients = np.zeros(len(words), dtype=np.complex128)
+            for dy, sentence in zip(row, terms, strict=True):
+                if not is_zero(dy):
+                    for column, coefficient in sentence:
+                        coefficients[column] += 2.0 * float(dy) * coefficient
+            live = np.flatnonzero(coefficients)
+            if live.size:
+                backend.add_pauli_sum(
+                    backend.vectors(bras, r, r + 1),
+                    psi,
+                    [words[k] for k in live],
+                    coefficients[live],
+                )
+        return bras
+    ((*row,),) = rows  # a broadcast: one row, dy_m (B,) or a scalar for every vector
+    weights = np.zeros((len(words), register.batch_size), dtype=np.complex128)
+    for dy, sentence in zip(row, terms, strict=True):
+        if not is_zero(dy):
+            per_vector = np.broadcast_to(np.asarray(dy, dtype=np.float64), (register.batch_size,))
+            for column, coefficient in sentence:
+                weights[column] += 2.0 * per_vector * coefficient
+    scratch = None
+    for k in np.flatnonzero(weights.any(axis=1)):
+        if scratch is None:
+            scratch = backend.zero_state(register.num_qubits, register.batch_size)
+        backend.scale(scratch, np.zeros(1))
+        backend.add_pauli_sum(scratch, psi, [words[k]], np.ones(1))
+        backend.add_scaled(bras, scratch, weights[k])
+    return bras

@@ -1,0 +1,239 @@
+"""Small structures of Pauli expectation values run directly (``direct``): the compiled
+path's entry points (``execute_structures``, ``vjp_structures``) give, through the direct
+plan, what ``execute`` and ``compute_vjp`` give for the tapes they stand for, for every
+gate of capabilities.toml (plain, controlled, adjoint), native templates, broadcasts,
+Hamiltonians, batches of cotangents, both dtypes and both accumulation modes; and what
+does not fit takes the general path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pennylane as qml
+import pytest
+from pennylane.devices import ExecutionConfig
+from test_gates import GATES, NON_UNITARY, gate_forms, gate_spec
+
+from pennylane_custatevec import direct, options
+from pennylane_custatevec.program import compiles_by_gate
+
+_WIRES = [0, "a", 2, 5, "b", 7, 8]
+
+
+def _config(device) -> ExecutionConfig:
+    config = ExecutionConfig(
+        gradient_method="adjoint", use_device_jacobian_product=True, interface="torch"
+    )
+    return device.setup_execution_config(config)
+
+
+def _measurements(wires) -> list:
+    first, last = wires[0], wires[-1]
+    hamiltonian = qml.Hamiltonian(
+        [0.3, -0.7, 0.25], [qml.Y(wires[1]), qml.Z(first) @ qml.X(last), qml.Z(first)]
+    )
+    return [qml.expval(qml.Z(first) @ qml.X(last)), qml.expval(hamiltonian)]
+
+
+def _processed(device, tape):
+    """The tape as the compiled path hands it over: preprocessed (validated), its
+    trainable parameters those of its gates with a generator (PennyLane's decompositions
+    make every parameter of a tape trainable, observables' too)."""
+    config = _config(device)
+    (processed,), _ = device.preprocess_transforms(config)((tape,))
+    differentiable, start = set(), 0
+    for op in processed.operations:
+        if op.has_generator or compiles_by_gate(op):
+            differentiable.update(range(start, start + len(op.data)))
+        start += len(op.data)
+    trainable = [i for i in processed.trainable_params if i in differentiable]
+    return processed.copy(trainable_params=trainable), config
+
+
+def _assert_matches_the_tapes(device, template, tapes, *, expect_direct: bool, rng):
+    """Run the structure of ``template`` with each tape's parameters: results, one VJP,
+    a batch of 3 cotangents and a second VJP of one run agree with ``execute`` and
+    ``compute_vjp`` of the tape (to 1e-12); whether the run was direct is ``expect_direct``."""
+    processed, config = _processed(device, template)
+    structure = device.structure_of(processed)
+    for tape in tapes:
+        expected_tape, _ = _processed(device, tape)
+        values = expected_tape.get_parameters(trainable_only=False, operations_only=True)
+        run = device.execute_structures([structure], [values], config)
+        assert (run.direct is not None) is expect_direct
+        expected = device.execute([expected_tape], config)[0]
+        np.testing.assert_allclose(run.results[0], expected, atol=1e-12, rtol=0)
+        shapes = [
+            np.shape(value) for value in (expected if isinstance(expected, tuple) else [expected])
+        ]
+        dy = tuple(rng.uniform(-1, 1, shape) for shape in shapes)
+        dy = dy if len(dy) > 1 else dy[0]
+        got = device.vjp_structures(run, [dy], config)[0]
+        want = device.compute_vjp([expected_tape], [dy], config)[0]
+        _assert_gradients_close(got, want)
+        again = device.vjp_structures(run, [dy], config)[0]  # the state was taken: simulated
+        _assert_gradients_close(again, want)
+        rows = tuple(rng.uniform(-1, 1, (3, *shape)) for shape in shapes)
+        rows = rows if len(rows) > 1 else rows[0]
+        batched = device.vjp_structures(
+            device.execute_structures([structure], [values], config), [rows], config
+        )[0]
+        for k in range(3):
+            row = tuple(r[k] for r in rows) if len(shapes) > 1 else rows[k]
+            single = device.compute_vjp([expected_tape], [row], config)[0]
+            _assert_gradients_close([np.asarray(g)[k] for g in batched], single)
+
+
+def _assert_gradients_close(got, want):
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-12, rtol=0)
+
+
+def _gate(name: str, form: str, draw: int):
+    n_wires, factory = gate_spec(name)
+    op = factory(np.random.default_rng([sum(map(ord, name + form)), draw]), _WIRES[:n_wires])
+    if form == "controlled":
+        op = qml.ctrl(op, control=_WIRES[-1], control_values=0)
+    elif form == "adjoint":
+        op = qml.adjoint(op)
+    return op
+
+
+def _gate_tape(op, draw: int) -> qml.tape.QuantumScript:
+    """A layer of RY (trainable), then ``op`` (trainable where the adjoint method takes
+    it), then Pauli expvals and a Hamiltonian."""
+    angles = np.random.default_rng(draw).uniform(0, 3, len(_WIRES))
+    layer = [qml.RY(a, wires=w) for a, w in zip(angles, _WIRES, strict=True)]
+    n_parameters = len(_WIRES) + len(op.data)  # the gates', not the observables'
+    return qml.tape.QuantumScript(
+        [*layer, op], _measurements(_WIRES), trainable_params=list(range(n_parameters))
+    )
+
+
+_ROTATIONS = {"RX", "RY", "RZ", "IsingXX", "IsingYY", "IsingZZ", "MultiRZ", "PauliRot"}
+_ROTATIONS |= {"CRX", "CRY", "CRZ"}
+"""Gates whose parameter a rotation's angle rule reads, plain or controlled: their
+structures run directly (an adjoint rotation compiles to a rebuilt operation)."""
+_NOT_REPLAYABLE = {
+    ("ControlledQubitUnitary", "plain"),
+    ("ControlledQubitUnitary", "adjoint"),
+    ("QubitUnitary", "controlled"),
+}
+"""Gates that PennyLane's ``bind_new_parameters`` rebuilds without their control values
+(``Structure.replayable``): the compiled path runs them through the QNode."""
+
+
+@pytest.mark.parametrize(
+    ("name", "form"),
+    [(name, form) for name in sorted(set(GATES) - NON_UNITARY) for form in gate_forms(name)],
+)
+def test_every_gate_runs_as_its_tape(name, form, rng):
+    device = qml.device("custatevec.qubit", wires=_WIRES, backend="cpu")
+    template = _gate_tape(_gate(name, form, 0), 0)
+    tapes = [_gate_tape(_gate(name, form, draw), draw) for draw in (1, 2)]
+    processed, _ = _processed(device, template)
+    if (name, form) in _NOT_REPLAYABLE:
+        with pytest.raises(ValueError, match="cannot be rebuilt"):
+            device.structure_of(processed)  # the compiled path runs it through the QNode
+        return
+    structure = device.structure_of(processed)
+    planned = direct.plan_of(device._backend, structure) is not None  # noqa: SLF001
+    if name in _ROTATIONS and form != "adjoint":
+        assert planned, "a rotation's structure runs directly"
+    if _gate(name, form, 0).data and structure.rebuilt_operations:
+        assert not planned, "a rebuilt operation takes the general path"
+    _assert_matches_the_tapes(device, template, tapes, expect_direct=planned, rng=rng)
+
+
+def _template_tape(draw: int, batch: int | None) -> qml.tape.QuantumScript:
+    rng = np.random.default_rng(draw)
+    features = rng.uniform(0, 3, (batch, 3) if batch else 3)
+    ops = [
+        qml.AngleEmbedding(features, wires=[0, 1, 2]),
+        qml.StronglyEntanglingLayers(rng.uniform(0, 3, (2, 3, 3)), wires=[0, 1, 2]),
+        qml.BasicEntanglerLayers(rng.uniform(0, 3, (1, 3)), wires=[0, 1, 2]),
+        qml.CNOT([2, 0]),
+        qml.Hadamard(1),
+    ]
+    return qml.tape.QuantumScript(ops, _measurements([0, 1, 2]), trainable_params=[1, 2])
+
+
+@pytest.mark.parametrize("c_dtype", [np.complex128, np.complex64])
+@pytest.mark.parametrize("batch", [None, 6], ids=["one", "broadcast"])
+def test_templates_and_broadcasts_run_as_their_tapes(batch, c_dtype, rng):
+    device = qml.device("custatevec.qubit", wires=3, backend="cpu", c_dtype=c_dtype)
+    template = _template_tape(0, batch)
+    tapes = [_template_tape(draw, batch) for draw in (1, 2)]
+    if c_dtype is np.complex64:  # the general path at single precision: equal to round-off
+        processed, config = _processed(device, template)
+        structure = device.structure_of(processed)
+        expected_tape, _ = _processed(device, tapes[0])
+        values = expected_tape.get_parameters(trainable_only=False, operations_only=True)
+        run = device.execute_structures([structure], [values], config)
+        assert run.direct is not None
+        np.testing.assert_allclose(
+            run.results[0], device.execute([expected_tape], config)[0], atol=1e-6
+        )
+        dy = (np.full(batch, 0.5) if batch else 0.5, np.full(batch, -1.0) if batch else -1.0)
+        got = device.vjp_structures(run, [dy], config)[0]
+        want = device.compute_vjp([expected_tape], [dy], config)[0]
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+        return
+    _assert_matches_the_tapes(device, template, tapes, expect_direct=True, rng=rng)
+
+
+def test_the_eager_mode_runs_the_forward_directly_and_sweeps_the_general_way(rng):
+    device = qml.device("custatevec.qubit", wires=3, backend="cpu")
+    with options(grad_accumulation="eager"):
+        _assert_matches_the_tapes(
+            device,
+            _template_tape(0, None),
+            [_template_tape(1, None)],
+            expect_direct=True,
+            rng=rng,
+        )
+
+
+def test_zero_cotangents_and_no_trainable_parameters():
+    device = qml.device("custatevec.qubit", wires=3, backend="cpu")
+    processed, config = _processed(device, _template_tape(0, None))
+    structure = device.structure_of(processed)
+    values = processed.get_parameters(trainable_only=False, operations_only=True)
+    run = device.execute_structures([structure], [values], config)
+    assert run.direct is not None
+    gradients = device.vjp_structures(run, [(0.0, None)], config)[0]
+    assert [np.shape(g) for g in gradients] == [(2, 3, 3), (1, 3)]
+    assert not any(np.any(g) for g in gradients)
+    untrained, config = _processed(device, _template_tape(0, None).copy(trainable_params=[]))
+    structure = device.structure_of(untrained)
+    run = device.execute_structures([structure], [values], config)
+    assert run.direct is not None
+    assert device.vjp_structures(run, [(1.0, 1.0)], config) == ((),)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["probs", "variance", "state preparation", "too large", "rebuilt matrix"],
+)
+def test_what_does_not_fit_takes_the_general_path(case, rng):
+    wires = 12 if case == "too large" else 3
+    device = qml.device("custatevec.qubit", wires=wires, backend="cpu")
+
+    def tape(draw):
+        r = np.random.default_rng(draw)
+        ops = [qml.RX(r.uniform(0, 3), wires=w) for w in range(wires)]
+        ops += [qml.CNOT([0, 1])]
+        measurements = _measurements([0, 1, 2])
+        if case == "probs":
+            measurements = [qml.probs(wires=[0, 1])]
+        elif case == "variance":
+            measurements = [qml.var(qml.Z(0))]
+        elif case == "state preparation":
+            ops = [qml.StatePrep(np.exp(1j * r.uniform(0, 3, 8)) / np.sqrt(8), [0, 1, 2]), *ops]
+        elif case == "rebuilt matrix":
+            ops.append(qml.QubitUnitary(qml.matrix(qml.Rot(*r.uniform(0, 3, 3), wires=2)), 2))
+        first = 1 if case == "state preparation" else 0  # the RX angles, not the state
+        return qml.tape.QuantumScript(ops, measurements, trainable_params=[first, first + 1])
+
+    _assert_matches_the_tapes(device, tape(0), [tape(1)], expect_direct=False, rng=rng)
