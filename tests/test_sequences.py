@@ -10,10 +10,9 @@ import numpy as np
 import pennylane as qml
 import pytest
 import torch
-from test_gates import GATES, NON_UNITARY
+from test_gates import GATES, NON_UNITARY, gate_forms
 from test_structures import (
     _SAME_HYPERPARAMETERS_EXPECTED_DIFFERENT,
-    _forms,
     _gate_pair,
     _tape_around,
 )
@@ -174,7 +173,7 @@ def _sweep(backend, tape, compilation, state, bras):
 
 
 @pytest.mark.parametrize(
-    ("name", "form"), [(name, form) for name in sorted(GATES) for form in _forms(name)]
+    ("name", "form"), [(name, form) for name in sorted(GATES) for form in gate_forms(name)]
 )
 def test_every_gate_runs_and_sweeps_as_a_sequence_as_gate_by_gate(name, form):
     tape, compilation = _compiled(name, form)
@@ -216,7 +215,7 @@ def test_most_gates_take_the_sequence_path():
     gate_by_gate = [
         (name, form)
         for name in GATES
-        for form in _forms(name)
+        for form in gate_forms(name)
         if sequences.forward_plan(CPUBackend(), _compiled(name, form)[1]) is None
     ]
     assert len(gate_by_gate) < 10, gate_by_gate
