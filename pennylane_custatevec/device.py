@@ -32,7 +32,7 @@ from pennylane.measurements import (
 from pennylane.tape import QuantumScript
 from pennylane.transforms import defer_measurements, dynamic_one_shot
 
-from . import direct, settings
+from . import direct, settings, simulate
 from .backends import BACKEND_CHOICES, select_backend
 from .execution import PreparedTape, run_tapes
 from .gradients import deferred, eager, jvp
@@ -496,9 +496,47 @@ class CuStateVecDevice(Device):
         # and the memory checks of this run see the memory they held as free
         self._kept.clear()
         preparations = [self._preparation(tape) for tape in circuits]
-        run = self._run_tapes(circuits, config, [p.prepared for p in preparations])
-        self._kept.replace([p.kept_key for p in preparations], run.kept, circuits)
-        return run.results
+        ran_directly = [i for i, p in enumerate(preparations) if p.direct is not None]
+        keep = config.gradient_method == "adjoint"
+        if (
+            ran_directly
+            and keep
+            and not simulate.fits(
+                self._backend,
+                direct.state_bytes(self._backend, [preparations[i].direct for i in ran_directly]),
+            )
+        ):  # their final states do not fit together: the general path chunks them
+            for i in ran_directly:
+                preparations[i] = preparations[i].compiled(circuits[i])
+            ran_directly = []
+        if not ran_directly:
+            run = self._run_tapes(circuits, config, [p.prepared for p in preparations])
+            self._kept.replace([p.kept_key for p in preparations], run.kept, circuits)
+            return run.results
+        # small structures of Pauli expvals (``direct``): a few backend calls each
+        results: list = [None] * len(circuits)
+        direct_results, direct_run = direct.forward(
+            self._backend,
+            [preparations[i].direct for i in ran_directly],
+            [preparations[i].parameters for i in ran_directly],
+            keep,
+        )
+        kept: dict = {}
+        for position, i in enumerate(ran_directly):
+            results[i] = direct_results[position]
+            if keep:
+                kept[i] = direct.DirectKept(direct_run, position)
+        others = [i for i, p in enumerate(preparations) if p.direct is None]
+        if others:
+            run = self._run_tapes(
+                [circuits[i] for i in others], config, [preparations[i].prepared for i in others]
+            )
+            for position, i in enumerate(others):
+                results[i] = run.results[position]
+                if position in run.kept:
+                    kept[i] = run.kept[position]
+        self._kept.replace([p.kept_key for p in preparations], kept, circuits)
+        return tuple(results)
 
     def _run_tapes(
         self,
@@ -528,16 +566,24 @@ class CuStateVecDevice(Device):
         kept_key = (key, _parameter_bytes(parameters))
         if structure is None or structure.has_mid_measurements:
             return _Preparation(None, kept_key)
+        plan = direct.plan_of(self._backend, structure)
+        if plan is not None:
+            return _Preparation(None, kept_key, plan, parameters)
         prepared = PreparedTape(structure.compile(parameters, tape), structure.batch_key)
         return _Preparation(prepared, kept_key)
 
-    def _pop_kept(self, tape: QuantumScript) -> KeptState | None:
-        """The state kept of ``tape`` by the last execution, by its key (``_preparation``)."""
+    def _pop_kept(self, tape: QuantumScript, direct_ok: bool = False):
+        """The state kept of ``tape`` by the last execution, by its key (``_preparation``):
+        a ``KeptState``, or None; with ``direct_ok``, a ``direct.DirectKept`` where the
+        tape ran directly (else that one as a KeptState)."""
         if not self._kept:
             return None
         parameters = tape.get_parameters(trainable_only=False, operations_only=True)
         key = self._kept.structure_key_of(tape) or StructureKey.of(tape)
-        return self._kept.pop((key, _parameter_bytes(parameters)))
+        entry = self._kept.pop((key, _parameter_bytes(parameters)))
+        if isinstance(entry, direct.DirectKept) and not direct_ok:
+            return entry.kept_state()
+        return entry
 
     # The public entry points are counted by ``simulator_tracking`` (wrapped at class
     # creation). Each one that executes as well calls the untracked implementations
@@ -583,9 +629,30 @@ class CuStateVecDevice(Device):
         execution_config: ExecutionConfig | None,
     ):
         in_force = self.options_in_force(execution_config)
-        kept = [self._pop_kept(tape) for tape in circuits]
+        kept = [self._pop_kept(tape, direct_ok=True) for tape in circuits]
         _require_adjoint_serves(circuits, kept, execution_config, in_force)
-        return self._vjps(circuits, cotangents, kept, in_force)
+        gradients: list = [None] * len(circuits)
+        if in_force.grad_accumulation == "deferred":  # the direct sweep is the deferred one
+            for i, entry in enumerate(kept):
+                if isinstance(entry, direct.DirectKept):
+                    gradients[i] = entry.vjp(self._backend, cotangents[i])
+        general = [i for i, value in enumerate(gradients) if value is None]
+        if len(general) == len(circuits):
+            kept = [e.kept_state() if isinstance(e, direct.DirectKept) else e for e in kept]
+            return self._vjps(circuits, cotangents, kept, in_force)
+        if general:
+            swept = self._vjps(
+                [circuits[i] for i in general],
+                [cotangents[i] for i in general],
+                [
+                    kept[i].kept_state() if isinstance(kept[i], direct.DirectKept) else kept[i]
+                    for i in general
+                ],
+                in_force,
+            )
+            for i, value in zip(general, swept, strict=True):
+                gradients[i] = value
+        return tuple(gradients)
 
     def _vjps(self, circuits, cotangents, kept, in_force: settings.DifferentiationOptions):
         """The VJPs of validated tapes by the accumulation mode in force, from their kept
@@ -689,7 +756,9 @@ class CuStateVecDevice(Device):
         config = execution_config or ExecutionConfig()
         tapes = tuple(structure.template for structure in structures)
         plans = direct.plans_of(self._backend, structures)
-        if plans is not None:  # small circuits of Pauli expvals: a few backend calls each
+        if plans is not None and simulate.fits(
+            self._backend, direct.state_bytes(self._backend, plans)
+        ):  # small circuits of Pauli expvals: a few backend calls each
             results, direct_run = direct.forward(self._backend, plans, parameters)
             self._track_structures(tapes)
             return StructureRun(results, tapes, [None] * len(tapes), direct_run)
@@ -758,7 +827,7 @@ def _require_first_derivatives(config: ExecutionConfig) -> None:
 
 def _require_adjoint_serves(
     tapes: Sequence[QuantumScript],
-    kept: Sequence[KeptState | None],
+    kept: Sequence[KeptState | direct.DirectKept | None],
     config: ExecutionConfig | None,
     in_force: settings.DifferentiationOptions,
 ) -> None:
@@ -771,7 +840,11 @@ def _require_adjoint_serves(
         return
     batched = in_force.grad_accumulation == "deferred"
     for tape, entry in zip(tapes, kept, strict=True):
-        broadcast = entry.compilation.register.broadcast if entry else None
+        broadcast = None
+        if isinstance(entry, direct.DirectKept):
+            broadcast = entry.broadcast
+        elif entry is not None:
+            broadcast = entry.compilation.register.broadcast
         require_adjoint_serves(tape, broadcast=broadcast, batched=batched)
 
 
@@ -852,12 +925,23 @@ class _Preparation:
     """``(StructureKey, the operations' parameters' bytes)``: the key fixes everything
     but the parameters' values (their dtypes and shapes too), the bytes those (``hash``
     rounds every parameter)."""
+    direct: direct.DirectPlan | None = None
+    """The structure's plan where the tape runs directly (then ``prepared`` is None)."""
+    parameters: list | None = None
+    """The tape's operation parameters, where it runs directly."""
+
+    def compiled(self, tape: QuantumScript) -> _Preparation:
+        """This preparation of ``tape`` (one that runs directly) for the general path."""
+        structure = self.direct.structure
+        compilation = structure.compile(self.parameters, tape)
+        return _Preparation(PreparedTape(compilation, structure.batch_key), self.kept_key)
 
 
 class _KeptStates:
     """The KeptStates of the last batch executed for adjoint differentiation (final
-    states, compilations, fused plans), so that the VJP or Jacobian that follows neither
-    simulates, compiles nor plans the circuits again. Each is handed out once (the sweep
+    states, compilations, fused plans; a ``direct.DirectKept`` for a tape that ran
+    directly), so that the VJP or Jacobian that follows neither simulates, compiles nor
+    plans the circuits again. Each is handed out once (the sweep
     consumes the state) and only for a tape with the same operations and the same
     parameters, bit for bit (its key, ``_Preparation.kept_key``)."""
 
@@ -875,7 +959,7 @@ class _KeptStates:
     def replace(
         self,
         keys: Sequence[tuple],
-        kept: Mapping[int, KeptState],
+        kept: Mapping[int, KeptState | direct.DirectKept],
         tapes: Sequence[QuantumScript],
     ) -> None:
         """``keys[i]``: tape i's key; ``kept``: {tape index: KeptState}, as ``run_tapes``

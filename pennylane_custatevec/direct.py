@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import measure, sequences
+from . import measure, sequences, simulate
 from .backends.base import Backend, StateBatch
 from .gradients.common import (
     DifferentiatedTape,
@@ -179,6 +179,27 @@ class DirectRun:
         return KeptState(self.take_state(index), compilation)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class DirectKept:
+    """One tape's part of a ``DirectRun``, which the device keeps between ``execute`` and
+    the derivatives that follow (as it keeps a ``KeptState`` for the general path)."""
+
+    run: DirectRun
+    index: int
+
+    @property
+    def broadcast(self) -> bool:
+        return self.run.plans[self.index].structure.compilation.register.broadcast
+
+    def kept_state(self) -> KeptState:
+        """As the general path's sweeps take it (``DirectRun.kept_state``)."""
+        return self.run.kept_state(self.index)
+
+    def vjp(self, backend: Backend, cotangents) -> tuple | None:
+        """``vjp`` of this tape (None: it takes the general path)."""
+        return vjp(backend, self.run, self.index, cotangents)
+
+
 def plans_of(backend: Backend, structures: Sequence[Structure]) -> tuple[DirectPlan, ...] | None:
     """The plans of ``structures``, or None where one of them has none (then the call
     takes the general path, which batches its structures as it does tapes)."""
@@ -192,22 +213,34 @@ def plans_of(backend: Backend, structures: Sequence[Structure]) -> tuple[DirectP
 
 
 def forward(
-    backend: Backend, plans: Sequence[DirectPlan], parameters: Sequence[Sequence]
+    backend: Backend,
+    plans: Sequence[DirectPlan],
+    parameters: Sequence[Sequence],
+    keep: bool = True,
 ) -> tuple[tuple, DirectRun]:
     """The results of each plan's structure for its parameters, as ``execute`` gives them
-    for the tapes, and the run for ``vjp``."""
+    for the tapes, and the run for ``vjp`` (holding the final states where ``keep``; the
+    caller checked that they fit in memory together, ``state_bytes``)."""
     results, states = [], []
     for plan, values in zip(plans, parameters, strict=True):
         plan.structure.check_count(values)
         state = _final_state(backend, plan, plan.angles(values))
         results.append(_results(plan, measure.pauli_values(backend, state, plan.pauli)))
-        states.append(state)
+        states.append(state if keep else None)
     return tuple(results), DirectRun(tuple(plans), tuple(parameters), states)
+
+
+def state_bytes(backend: Backend, plans: Sequence[DirectPlan]) -> int:
+    """The bytes of the final states of ``plans``, all kept."""
+    return sum(
+        simulate.state_bytes(backend, register.num_qubits, register.batch_size)
+        for register in (plan.structure.compilation.register for plan in plans)
+    )
 
 
 def _final_state(backend: Backend, plan: DirectPlan, angles: np.ndarray) -> StateBatch:
     register = plan.structure.compilation.register
-    state = backend.zero_state(register.num_qubits, register.batch_size)
+    state = simulate.initial_state(backend, register, register.batch_size)  # memory checked
     backend.run_sequence(state, plan.forward.prepared, angles, ())
     return state
 
@@ -257,6 +290,7 @@ def _bras(backend: Backend, plan: DirectPlan, psi: StateBatch, rows: list[tuple]
     broadcast (one row: dy_m of shape (B,)) each vector's bra with its own weights."""
     register = plan.structure.compilation.register
     words, terms = plan.pauli.words, plan.pauli.terms
+    simulate.require_memory(backend, register.num_qubits, register.batch_size * (len(rows) + 1))
     bras = backend.zero_state(register.num_qubits, register.batch_size * len(rows))
     backend.scale(bras, np.zeros(1))
     if not register.broadcast:

@@ -93,9 +93,11 @@ def sweep_plan(
     """The plan of the compilation's adjoint sweep: ``columns`` {step index: gradient
     column} of the trainable steps, ``generator(step)`` each one's generator (None: the
     sweep cannot take it, then the plan is None and the sweep goes gate by gate)."""
+    if not _fits(backend, compilation):  # before building generators: on every call
+        return None
     key = ("sequences", "sweep", tuple(sorted(columns.items())))
     derivatives: dict[int, DerivativeEntry] = {}
-    if key not in (compilation.memo or {}):
+    if key not in compilation.memo:
         for index, column in columns.items():
             entry = generator(compilation.steps[index])
             if entry is None or not compilation.steps[index].instructions:
@@ -134,16 +136,22 @@ def _plan(
     backend: Backend, compilation: Compilation, key: tuple, derivatives: dict
 ) -> SequencePlan | None:
     memo = compilation.memo
-    register = compilation.register
-    if (
-        memo is None
-        or not backend.sequence_amplitudes
-        or register.batch_size << register.num_qubits > backend.sequence_amplitudes
-    ):
+    if not _fits(backend, compilation):
         return None
     if key not in memo:
         _remember(compilation, key, _build(backend, compilation, derivatives))
     return memo[key]
+
+
+def _fits(backend: Backend, compilation: Compilation) -> bool:
+    """Whether the compilation may run as a sequence: it has a memo (a known structure)
+    and its batch has at most ``backend.sequence_amplitudes`` amplitudes."""
+    register = compilation.register
+    return (
+        compilation.memo is not None
+        and backend.sequence_amplitudes > 0
+        and register.batch_size << register.num_qubits <= backend.sequence_amplitudes
+    )
 
 
 def _remember(compilation: Compilation, key: tuple, plan: SequencePlan | None) -> None:

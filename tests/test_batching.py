@@ -271,8 +271,8 @@ def test_forward_chunks_by_state_bytes(mocker, monkeypatch):
     vector = simulate.state_bytes(dev._backend, 2, 1)
     monkeypatch.setattr(dev._backend, "available_bytes", lambda: 3 * vector)
     angles = [0.3, np.array([0.1, -0.7, 2.2]), 1.3, -0.6]
-    tapes = [
-        qml.tape.QuantumScript([qml.RX(angle, wires=0), qml.CNOT([0, 1])], [qml.expval(qml.Z(1))])
+    tapes = [  # probs: Pauli expvals of a known structure would run directly, unbatched
+        qml.tape.QuantumScript([qml.RX(angle, wires=0), qml.CNOT([0, 1])], [qml.probs(wires=1)])
         for angle in angles
     ]
     results = dev.execute(tapes)

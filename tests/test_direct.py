@@ -237,3 +237,70 @@ def test_what_does_not_fit_takes_the_general_path(case, rng):
         return qml.tape.QuantumScript(ops, measurements, trainable_params=[first, first + 1])
 
     _assert_matches_the_tapes(device, tape(0), [tape(1)], expect_direct=False, rng=rng)
+
+
+def _qnode_pair(device_vjp: bool):
+    """The template circuit as a torch QNode on this device and on default.qubit."""
+
+    def circuit(x, weights):
+        qml.AngleEmbedding(x, wires=[0, 1, 2])
+        qml.StronglyEntanglingLayers(weights, wires=[0, 1, 2])
+        return [m for m in _measurements([0, 1, 2])]
+
+    ours = qml.QNode(
+        circuit,
+        qml.device("custatevec.qubit", wires=3, backend="cpu"),
+        interface="torch",
+        diff_method="adjoint",
+        device_vjp=device_vjp,
+    )
+    reference = qml.QNode(circuit, qml.device("default.qubit", wires=3), interface="torch")
+    return ours, reference
+
+
+@pytest.mark.parametrize("device_vjp", [True, False], ids=["vjp", "jacobian"])
+def test_the_device_path_runs_a_known_structure_directly(device_vjp, mocker):
+    """A QNode without ``compile``: from the second call of a structure its tapes run
+    directly, the VJP from the kept run (``DirectKept``), a Jacobian from it made a
+    KeptState; values and gradients equal default.qubit's."""
+    import torch
+
+    forward = mocker.spy(direct, "forward")
+    ours, reference = _qnode_pair(device_vjp)
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        x = torch.tensor(rng.uniform(0, 3, 3))
+        weights = rng.uniform(0, 3, (2, 3, 3))
+        results = []
+        for qnode in (ours, reference):
+            w = torch.tensor(weights, requires_grad=True)
+            out = qnode(x, w)
+            (out[0] - 2.0 * out[1]).backward()
+            results.append((torch.stack(out).detach(), w.grad))
+        for a, b in zip(*results, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+    assert forward.call_count == 2
+
+
+def test_direct_states_that_do_not_fit_in_memory_take_the_general_path(mocker, monkeypatch):
+    """The final states kept of the tapes that would run directly are checked against
+    free memory together, as the general path's: where they do not fit, the general
+    path runs them (in chunks that fit, keeping none)."""
+    from pennylane_custatevec import simulate
+
+    device = qml.device("custatevec.qubit", wires=3, backend="cpu")
+    tapes = [_template_tape(draw, None) for draw in range(5)]
+    config = _config(device)
+    device.execute(tapes[:2], config)  # the structure is made on its second tape
+    forward = mocker.spy(direct, "forward")
+    device.execute(tapes[2:3], config)
+    assert forward.call_count == 1
+    monkeypatch.setattr(simulate, "UNCHECKED_BYTES", 0)
+    vector = simulate.state_bytes(device._backend, 3, 1)  # noqa: SLF001
+    monkeypatch.setattr(device._backend, "available_bytes", lambda: 3 * vector // 2)  # noqa: SLF001
+    results = device.execute(tapes[2:5], config)  # three states kept would not fit
+    assert forward.call_count == 1
+    reference = qml.device("default.qubit", wires=3)
+    expected = [qml.execute([tape], reference)[0] for tape in tapes[2:5]]
+    for got, want in zip(results, expected, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-12, rtol=0)

@@ -52,8 +52,11 @@ def custatevec_device(k: int, mode: str = "deferred"):
 
 
 @pytest.fixture
-def plans(mocker):
-    """The block widths of the fused plans made (``fusion.fuse`` plans; reuse does not)."""
+def plans(mocker, monkeypatch):
+    """The block widths of the fused plans made (``fusion.fuse`` plans; reuse does not).
+    Small circuits of a known structure run as one gate sequence (and, measuring Pauli
+    expvals, directly) without a fused plan: off here, the plans are what is tested."""
+    monkeypatch.setattr(CPUBackend, "sequence_amplitudes", 0)
     spy = mocker.spy(fusion, "fuse")
 
     class Plans:
