@@ -39,7 +39,6 @@ from .gradients.common import (
     DifferentiatedTape,
     checked_cotangents,
     cotangent_batch,
-    is_zero,
     stacked_gradients,
 )
 from .gradients.deferred import sequence_sweep_plan
@@ -79,6 +78,8 @@ class DirectPlan:
     """1, or the broadcast's B: the rows of the angles and of the results."""
     pauli: measure.PauliPlan
     """The measured words and each measurement's terms."""
+    weights: np.ndarray
+    """(M, K) complex128: measurement m is sum_k weights[m, k] P_k (``pauli``'s terms)."""
     circuit: DifferentiatedTape
     """The template as the adjoint method sees it: columns, cotangent checks, ``fold``."""
 
@@ -155,7 +156,11 @@ def _build(backend: Backend, structure: Structure) -> DirectPlan | None:
         else:
             return None
     rows = register.batch_size if forward.broadcast_angles else 1
-    return DirectPlan(structure, forward, sweep, tuple(sources), rows, pauli, circuit)
+    weights = np.zeros((len(pauli.terms), len(pauli.words)), dtype=np.complex128)
+    for m, sentence in enumerate(pauli.terms):
+        for column, coefficient in sentence:
+            weights[m, column] += coefficient
+    return DirectPlan(structure, forward, sweep, tuple(sources), rows, pauli, weights, circuit)
 
 
 @dataclasses.dataclass(eq=False)
@@ -165,6 +170,8 @@ class DirectRun:
 
     plans: tuple[DirectPlan, ...]
     parameters: tuple[Sequence, ...]
+    angles: tuple[np.ndarray, ...]
+    """Per structure, its rotations' angles for the call (``DirectPlan.angles``)."""
     states: list[StateBatch | None]
 
     def take_state(self, index: int) -> StateBatch | None:
@@ -221,13 +228,14 @@ def forward(
     """The results of each plan's structure for its parameters, as ``execute`` gives them
     for the tapes, and the run for ``vjp`` (holding the final states where ``keep``; the
     caller checked that they fit in memory together, ``state_bytes``)."""
-    results, states = [], []
+    results, angles, states = [], [], []
     for plan, values in zip(plans, parameters, strict=True):
         plan.structure.check_count(values)
-        state = _final_state(backend, plan, plan.angles(values))
+        angles.append(plan.angles(values))
+        state = _final_state(backend, plan, angles[-1])
         results.append(_results(plan, measure.pauli_values(backend, state, plan.pauli)))
         states.append(state if keep else None)
-    return tuple(results), DirectRun(tuple(plans), tuple(parameters), states)
+    return tuple(results), DirectRun(tuple(plans), tuple(parameters), tuple(angles), states)
 
 
 def state_bytes(backend: Backend, plans: Sequence[DirectPlan]) -> int:
@@ -268,14 +276,15 @@ def vjp(backend: Backend, run: DirectRun, index: int, cotangents) -> tuple | Non
         return None
     if circuit.n_params == 0:
         return ()
-    if all(is_zero(dy) for row in rows for dy in row):
+    coefficients = _bra_coefficients(plan, rows)
+    if not coefficients.any():
         gradients = np.zeros((len(rows), circuit.n_columns))
     else:
-        angles = plan.angles(run.parameters[index])
+        angles = run.angles[index]
         phi = run.take_state(index)
         if phi is None:  # taken by an earlier VJP of this run: simulated again
             phi = _final_state(backend, plan, angles)
-        bras = _bras(backend, plan, phi, rows)
+        bras = _bras(backend, plan, phi, coefficients)
         swept = backend.sweep_sequence(
             phi, bras, plan.sweep.prepared, angles, (), circuit.n_columns
         )
@@ -285,37 +294,43 @@ def vjp(backend: Backend, run: DirectRun, index: int, cotangents) -> tuple | Non
     return tuple(circuit.fold(gradients[0]))
 
 
-def _bras(backend: Backend, plan: DirectPlan, psi: StateBatch, rows: list[tuple]) -> StateBatch:
-    """bra_r = 2 sum_m dy_rm O_m psi for each row r (one vector, R bras), or for a
-    broadcast (one row: dy_m of shape (B,)) each vector's bra with its own weights."""
+def _bra_coefficients(plan: DirectPlan, rows: list[tuple]) -> np.ndarray:
+    """c[r, k, b] = 2 sum_m dy_rm[b] W[m, k]: the weight of P_k psi_b in bra r of vector
+    b (b over a broadcast's vectors, else one), (R, K, B) complex128."""
+    batch = plan.structure.compilation.register.batch_size
+    dy = np.zeros((len(rows), len(plan.pauli.terms), batch))
+    for r, row in enumerate(rows):
+        for m, value in enumerate(row):
+            if value is not None:
+                dy[r, m] = value  # a scalar, or one per vector of a broadcast
+    return 2.0 * np.einsum("rmb,mk->rkb", dy, plan.weights)
+
+
+def _bras(
+    backend: Backend, plan: DirectPlan, psi: StateBatch, coefficients: np.ndarray
+) -> StateBatch:
+    """bra_r,b = sum_k c[r, k, b] P_k psi_b for the R rows of each of the B vectors
+    (rows of vector b at b*R .. b*R + R - 1): one ``add_pauli_sum`` per row for one
+    vector; for a broadcast (one row), each word applied once and added with per-vector
+    weights."""
     register = plan.structure.compilation.register
-    words, terms = plan.pauli.words, plan.pauli.terms
-    simulate.require_memory(backend, register.num_qubits, register.batch_size * (len(rows) + 1))
-    bras = backend.zero_state(register.num_qubits, register.batch_size * len(rows))
+    words = plan.pauli.words
+    rows = coefficients.shape[0]
+    simulate.require_memory(backend, register.num_qubits, register.batch_size * (rows + 1))
+    bras = backend.zero_state(register.num_qubits, register.batch_size * rows)
     backend.scale(bras, np.zeros(1))
     if not register.broadcast:
-        for r, row in enumerate(rows):
-            coefficients = np.zeros(len(words), dtype=np.complex128)
-            for dy, sentence in zip(row, terms, strict=True):
-                if not is_zero(dy):
-                    for column, coefficient in sentence:
-                        coefficients[column] += 2.0 * float(dy) * coefficient
-            live = np.flatnonzero(coefficients)
-            if live.size:
+        for r in range(rows):
+            row = coefficients[r, :, 0]
+            live = np.flatnonzero(row)
+            if live.size == len(words):
+                backend.add_pauli_sum(backend.vectors(bras, r, r + 1), psi, list(words), row)
+            elif live.size:
                 backend.add_pauli_sum(
-                    backend.vectors(bras, r, r + 1),
-                    psi,
-                    [words[k] for k in live],
-                    coefficients[live],
+                    backend.vectors(bras, r, r + 1), psi, [words[k] for k in live], row[live]
                 )
         return bras
-    ((*row,),) = rows  # a broadcast: one row, dy_m (B,) or a scalar for every vector
-    weights = np.zeros((len(words), register.batch_size), dtype=np.complex128)
-    for dy, sentence in zip(row, terms, strict=True):
-        if not is_zero(dy):
-            per_vector = np.broadcast_to(np.asarray(dy, dtype=np.float64), (register.batch_size,))
-            for column, coefficient in sentence:
-                weights[column] += 2.0 * per_vector * coefficient
+    (weights,) = coefficients  # a broadcast: one row, (K, B)
     scratch = None
     for k in np.flatnonzero(weights.any(axis=1)):
         if scratch is None:

@@ -298,7 +298,9 @@ class _AngleRule:
 
     def matches(self, step: Step, values: Sequence) -> bool:
         """Whether the rule gives the step's own data from the template's values (so that
-        it reads the parameter as the compilation does)."""
+        it reads the parameter as the compilation does), bit for bit: an adjoint rotation's
+        step holds the negated angle, which equals the parameter as a number where the
+        template's angle is zero (-0.0 == 0.0) but not in its sign bit."""
         expected = step.instructions[0].data
         try:
             got = self.data(values)
@@ -307,7 +309,7 @@ class _AngleRule:
         return (
             got.dtype == expected.dtype
             and got.shape == expected.shape
-            and np.array_equal(got, expected)
+            and got.tobytes() == np.ascontiguousarray(expected).tobytes()
         )
 
 

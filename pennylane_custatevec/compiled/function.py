@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from pennylane.devices import ExecutionConfig
+from torch._C import _functorch
 from torch._functorch.utils import unwrap_dead_wrappers
 
 from ..queuing import without_queuing
@@ -121,10 +122,34 @@ def as_numpy(value):
     """A gate parameter as the device takes it: a torch tensor's data as numpy (no copy on
     the CPU), anything else as it is."""
     if isinstance(value, torch.Tensor):
-        if value.is_cpu and not value.is_conj():  # the usual case: the data as they are
-            return value.detach().numpy()
-        return value.detach().cpu().resolve_conj().numpy()
+        try:
+            if value.is_cpu and not value.is_conj():  # the usual case: the data as they are
+                return value.detach().numpy()
+            return value.detach().cpu().resolve_conj().numpy()
+        except RuntimeError:  # torch.func's wrappers have no storage of their own
+            if not _functorch.is_functorch_wrapped_tensor(value):
+                raise
+        return _wrapped_data(value)
     return value
+
+
+def _wrapped_data(value: torch.Tensor) -> np.ndarray:
+    """The data of a tensor wrapped by torch.func's gradient transforms (``torch.func.vjp``
+    and ``jacrev`` wrap every argument, those they do not differentiate too), read below
+    the transforms. A tensor batched by a vmap below them (``vmap(jacrev(compiled))`` over
+    an argument) would give its whole batch for one row's parameter: refused."""
+    inner = value
+    while _functorch.is_functorch_wrapped_tensor(inner):
+        if _functorch.is_batchedtensor(inner):
+            raise RuntimeError(
+                "pennylane_custatevec.compile: a gate parameter is batched by a "
+                "torch.func.vmap outside another torch.func transform (vmap over jacrev or "
+                "vjp of the compiled QNode); pass the batch as a broadcast input (a leading "
+                "batch axis on the gate parameters), or vmap the compiled QNode itself."
+            )
+        inner = _functorch.get_unwrapped(inner)
+    with torch._C._DisableFuncTorch():
+        return value.detach().cpu().resolve_conj().numpy()
 
 
 def flatten(result) -> tuple[list, object]:

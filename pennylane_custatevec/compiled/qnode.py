@@ -628,8 +628,19 @@ class _ThisThreadsQueue(AnnotatedQueue):
 
 def _numeric(tape: QuantumScript) -> QuantumScript:
     """``tape`` with numpy parameters. Rebinding builds operators (a product observable's
-    factors): ``without_queuing``, never into another thread's recording."""
+    factors): ``without_queuing``, never into another thread's recording. Parameters that
+    torch.func's transforms wrap (a first call under ``jacrev``: PennyLane's conversion
+    cannot read them) are read below the transforms (``function.as_numpy``, which refuses
+    a vmap-batched one)."""
     with without_queuing():
+        values = tape.get_parameters(trainable_only=False)
+        if any(
+            isinstance(value, torch.Tensor) and _functorch.is_functorch_wrapped_tensor(value)
+            for value in values
+        ):
+            return tape.bind_new_parameters(
+                [as_numpy(value) for value in values], list(range(len(values)))
+            )
         (numeric,), _ = qml.transforms.convert_to_numpy_parameters(tape)
     return numeric
 
