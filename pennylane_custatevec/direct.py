@@ -1,4 +1,4 @@
-"""Small circuits of a known structure, run directly: a call in a few backend calls.
+"""Small circuits of a known structure, run directly: a call in two backend calls.
 
 The compiled torch path (``pennylane_custatevec.compiled``) runs the same structures call
 after call with new parameter values. Where a structure is small enough to run as one gate
@@ -11,19 +11,22 @@ words ``P_k`` with the weights ``W`` of each measurement and the gradient column
 Forward, for parameters theta (``forward``):
 
     a_s     = the angle of rotation slot s, read from theta by its rule
-    psi     = U(a) |0>                                  (Backend.run_sequence)
-    <O_m>   = sum_k W[m, k] <psi|P_k|psi>               (Backend.expval_pauli_words)
+    psi     = U(a) |0>
+    <O_m>   = sum_k W[m, k] <psi|P_k|psi>
+                                    (both: Backend.run_sequence_measured, one call)
 
 VJP, for cotangent rows dy_r (``vjp``; the bras as ``gradients.common`` builds them):
 
-    bra_r   = sum_k c_rk P_k psi,  c_rk = 2 sum_m dy_rm W[m, k]   (Backend.add_pauli_sum)
-    g_rj    = Re <bra_r| dU/dtheta_j ... |0>            (Backend.sweep_sequence, deferred)
+    bra_r   = sum_k c_rk P_k psi,  c_rk = 2 sum_m dy_rm W[m, k]
+    g_rj    = Re <bra_r| dU/dtheta_j ... |0>            (deferred sweep)
+
+both in one call (Backend.sweep_sequence_from_words; the CPU backend builds the bras and
+sweeps in one numba call, the base class composes add_pauli_sum and sweep_sequence).
 
 The numbers are those of the general path (``execution.run_tapes``,
 ``gradients.deferred.vjps``), which runs the same sequences for such circuits; what a
 structure or a call does not fit (a rebuilt operation, a state preparation, another
-measurement, the eager mode, a broadcast with a batch of cotangents) returns None here and
-takes the general path.
+measurement, the eager mode's sweep) takes the general path.
 """
 
 from __future__ import annotations
@@ -202,8 +205,8 @@ class DirectKept:
         """As the general path's sweeps take it (``DirectRun.kept_state``)."""
         return self.run.kept_state(self.index)
 
-    def vjp(self, backend: Backend, cotangents) -> tuple | None:
-        """``vjp`` of this tape (None: it takes the general path)."""
+    def vjp(self, backend: Backend, cotangents) -> tuple:
+        """``vjp`` of this tape."""
         return vjp(backend, self.run, self.index, cotangents)
 
 
@@ -232,8 +235,12 @@ def forward(
     for plan, values in zip(plans, parameters, strict=True):
         plan.structure.check_count(values)
         angles.append(plan.angles(values))
-        state = _final_state(backend, plan, angles[-1])
-        results.append(_results(plan, measure.pauli_values(backend, state, plan.pauli)))
+        register = plan.structure.compilation.register
+        state = simulate.initial_state(backend, register, register.batch_size)  # checked
+        words = backend.run_sequence_measured(
+            state, plan.forward.prepared, angles[-1], plan.pauli.words
+        )
+        results.append(_results(plan, measure.sentence_values(plan.pauli, words, len(words))))
         states.append(state if keep else None)
     return tuple(results), DirectRun(tuple(plans), tuple(parameters), tuple(angles), states)
 
@@ -261,19 +268,16 @@ def _results(plan: DirectPlan, values: list[np.ndarray]):
     return per_measurement[0] if len(per_measurement) == 1 else tuple(per_measurement)
 
 
-def vjp(backend: Backend, run: DirectRun, index: int, cotangents) -> tuple | None:
+def vjp(backend: Backend, run: DirectRun, index: int, cotangents) -> tuple:
     """The VJP of structure ``index`` of ``run`` for its cotangents (as ``compute_vjp``
-    takes them for its tape: a batch of K with a leading axis K), in the deferred mode;
-    None where it takes the general path (a broadcast with a batch of cotangents)."""
+    takes them for its tape: a batch of K with a leading axis K), in the deferred mode
+    (the eager mode's sweep is the general path's)."""
     plan = run.plans[index]
     circuit = plan.circuit
     rows = cotangent_batch(circuit, cotangents)
     batched = rows is not None
     if not batched:
         rows = [checked_cotangents(circuit, cotangents)]
-    register = plan.structure.compilation.register
-    if batched and register.broadcast and len(rows) > 1:
-        return None
     if circuit.n_params == 0:
         return ()
     coefficients = _bra_coefficients(plan, rows)
@@ -284,9 +288,16 @@ def vjp(backend: Backend, run: DirectRun, index: int, cotangents) -> tuple | Non
         phi = run.take_state(index)
         if phi is None:  # taken by an earlier VJP of this run: simulated again
             phi = _final_state(backend, plan, angles)
-        bras = _bras(backend, plan, phi, coefficients)
-        swept = backend.sweep_sequence(
-            phi, bras, plan.sweep.prepared, angles, (), circuit.n_columns
+        register = plan.structure.compilation.register
+        rows_swept = register.batch_size * (len(rows) + 1)  # the bras, and a scratch batch
+        simulate.require_memory(backend, register.num_qubits, rows_swept)
+        swept = backend.sweep_sequence_from_words(
+            phi,
+            plan.sweep.prepared,
+            angles,
+            plan.pauli.words,
+            coefficients,
+            circuit.n_columns,
         )
         gradients = swept.sum(axis=0)  # (R, columns): over the vectors of a broadcast
     if batched:
@@ -295,47 +306,12 @@ def vjp(backend: Backend, run: DirectRun, index: int, cotangents) -> tuple | Non
 
 
 def _bra_coefficients(plan: DirectPlan, rows: list[tuple]) -> np.ndarray:
-    """c[r, k, b] = 2 sum_m dy_rm[b] W[m, k]: the weight of P_k psi_b in bra r of vector
-    b (b over a broadcast's vectors, else one), (R, K, B) complex128."""
+    """c[b, r, k] = 2 sum_m dy_rm[b] W[m, k]: the weight of P_k psi_b in bra r of vector
+    b (b over a broadcast's vectors, else one), (B, R, K) complex128."""
     batch = plan.structure.compilation.register.batch_size
     dy = np.zeros((len(rows), len(plan.pauli.terms), batch))
     for r, row in enumerate(rows):
         for m, value in enumerate(row):
             if value is not None:
                 dy[r, m] = value  # a scalar, or one per vector of a broadcast
-    return 2.0 * np.einsum("rmb,mk->rkb", dy, plan.weights)
-
-
-def _bras(
-    backend: Backend, plan: DirectPlan, psi: StateBatch, coefficients: np.ndarray
-) -> StateBatch:
-    """bra_r,b = sum_k c[r, k, b] P_k psi_b for the R rows of each of the B vectors
-    (rows of vector b at b*R .. b*R + R - 1): one ``add_pauli_sum`` per row for one
-    vector; for a broadcast (one row), each word applied once and added with per-vector
-    weights."""
-    register = plan.structure.compilation.register
-    words = plan.pauli.words
-    rows = coefficients.shape[0]
-    simulate.require_memory(backend, register.num_qubits, register.batch_size * (rows + 1))
-    bras = backend.zero_state(register.num_qubits, register.batch_size * rows)
-    backend.scale(bras, np.zeros(1))
-    if not register.broadcast:
-        for r in range(rows):
-            row = coefficients[r, :, 0]
-            live = np.flatnonzero(row)
-            if live.size == len(words):
-                backend.add_pauli_sum(backend.vectors(bras, r, r + 1), psi, list(words), row)
-            elif live.size:
-                backend.add_pauli_sum(
-                    backend.vectors(bras, r, r + 1), psi, [words[k] for k in live], row[live]
-                )
-        return bras
-    (weights,) = coefficients  # a broadcast: one row, (K, B)
-    scratch = None
-    for k in np.flatnonzero(weights.any(axis=1)):
-        if scratch is None:
-            scratch = backend.zero_state(register.num_qubits, register.batch_size)
-        backend.scale(scratch, np.zeros(1))
-        backend.add_pauli_sum(scratch, psi, [words[k]], np.ones(1))
-        backend.add_scaled(bras, scratch, weights[k])
-    return bras
+    return 2.0 * np.einsum("rmb,mk->brk", dy, plan.weights)

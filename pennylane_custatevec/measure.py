@@ -289,12 +289,20 @@ def pauli_values(backend: Backend, state: StateBatch, plan: PauliPlan) -> list[n
     """<sum_k c_k P_k> of each sentence of ``plan``, float64 (B,) each (None for an item
     that is not one): the distinct words of all of them in one backend call."""
     values = backend.expval_pauli_words(state, list(plan.words)) if plan.words else None
+    return sentence_values(plan, values, state.shape[0])
+
+
+def sentence_values(
+    plan: PauliPlan, values: np.ndarray | None, batch: int
+) -> list[np.ndarray | None]:
+    """The sentences' values of ``plan`` from its words' expectation values ``values``
+    (B, K) (as ``pauli_values``)."""
     results: list = []
     for terms in plan.terms:
         if terms is None:
             results.append(None)
             continue
-        total = np.zeros(state.shape[0])  # the batch measured (a vector of it, say)
+        total = np.zeros(batch)  # the batch measured (a vector of it, say)
         for column, coefficient in terms:
             total = total + np.real(coefficient) * values[:, column]
         results.append(total)

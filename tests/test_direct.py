@@ -14,6 +14,8 @@ from pennylane.devices import ExecutionConfig
 from test_gates import GATES, NON_UNITARY, gate_forms, gate_spec
 
 from pennylane_custatevec import direct, options
+from pennylane_custatevec.backends.base import Backend
+from pennylane_custatevec.backends.cpu import CPUBackend
 from pennylane_custatevec.program import compiles_by_gate
 
 _WIRES = [0, "a", 2, 5, "b", 7, 8]
@@ -160,7 +162,15 @@ def _template_tape(draw: int, batch: int | None) -> qml.tape.QuantumScript:
 
 @pytest.mark.parametrize("c_dtype", [np.complex128, np.complex64])
 @pytest.mark.parametrize("batch", [None, 6], ids=["one", "broadcast"])
-def test_templates_and_broadcasts_run_as_their_tapes(batch, c_dtype, rng):
+@pytest.mark.parametrize("calls", ["cpu", "base"])
+def test_templates_and_broadcasts_run_as_their_tapes(batch, c_dtype, calls, rng, monkeypatch):
+    """On the CPU backend's one-call kernels, and on the base class's compositions of
+    ``run_sequence_measured`` and ``sweep_sequence_from_words`` (what a backend without
+    them runs: one bra per row, per word and vector for a broadcast, per vector and row
+    for a broadcast with a batch of cotangents)."""
+    if calls == "base":
+        for name in ("run_sequence_measured", "sweep_sequence_from_words"):
+            monkeypatch.setattr(CPUBackend, name, getattr(Backend, name))
     device = qml.device("custatevec.qubit", wires=3, backend="cpu", c_dtype=c_dtype)
     template = _template_tape(0, batch)
     tapes = [_template_tape(draw, batch) for draw in (1, 2)]

@@ -1468,3 +1468,44 @@ def sweep_sequence(phi, bras, ops, bits, matrices, angles, out):
             first,
             out[b],
         )
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def run_sequence_measured(state, ops, bits, matrices, angles, words, values):
+    """``run_sequence``, then ``values[b, k]`` = Re <psi_b|P_k|psi_b> for the Pauli words
+    ``words`` (K, SEQ_FIELDS): rows of the sequence table's format, their x and z masks
+    and i power set (no controls). Serial only, as ``run_sequence``."""
+    stride = 1 if angles.shape[0] > 1 else 0
+    for b in range(state.shape[0]):
+        vec = state[b]
+        _seq_run_vector(vec, ops, bits, matrices, angles, b * stride)
+        for k in range(words.shape[0]):
+            values[b, k] = _seq_pauli_braket(vec, vec, words[k]).real
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _seq_add_pauli(dst, src, row, coefficient):
+    """dst <- dst + coefficient P src for the word ``row`` (as ``_seq_pauli_braket``)."""
+    x_mask, z_mask = row[SEQ_X_MASK], row[SEQ_Z_MASK]
+    factor = coefficient * _SEQ_I_POWERS[row[SEQ_I_POWER]]
+    for j in range(src.shape[0]):
+        k = j ^ x_mask
+        dst[j] += factor * (1.0 - 2.0 * _parity(k & z_mask)) * src[k]
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def sweep_sequence_from_words(phi, ops, bits, matrices, angles, words, coefficients, out):
+    """``sweep_sequence`` with its bras built here: bra r of vector b is
+    sum_k coefficients[b, r, k] P_k phi_b (``words`` as in ``run_sequence_measured``);
+    ``phi`` (B, 2**n) consumed, ``out`` (B, R, columns). Serial only."""
+    first = _first_derivative(ops)
+    rows = coefficients.shape[1]
+    stride = 1 if angles.shape[0] > 1 else 0
+    bras = np.empty((rows, phi.shape[1]), dtype=phi.dtype)
+    for b in range(phi.shape[0]):
+        bras[:] = 0
+        for r in range(rows):
+            for k in range(words.shape[0]):
+                if coefficients[b, r, k] != 0:
+                    _seq_add_pauli(bras[r], phi[b], words[k], coefficients[b, r, k])
+        _seq_sweep_vector(phi[b], bras, ops, bits, matrices, angles, b * stride, first, out[b])

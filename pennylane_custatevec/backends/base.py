@@ -489,6 +489,65 @@ class Backend(abc.ABC):
         states ``phi`` and their R bras each (both consumed): float64 (B, R, n_columns)."""
         raise NotImplementedError(f"the {self.name} backend runs no gate sequences")
 
+    def run_sequence_measured(
+        self,
+        state: StateBatch,
+        prepared: object,
+        angles: np.ndarray,
+        words: Sequence[tuple[str, Sequence[int]]],
+    ) -> np.ndarray:
+        """``run_sequence`` (no per-call matrices), then <psi_b|P_k|psi_b> for the Pauli
+        words, float64 (B, K). The default: the two calls."""
+        self.run_sequence(state, prepared, angles, ())
+        return self.expval_pauli_words(state, words)
+
+    def sweep_sequence_from_words(
+        self,
+        phi: StateBatch,
+        prepared: object,
+        angles: np.ndarray,
+        words: Sequence[tuple[str, Sequence[int]]],
+        coefficients: np.ndarray,
+        n_columns: int,
+    ) -> np.ndarray:
+        """``sweep_sequence`` (no per-call matrices) from the final states ``phi``
+        (consumed) and the bras bra_{b,r} = sum_k coefficients[b, r, k] P_k phi_b
+        (coefficients (B, R, K) complex128): float64 (B, R, n_columns). The default builds
+        the bras (one ``add_pauli_sum`` per bra; per word and vector, for a batch of
+        several vectors with one bra each) and sweeps."""
+        batch, rows, _ = coefficients.shape
+        n_qubits = int(phi.shape[1]).bit_length() - 1
+        bras = self.zero_state(n_qubits, batch * rows)
+        self.scale(bras, np.zeros(1))
+        if batch == 1:
+            for r in range(rows):
+                live = np.flatnonzero(coefficients[0, r])
+                if live.size:
+                    self.add_pauli_sum(
+                        self.vectors(bras, r, r + 1),
+                        phi,
+                        [words[k] for k in live],
+                        coefficients[0, r, live],
+                    )
+        elif rows == 1:
+            scratch = self.zero_state(n_qubits, batch)
+            for k in np.flatnonzero(coefficients[:, 0, :].any(axis=0)):
+                self.scale(scratch, np.zeros(1))
+                self.add_pauli_sum(scratch, phi, [words[k]], np.ones(1))
+                self.add_scaled(bras, scratch, coefficients[:, 0, k])
+        else:
+            for b in range(batch):
+                for r in range(rows):
+                    live = np.flatnonzero(coefficients[b, r])
+                    if live.size:
+                        self.add_pauli_sum(
+                            self.vectors(bras, b * rows + r, b * rows + r + 1),
+                            self.vectors(phi, b, b + 1),
+                            [words[k] for k in live],
+                            coefficients[b, r, live],
+                        )
+        return self.sweep_sequence(phi, bras, prepared, angles, (), n_columns)
+
     def gather(self, arrays: Sequence[Any]) -> list[np.ndarray]:
         """The reductions of a sweep (backend arrays, or host arrays from the default
         steps) as numpy arrays, in one transfer."""

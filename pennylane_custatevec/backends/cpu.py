@@ -38,7 +38,9 @@ from ._cpu_kernels import (
     rotation_pair_step,
     rotation_step_1q,
     run_sequence,
+    run_sequence_measured,
     sweep_sequence,
+    sweep_sequence_from_words,
     z_rotations_step,
 )
 from .base import (
@@ -237,6 +239,20 @@ def _prepared_sequence(sequence: GateSequence) -> _PreparedSequence:
     )
 
 
+@functools.lru_cache(maxsize=1024)
+def _word_rows(words: tuple) -> np.ndarray:
+    """Pauli words (paulis, targets) as rows of a sequence table (``_cpu_kernels``: x and
+    z masks, i power), for the kernels that measure or build bras from them."""
+    rows = np.zeros((len(words), kernels.SEQ_FIELDS), dtype=np.int64)
+    for row, (paulis, targets) in zip(rows, words, strict=True):
+        x_mask, z_mask, i_power = _pauli_masks(paulis, targets)
+        row[kernels.SEQ_X_MASK] = x_mask
+        row[kernels.SEQ_Z_MASK] = z_mask
+        row[kernels.SEQ_I_POWER] = _I_POWERS.index(i_power)
+    rows.setflags(write=False)
+    return rows
+
+
 _SEQUENCE_MAX_BITS = 6
 """The widest dense gate of a gate sequence (the kernels' scratch holds 64 amplitudes)."""
 
@@ -295,6 +311,38 @@ class CPUBackend(Backend):
             prepared.bits,
             self._sequence_matrices(prepared, matrices),
             np.ascontiguousarray(angles, dtype=np.float64),
+            out,
+        )
+        return out
+
+    def run_sequence_measured(self, state, prepared, angles, words) -> np.ndarray:
+        """One kernel call: the sequence and the words' expectation values."""
+        values = np.empty((state.shape[0], len(words)))
+        run_sequence_measured(
+            state,
+            prepared.ops,
+            prepared.bits,
+            prepared.matrices,
+            np.ascontiguousarray(angles, dtype=np.float64),
+            _word_rows(tuple(words)),
+            values,
+        )
+        return values
+
+    def sweep_sequence_from_words(
+        self, phi, prepared, angles, words, coefficients, n_columns
+    ) -> np.ndarray:
+        """One kernel call: the bras built from the words, and the sweep."""
+        batch, rows, _ = coefficients.shape
+        out = np.zeros((batch, rows, n_columns))
+        sweep_sequence_from_words(
+            phi,
+            prepared.ops,
+            prepared.bits,
+            prepared.matrices,
+            np.ascontiguousarray(angles, dtype=np.float64),
+            _word_rows(tuple(words)),
+            np.ascontiguousarray(coefficients, dtype=np.complex128),
             out,
         )
         return out
