@@ -239,6 +239,24 @@ def _prepared_sequence(sequence: GateSequence) -> _PreparedSequence:
     )
 
 
+def _measured_sequence(prepared: _PreparedSequence, angles, words) -> tuple:
+    """The arguments that ``run_sequence_measured`` and ``sweep_sequence_from_words`` take
+    after their state: the sequence (its constant matrices: a direct run has no per-call
+    ones), the angles, the words as table rows."""
+    if prepared.slot_starts:
+        raise ValueError(
+            "a measured sequence or a sweep from words takes no per-call matrices; this "
+            "sequence has some (run it with run_sequence / sweep_sequence)."
+        )
+    return (
+        prepared.ops,
+        prepared.bits,
+        prepared.matrices,
+        np.ascontiguousarray(angles, dtype=np.float64),
+        _word_rows(tuple(words)),
+    )
+
+
 @functools.lru_cache(maxsize=1024)
 def _word_rows(words: tuple) -> np.ndarray:
     """Pauli words (paulis, targets) as rows of a sequence table (``_cpu_kernels``: x and
@@ -318,15 +336,7 @@ class CPUBackend(Backend):
     def run_sequence_measured(self, state, prepared, angles, words) -> np.ndarray:
         """One kernel call: the sequence and the words' expectation values."""
         values = np.empty((state.shape[0], len(words)))
-        run_sequence_measured(
-            state,
-            prepared.ops,
-            prepared.bits,
-            prepared.matrices,
-            np.ascontiguousarray(angles, dtype=np.float64),
-            _word_rows(tuple(words)),
-            values,
-        )
+        run_sequence_measured(state, *_measured_sequence(prepared, angles, words), values)
         return values
 
     def sweep_sequence_from_words(
@@ -337,11 +347,7 @@ class CPUBackend(Backend):
         out = np.zeros((batch, rows, n_columns))
         sweep_sequence_from_words(
             phi,
-            prepared.ops,
-            prepared.bits,
-            prepared.matrices,
-            np.ascontiguousarray(angles, dtype=np.float64),
-            _word_rows(tuple(words)),
+            *_measured_sequence(prepared, angles, words),
             np.ascontiguousarray(coefficients, dtype=np.complex128),
             out,
         )
