@@ -61,9 +61,9 @@ class Register:
     """The prepared state (1 or batch_size, 2**n) of a leading state preparation, or None
     for |0...0>."""
 
-    @property
+    @functools.cached_property
     def num_qubits(self) -> int:
-        return len(self.wires)
+        return len(self.wires)  # cached: PennyLane's Wires.__len__ costs a call per ask
 
     @functools.cached_property
     def _bit_of(self) -> dict:

@@ -486,3 +486,19 @@ def test_w7s_step_holds_the_jacobian_of_its_losses_then_their_upgrad_aggregate()
     assert aggregate.shape == (jacobian[0].size,)
     # UPGrad's aggregate conflicts with no loss: a non-negative inner product with every row
     assert np.all(jacobian.reshape(len(losses), -1) @ aggregate >= -1e-10)
+
+
+def test_device_part_times_execute_and_compute_vjp():
+    """benchmarks/device_part.py at small counts, in its own process: one line naming the
+    device and a positive time per call."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "device_part.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--calls", "3", "--rounds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    (line,) = done.stdout.splitlines()
+    assert line.startswith("custatevec.qubit: execute + compute_vjp of W4 (4 wires)")
+    assert float(re.search(r"([\d.]+) ms", line).group(1)) > 0
