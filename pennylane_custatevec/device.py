@@ -518,7 +518,7 @@ class CuStateVecDevice(Device):
         direct_results, direct_run = direct.forward(
             self._backend,
             [preparations[i].direct for i in ran_directly],
-            [preparations[i].parameters for i in ran_directly],
+            [preparations[i].call for i in ran_directly],
             keep,
         )
         kept: dict = {}
@@ -567,8 +567,9 @@ class CuStateVecDevice(Device):
         if structure is None or structure.has_mid_measurements:
             return _Preparation(None, kept_key)
         plan = direct.plan_of(self._backend, structure)
-        if plan is not None:
-            return _Preparation(None, kept_key, plan, parameters)
+        call = direct.call_data(plan, parameters, tape) if plan is not None else None
+        if call is not None:
+            return _Preparation(None, kept_key, plan, call)
         prepared = PreparedTape(structure.compile(parameters, tape), structure.batch_key)
         return _Preparation(prepared, kept_key)
 
@@ -759,9 +760,11 @@ class CuStateVecDevice(Device):
         if plans is not None and simulate.fits(
             self._backend, direct.state_bytes(self._backend, plans)
         ):  # small circuits of Pauli expvals: a few backend calls each
-            results, direct_run = direct.forward(self._backend, plans, parameters)
-            self._track_structures(tapes)
-            return StructureRun(results, tapes, [None] * len(tapes), direct_run)
+            calls = [direct.call_data(p, v) for p, v in zip(plans, parameters, strict=True)]
+            if None not in calls:
+                results, direct_run = direct.forward(self._backend, plans, calls)
+                self._track_structures(tapes)
+                return StructureRun(results, tapes, [None] * len(tapes), direct_run)
         prepared = [
             PreparedTape(structure.compile(values), structure.batch_key)
             for structure, values in zip(structures, parameters, strict=True)
@@ -927,13 +930,13 @@ class _Preparation:
     rounds every parameter)."""
     direct: direct.DirectPlan | None = None
     """The structure's plan where the tape runs directly (then ``prepared`` is None)."""
-    parameters: list | None = None
-    """The tape's operation parameters, where it runs directly."""
+    call: direct.CallData | None = None
+    """The tape's call data, where it runs directly."""
 
     def compiled(self, tape: QuantumScript) -> _Preparation:
         """This preparation of ``tape`` (one that runs directly) for the general path."""
         structure = self.direct.structure
-        compilation = structure.compile(self.parameters, tape)
+        compilation = self.call.compilation or structure.compile(self.call.parameters, tape)
         return _Preparation(PreparedTape(compilation, structure.batch_key), self.kept_key)
 
 

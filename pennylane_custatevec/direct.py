@@ -3,10 +3,11 @@
 The compiled torch path (``pennylane_custatevec.compiled``) runs the same structures call
 after call with new parameter values. Where a structure is small enough to run as one gate
 sequence (``sequences``: at most ``Backend.sequence_amplitudes`` amplitudes) and measures
-expectation values of Pauli sentences only, a call needs no tape, no compilation and no
-batching: ``DirectPlan`` holds, built once per structure, the forward and sweep sequences,
-where each rotation's angle comes from (the structure's angle rules), the measured Pauli
-words ``P_k`` with the weights ``W`` of each measurement and the gradient columns.
+expectation values of Pauli sentences only, a call needs no tape and no batching (and,
+where every parametrized gate is read by an angle rule, no compilation): ``DirectPlan``
+holds, built once per structure, the forward and sweep sequences, where each rotation's
+angle comes from (the structure's angle rules), the measured Pauli words ``P_k`` with the
+weights ``W`` of each measurement and the gradient columns.
 
 Forward, for parameters theta (``forward``):
 
@@ -25,8 +26,11 @@ sweeps in one numba call, the base class composes add_pauli_sum and sweep_sequen
 
 The numbers are those of the general path (``execution.run_tapes``,
 ``gradients.deferred.vjps``), which runs the same sequences for such circuits; what a
-structure or a call does not fit (a rebuilt operation, a state preparation, another
-measurement, the eager mode's sweep) takes the general path.
+structure or a call does not fit (another measurement, a larger circuit, the eager
+mode's sweep) takes the general path. A structure whose parametrized gates are not all
+read by angle rules (an operation rebuilt with its parameters, a state preparation)
+``recompiles``: a call compiles its tape from the structure (``Structure.compile``) and
+takes the angles, the matrix slots' matrices and the initial state from it.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
+from pennylane.tape import QuantumScript
 
 from . import measure, sequences, simulate
 from .backends.base import Backend, StateBatch
@@ -46,6 +51,7 @@ from .gradients.common import (
 )
 from .gradients.deferred import sequence_sweep_plan
 from .kept import KeptState
+from .program import Compilation
 from .rotations import real_angles
 from .structures import Structure
 
@@ -76,7 +82,12 @@ class DirectPlan:
     sweep: sequences.SequencePlan | None
     """The deferred sweep's sequence; None: the structure has no trainable parameter."""
     sources: tuple[_AngleSource, ...]
-    """Per rotation slot of the sequences, where its angle comes from."""
+    """Per rotation slot of the sequences, where its angle comes from (empty where the
+    plan ``recompiles``)."""
+    recompiles: bool
+    """Whether a call compiles its tape (``Structure.compile``: an operation rebuilt with
+    its parameters, or a state preparation): then the angles, the matrices of the
+    sequence's matrix slots and the initial state come from that compilation."""
     rows: int
     """1, or the broadcast's B: the rows of the angles and of the results."""
     pauli: measure.PauliPlan
@@ -109,6 +120,35 @@ class DirectPlan:
         return angles
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class CallData:
+    """What one call of a plan runs with: the rotations' angles (1 or B, slots), the
+    matrices of the sequence's matrix slots, and the call's compilation where the plan
+    ``recompiles`` (its initial state; the general path's sweep reads it too)."""
+
+    parameters: Sequence
+    angles: np.ndarray
+    matrices: tuple
+    compilation: Compilation | None
+
+
+def call_data(
+    plan: DirectPlan, parameters: Sequence, tape: QuantumScript | None = None
+) -> CallData | None:
+    """The data of a call with ``parameters`` (one value per operation parameter, in tape
+    order; ``tape``: the tape they are of, where there is one, whose own operations serve
+    the compilation, see ``Structure.compile``), or None where the tape compiled otherwise
+    than its structure (it takes the general path)."""
+    plan.structure.check_count(parameters)
+    if not plan.recompiles:
+        return CallData(parameters, plan.angles(parameters), (), None)
+    compilation = plan.structure.compile(parameters, tape)
+    if compilation.memo is None:  # compiled on its own: its steps are not the plan's
+        return None
+    angles = plan.forward.angles(compilation)
+    return CallData(parameters, angles, tuple(plan.forward.matrices(compilation)), compilation)
+
+
 def _angle_rows(value, source: _AngleSource) -> np.ndarray:
     """The angles of ``source`` from its parameter's ``value``, as ``Structure.compile``
     reads them (``structures._AngleRule.data``: complex values with a zero imaginary part
@@ -130,12 +170,10 @@ def plan_of(backend: Backend, structure: Structure) -> DirectPlan | None:
 def _build(backend: Backend, structure: Structure) -> DirectPlan | None:
     compilation = structure.compilation
     register = compilation.register
-    if structure.has_mid_measurements or register.initial_state is not None:
+    if structure.has_mid_measurements:
         return None
-    if structure.rebuilt_operations:
-        return None  # their matrices follow from the parameters only by a rebuild
     forward = sequences.forward_plan(backend, compilation)
-    if forward is None or forward.matrix_sources:
+    if forward is None:
         return None
     pauli = measure.pauli_plan(register, structure.template.measurements, compilation.memo)
     if None in pauli.terms:
@@ -144,11 +182,15 @@ def _build(backend: Backend, structure: Structure) -> DirectPlan | None:
     sweep = None
     if circuit.n_params:
         sweep = sequence_sweep_plan(backend, compilation, circuit.columns)
-        if sweep is None or sweep.angle_sources != forward.angle_sources:
+        if sweep is None or (sweep.angle_sources, sweep.matrix_sources) != (
+            forward.angle_sources,
+            forward.matrix_sources,
+        ):
             return None
+    recompiles = bool(structure.rebuilt_operations) or register.initial_state is not None
     rules = structure.angle_rules
     sources = []
-    for step_index, instruction_index in forward.angle_sources:
+    for step_index, instruction_index in () if recompiles else forward.angle_sources:
         step = compilation.steps[step_index]
         rule = rules.get(step_index)
         if rule is not None:
@@ -163,18 +205,18 @@ def _build(backend: Backend, structure: Structure) -> DirectPlan | None:
     for m, sentence in enumerate(pauli.terms):
         for column, coefficient in sentence:
             weights[m, column] += coefficient
-    return DirectPlan(structure, forward, sweep, tuple(sources), rows, pauli, weights, circuit)
+    return DirectPlan(
+        structure, forward, sweep, tuple(sources), recompiles, rows, pauli, weights, circuit
+    )
 
 
 @dataclasses.dataclass(eq=False)
 class DirectRun:
-    """What ``forward`` hands to ``vjp``: per structure its plan, the call's parameters
-    and its final state (consumed by the first VJP; a second one simulates again)."""
+    """What ``forward`` hands to ``vjp``: per structure its plan, the call's data and its
+    final state (consumed by the first VJP; a second one simulates again)."""
 
     plans: tuple[DirectPlan, ...]
-    parameters: tuple[Sequence, ...]
-    angles: tuple[np.ndarray, ...]
-    """Per structure, its rotations' angles for the call (``DirectPlan.angles``)."""
+    calls: tuple[CallData, ...]
     states: list[StateBatch | None]
 
     def take_state(self, index: int) -> StateBatch | None:
@@ -184,8 +226,10 @@ class DirectRun:
     def kept_state(self, index: int) -> KeptState:
         """Structure ``index``'s final state (None where a VJP took it) with its
         compilation, for the general path's sweep (which simulates a missing state)."""
-        plan = self.plans[index]
-        compilation = plan.structure.compile(self.parameters[index])
+        call = self.calls[index]
+        compilation = call.compilation
+        if compilation is None:
+            compilation = self.plans[index].structure.compile(call.parameters)
         return KeptState(self.take_state(index), compilation)
 
 
@@ -225,24 +269,22 @@ def plans_of(backend: Backend, structures: Sequence[Structure]) -> tuple[DirectP
 def forward(
     backend: Backend,
     plans: Sequence[DirectPlan],
-    parameters: Sequence[Sequence],
+    calls: Sequence[CallData],
     keep: bool = True,
 ) -> tuple[tuple, DirectRun]:
-    """The results of each plan's structure for its parameters, as ``execute`` gives them
-    for the tapes, and the run for ``vjp`` (holding the final states where ``keep``; the
-    caller checked that they fit in memory together, ``state_bytes``)."""
-    results, angles, states = [], [], []
-    for plan, values in zip(plans, parameters, strict=True):
-        plan.structure.check_count(values)
-        angles.append(plan.angles(values))
-        register = plan.structure.compilation.register
-        state = simulate.initial_state(backend, register, register.batch_size)  # checked
+    """The results of each plan's structure for its call's data (``call_data``), as
+    ``execute`` gives them for the tapes, and the run for ``vjp`` (holding the final
+    states where ``keep``; the caller checked that they fit in memory together,
+    ``state_bytes``)."""
+    results, states = [], []
+    for plan, call in zip(plans, calls, strict=True):
+        state = _initial_state(backend, plan, call)
         words = backend.run_sequence_measured(
-            state, plan.forward.prepared, angles[-1], plan.pauli.words
+            state, plan.forward.prepared, call.angles, call.matrices, plan.pauli.words
         )
         results.append(_results(plan, measure.sentence_values(plan.pauli, words, len(words))))
         states.append(state if keep else None)
-    return tuple(results), DirectRun(tuple(plans), tuple(parameters), tuple(angles), states)
+    return tuple(results), DirectRun(tuple(plans), tuple(calls), states)
 
 
 def state_bytes(backend: Backend, plans: Sequence[DirectPlan]) -> int:
@@ -253,10 +295,15 @@ def state_bytes(backend: Backend, plans: Sequence[DirectPlan]) -> int:
     )
 
 
-def _final_state(backend: Backend, plan: DirectPlan, angles: np.ndarray) -> StateBatch:
-    register = plan.structure.compilation.register
-    state = simulate.initial_state(backend, register, register.batch_size)  # memory checked
-    backend.run_sequence(state, plan.forward.prepared, angles, ())
+def _initial_state(backend: Backend, plan: DirectPlan, call: CallData) -> StateBatch:
+    """|0...0>, or the call's prepared state; the memory checked first."""
+    register = (call.compilation or plan.structure.compilation).register
+    return simulate.initial_state(backend, register, register.batch_size)
+
+
+def _final_state(backend: Backend, plan: DirectPlan, call: CallData) -> StateBatch:
+    state = _initial_state(backend, plan, call)
+    backend.run_sequence(state, plan.forward.prepared, call.angles, call.matrices)
     return state
 
 
@@ -284,17 +331,18 @@ def vjp(backend: Backend, run: DirectRun, index: int, cotangents) -> tuple:
     if not coefficients.any():
         gradients = np.zeros((len(rows), circuit.n_columns))
     else:
-        angles = run.angles[index]
+        call = run.calls[index]
         phi = run.take_state(index)
         if phi is None:  # taken by an earlier VJP of this run: simulated again
-            phi = _final_state(backend, plan, angles)
+            phi = _final_state(backend, plan, call)
         register = plan.structure.compilation.register
         rows_swept = register.batch_size * (len(rows) + 1)  # the bras, and a scratch batch
         simulate.require_memory(backend, register.num_qubits, rows_swept)
         swept = backend.sweep_sequence_from_words(
             phi,
             plan.sweep.prepared,
-            angles,
+            call.angles,
+            call.matrices,
             plan.pauli.words,
             coefficients,
             circuit.n_columns,

@@ -12,7 +12,7 @@ import pytest
 from conftest import DEVICE, stable_seed
 from pennylane.devices import ExecutionConfig
 
-from pennylane_custatevec import batching, exact, simulate
+from pennylane_custatevec import batching, direct, exact, simulate
 from pennylane_custatevec.batching import Budget, Chunk, Group, Sum
 from pennylane_custatevec.gradients.deferred import SweepKey
 
@@ -242,9 +242,12 @@ def lookalike_tapes() -> list[qml.tape.QuantumScript]:
     return tapes
 
 
-def test_forward_and_sweep_group_through_batching(mocker):
+def test_forward_and_sweep_group_through_batching(mocker, monkeypatch):
     """One forward batch of the three tapes (same kernel key, same measurements), and two
-    sweep batches (sweep keys tell the generators apart): tapes 0 and 2, then tape 1."""
+    sweep batches (sweep keys tell the generators apart): tapes 0 and 2, then tape 1. The
+    general path's batching is tested: tape 2, of tape 0's structure, would run directly
+    (direct.py), on its own."""
+    monkeypatch.setattr(direct, "plan_of", lambda backend, structure: None)
     groups = mocker.spy(batching, "group_by")
     chunks = mocker.spy(batching, "chunk_by_memory")
     dev = qml.device(DEVICE, wires=2, backend="cpu", grad_accumulation="deferred")

@@ -494,11 +494,12 @@ class Backend(abc.ABC):
         state: StateBatch,
         prepared: object,
         angles: np.ndarray,
+        matrices: Sequence,
         words: Sequence[tuple[str, Sequence[int]]],
     ) -> np.ndarray:
-        """``run_sequence`` (no per-call matrices), then <psi_b|P_k|psi_b> for the Pauli
-        words, float64 (B, K). The default: the two calls."""
-        self.run_sequence(state, prepared, angles, ())
+        """``run_sequence``, then <psi_b|P_k|psi_b> for the Pauli words, float64 (B, K).
+        The default: the two calls."""
+        self.run_sequence(state, prepared, angles, matrices)
         return self.expval_pauli_words(state, words)
 
     def sweep_sequence_from_words(
@@ -506,11 +507,12 @@ class Backend(abc.ABC):
         phi: StateBatch,
         prepared: object,
         angles: np.ndarray,
+        matrices: Sequence,
         words: Sequence[tuple[str, Sequence[int]]],
         coefficients: np.ndarray,
         n_columns: int,
     ) -> np.ndarray:
-        """``sweep_sequence`` (no per-call matrices) from the final states ``phi``
+        """``sweep_sequence`` from the final states ``phi``
         (consumed) and the bras bra_{b,r} = sum_k coefficients[b, r, k] P_k phi_b
         (coefficients (B, R, K) complex128): float64 (B, R, n_columns). The default builds
         the bras (one ``add_pauli_sum`` per bra; per word and vector, for a batch of
@@ -546,7 +548,7 @@ class Backend(abc.ABC):
                             [words[k] for k in live],
                             coefficients[b, r, live],
                         )
-        return self.sweep_sequence(phi, bras, prepared, angles, (), n_columns)
+        return self.sweep_sequence(phi, bras, prepared, angles, matrices, n_columns)
 
     def gather(self, arrays: Sequence[Any]) -> list[np.ndarray]:
         """The reductions of a sweep (backend arrays, or host arrays from the default

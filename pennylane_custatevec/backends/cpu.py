@@ -239,24 +239,6 @@ def _prepared_sequence(sequence: GateSequence) -> _PreparedSequence:
     )
 
 
-def _measured_sequence(prepared: _PreparedSequence, angles, words) -> tuple:
-    """The arguments that ``run_sequence_measured`` and ``sweep_sequence_from_words`` take
-    after their state: the sequence (its constant matrices: a direct run has no per-call
-    ones), the angles, the words as table rows."""
-    if prepared.slot_starts:
-        raise ValueError(
-            "a measured sequence or a sweep from words takes no per-call matrices; this "
-            "sequence has some (run it with run_sequence / sweep_sequence)."
-        )
-    return (
-        prepared.ops,
-        prepared.bits,
-        prepared.matrices,
-        np.ascontiguousarray(angles, dtype=np.float64),
-        _word_rows(tuple(words)),
-    )
-
-
 @functools.lru_cache(maxsize=1024)
 def _word_rows(words: tuple) -> np.ndarray:
     """Pauli words (paulis, targets) as rows of a sequence table (``_cpu_kernels``: x and
@@ -333,25 +315,38 @@ class CPUBackend(Backend):
         )
         return out
 
-    def run_sequence_measured(self, state, prepared, angles, words) -> np.ndarray:
+    def run_sequence_measured(self, state, prepared, angles, matrices, words) -> np.ndarray:
         """One kernel call: the sequence and the words' expectation values."""
         values = np.empty((state.shape[0], len(words)))
-        run_sequence_measured(state, *_measured_sequence(prepared, angles, words), values)
+        arguments = self._measured_sequence(prepared, angles, matrices, words)
+        run_sequence_measured(state, *arguments, values)
         return values
 
     def sweep_sequence_from_words(
-        self, phi, prepared, angles, words, coefficients, n_columns
+        self, phi, prepared, angles, matrices, words, coefficients, n_columns
     ) -> np.ndarray:
         """One kernel call: the bras built from the words, and the sweep."""
         batch, rows, _ = coefficients.shape
         out = np.zeros((batch, rows, n_columns))
         sweep_sequence_from_words(
             phi,
-            *_measured_sequence(prepared, angles, words),
+            *self._measured_sequence(prepared, angles, matrices, words),
             np.ascontiguousarray(coefficients, dtype=np.complex128),
             out,
         )
         return out
+
+    def _measured_sequence(self, prepared: _PreparedSequence, angles, matrices, words) -> tuple:
+        """The arguments that ``run_sequence_measured`` and ``sweep_sequence_from_words``
+        take after their state: the sequence with the call's matrices, the angles, the
+        words as table rows."""
+        return (
+            prepared.ops,
+            prepared.bits,
+            self._sequence_matrices(prepared, matrices),
+            np.ascontiguousarray(angles, dtype=np.float64),
+            _word_rows(tuple(words)),
+        )
 
     def available_bytes(self) -> int:
         return free_host_bytes()
