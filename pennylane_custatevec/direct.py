@@ -79,8 +79,6 @@ class DirectPlan:
 
     structure: Structure
     forward: sequences.SequencePlan
-    sweep: sequences.SequencePlan | None
-    """The deferred sweep's sequence; None: the structure has no trainable parameter."""
     sources: tuple[_AngleSource, ...]
     """Per rotation slot of the sequences, where its angle comes from (empty where the
     plan ``recompiles``)."""
@@ -96,6 +94,20 @@ class DirectPlan:
     """(M, K) complex128: measurement m is sum_k weights[m, k] P_k (``pauli``'s terms)."""
     circuit: DifferentiatedTape
     """The template as the adjoint method sees it: columns, cotangent checks, ``fold``."""
+
+    def sweep(self, backend: Backend) -> sequences.SequencePlan | None:
+        """The deferred sweep's sequence (kept in the structure's memo), or None where the
+        sweep takes the general path. Planned at the first VJP, not with the plan: a
+        structure run for another gradient method (parameter-shift's tapes) may have
+        trainable gates without a generator, which only the adjoint method refuses."""
+        compilation = self.structure.compilation
+        sweep = sequence_sweep_plan(backend, compilation, self.circuit.columns)
+        if sweep is None or (sweep.angle_sources, sweep.matrix_sources) != (
+            self.forward.angle_sources,
+            self.forward.matrix_sources,
+        ):
+            return None
+        return sweep
 
     def angles(self, parameters: Sequence) -> np.ndarray:
         """(1 or B, slots) float64: each rotation's angle for ``parameters`` (one value
@@ -179,14 +191,6 @@ def _build(backend: Backend, structure: Structure) -> DirectPlan | None:
     if None in pauli.terms:
         return None
     circuit = DifferentiatedTape(structure.template, structure.device_wires, compilation)
-    sweep = None
-    if circuit.n_params:
-        sweep = sequence_sweep_plan(backend, compilation, circuit.columns)
-        if sweep is None or (sweep.angle_sources, sweep.matrix_sources) != (
-            forward.angle_sources,
-            forward.matrix_sources,
-        ):
-            return None
     recompiles = bool(structure.rebuilt_operations) or register.initial_state is not None
     rules = structure.angle_rules
     sources = []
@@ -205,9 +209,7 @@ def _build(backend: Backend, structure: Structure) -> DirectPlan | None:
     for m, sentence in enumerate(pauli.terms):
         for column, coefficient in sentence:
             weights[m, column] += coefficient
-    return DirectPlan(
-        structure, forward, sweep, tuple(sources), recompiles, rows, pauli, weights, circuit
-    )
+    return DirectPlan(structure, forward, tuple(sources), recompiles, rows, pauli, weights, circuit)
 
 
 @dataclasses.dataclass(eq=False)
@@ -249,8 +251,8 @@ class DirectKept:
         """As the general path's sweeps take it (``DirectRun.kept_state``)."""
         return self.run.kept_state(self.index)
 
-    def vjp(self, backend: Backend, cotangents) -> tuple:
-        """``vjp`` of this tape."""
+    def vjp(self, backend: Backend, cotangents) -> tuple | None:
+        """``vjp`` of this tape (None: the general path's)."""
         return vjp(backend, self.run, self.index, cotangents)
 
 
@@ -315,12 +317,16 @@ def _results(plan: DirectPlan, values: list[np.ndarray]):
     return per_measurement[0] if len(per_measurement) == 1 else tuple(per_measurement)
 
 
-def vjp(backend: Backend, run: DirectRun, index: int, cotangents) -> tuple:
+def vjp(backend: Backend, run: DirectRun, index: int, cotangents) -> tuple | None:
     """The VJP of structure ``index`` of ``run`` for its cotangents (as ``compute_vjp``
     takes them for its tape: a batch of K with a leading axis K), in the deferred mode
-    (the eager mode's sweep is the general path's)."""
+    (the eager mode's sweep is the general path's); None where the sweep is not one gate
+    sequence (``DirectPlan.sweep``): the general path's then."""
     plan = run.plans[index]
     circuit = plan.circuit
+    sweep = plan.sweep(backend) if circuit.n_params else None
+    if circuit.n_params and sweep is None:
+        return None
     rows = cotangent_batch(circuit, cotangents)
     batched = rows is not None
     if not batched:
@@ -340,7 +346,7 @@ def vjp(backend: Backend, run: DirectRun, index: int, cotangents) -> tuple:
         simulate.require_memory(backend, register.num_qubits, rows_swept)
         swept = backend.sweep_sequence_from_words(
             phi,
-            plan.sweep.prepared,
+            sweep.prepared,
             call.angles,
             call.matrices,
             plan.pauli.words,

@@ -319,3 +319,37 @@ def test_direct_states_that_do_not_fit_in_memory_take_the_general_path(mocker, m
     expected = [qml.execute([tape], reference)[0] for tape in tapes[2:5]]
     for got, want in zip(results, expected, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-12, rtol=0)
+
+
+def test_a_structure_with_gates_without_a_generator_runs_directly_for_parameter_shift():
+    """Parameter-shift's tapes keep trainable Rot gates (no generator): their structure
+    runs directly (the forward pass); the direct sweep is planned at the first VJP only,
+    which the adjoint method would ask for after refusing such gates by name."""
+    forward_runs = []
+
+    def circuit(angles):
+        qml.Rot(*angles, wires=0)
+        qml.CNOT([0, 1])
+        return qml.expval(qml.Z(1) @ qml.X(0))
+
+    ours = qml.QNode(
+        circuit,
+        qml.device("custatevec.qubit", wires=2, backend="cpu"),
+        diff_method="parameter-shift",
+    )
+    reference = qml.QNode(circuit, qml.device("default.qubit", wires=2), diff_method="backprop")
+    original = direct.forward
+
+    def counted(*args, **kwargs):
+        forward_runs.append(len(args[1]))
+        return original(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(direct, "forward", counted)
+        for seed in range(2):
+            angles = qml.numpy.array(np.random.default_rng(seed).uniform(0, 3, 3))
+            np.testing.assert_allclose(ours(angles), reference(angles), atol=1e-12)
+            np.testing.assert_allclose(
+                qml.grad(ours)(angles), qml.grad(reference)(angles), atol=1e-12
+            )
+    assert sum(forward_runs) > 0
