@@ -522,3 +522,31 @@ def test_rotations_come_in_pairs_on_the_cpu(paulis, targets):
     state = backend.zero_state(3, 1)
     with pytest.raises(ValueError, match="in pairs of X, Y or Z"):
         backend.apply_one_qubit_rotations(state, np.zeros((1, len(paulis))), paulis, targets)
+
+
+@pytest.mark.parametrize("n_qubits", [1, 2, 3, 4])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_z_word_rotation_steps_on_small_registers_match_the_composition(n_qubits, rows):
+    """The fused adjoint step through a rotation about a word of Z (``diagonal_step``,
+    whose low-bit path walks blocks of 8 amplitudes) equals the base class's composition
+    (inner product, then the inverse rotation on phi and the bras) on registers of fewer
+    than 8 amplitudes too: on 2 qubits it walked no block at all (a ZZ rotation's gradient
+    was 0 and the gate stayed on the vectors)."""
+    from pennylane_custatevec.backends.base import Backend
+
+    backend = CPUBackend()
+    rng = np.random.default_rng(stable_seed("small z words", n_qubits, rows))
+    for width in range(1, n_qubits + 1):
+        for targets in itertools.permutations(range(n_qubits), width):
+            phi = random_states(n_qubits, 1, rng)
+            bras = random_states(n_qubits, rows, rng)
+            angles = rng.uniform(-3, 3, 1)
+            word = "Z" * width
+            want_phi, want_bras = phi.copy(), bras.copy()
+            want = Backend.adjoint_pauli_rotation_step(
+                backend, want_phi, want_bras, angles, word, targets
+            )
+            got = backend.adjoint_pauli_rotation_step(phi, bras, angles, word, targets)
+            np.testing.assert_allclose(got, want, atol=1e-12)
+            np.testing.assert_allclose(phi, want_phi, atol=1e-12)
+            np.testing.assert_allclose(bras, want_bras, atol=1e-12)

@@ -952,3 +952,31 @@ def test_a_unit_kind_without_a_step_fails_clearly():
 
     with pytest.raises(TypeError, match="no step for a ToyUnit unit"):
         deferred.step_of(ToyUnit((0,)))
+
+
+def test_a_wide_operation_of_a_broadcast_takes_its_own_step(mocker):
+    """A 12-wire MultiRZ of a broadcast: the planner keeps it as a block of its own, and
+    the sweep took it as a dense 4096 x 4096 block (a minute per gradient, from a
+    reduction of 4**12 entries per vector and host products of 4096 x 4096 matrices); it
+    takes the operation's own step, and the Jacobian equals the eager mode's."""
+    derivatives = mocker.spy(pennylane_custatevec.gradients.deferred, "_derivatives")
+    wide_steps = mocker.spy(pennylane_custatevec.gradients.deferred, "_operation_step")
+    n = 12
+
+    def circuit(w):
+        for i in range(n):
+            qml.RY(w[..., i], i)
+        for i in range(n - 1):
+            qml.CNOT([i, i + 1])
+        qml.MultiRZ(w[..., n], wires=range(n))
+        return qml.expval(qml.Z(0) @ qml.Z(n - 1))
+
+    w = qml.numpy.array(np.random.default_rng(5).normal(size=(2, n + 1)), requires_grad=True)
+    jacobians = {}
+    for mode in ("deferred", "eager"):
+        device = qml.device("custatevec.qubit", wires=n, backend="cpu", grad_accumulation=mode)
+        jacobians[mode] = qml.jacobian(qml.QNode(circuit, device, diff_method="adjoint"))(w)
+    np.testing.assert_allclose(jacobians["deferred"], jacobians["eager"], atol=1e-12)
+    widths = [len(call.args[1].targets) for call in derivatives.call_args_list]
+    assert all(width <= 6 for width in widths)  # no dense derivative of the wide block
+    assert wide_steps.call_count >= 1

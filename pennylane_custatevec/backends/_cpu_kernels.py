@@ -474,8 +474,11 @@ def rotation_pair_step(phi, bras, angles, letters, targets, fixed_bits, out):
 def _low_diagonal_step(ket, bras, diag, signs, targets, out):
     """``diagonal_step`` where a target is among the three lowest bits: the factors then
     repeat every 8 amplitudes, so each block of 8 reads them (the undo factors and the real
-    generator signs) from a row of 8 chosen by the targets above bit 2."""
+    generator signs) from a row of 8 chosen by the targets above bit 2. A state of fewer
+    than 8 amplitudes (one or two qubits) is one block of its size (it was none: the gate
+    was neither undone nor differentiated)."""
     rows, dim = bras.shape
+    width = min(8, dim)
     k = targets.shape[0]
     high = np.empty(k, dtype=np.int64)
     rank = np.full(k, -1)
@@ -486,10 +489,10 @@ def _low_diagonal_step(ket, bras, diag, signs, targets, out):
             rank[m] = count
             count += 1
     high = high[:count]
-    undo = np.empty((1 << count, 8), dtype=np.complex128)
-    sign = np.empty((1 << count, 8))
+    undo = np.empty((1 << count, width), dtype=np.complex128)
+    sign = np.empty((1 << count, width))
     for h in range(1 << count):
-        for j in range(8):
+        for j in range(width):
             a = 0
             for m in range(k):
                 bit = (j >> targets[m]) & 1 if rank[m] < 0 else (h >> rank[m]) & 1
@@ -499,14 +502,14 @@ def _low_diagonal_step(ket, bras, diag, signs, targets, out):
     for r in range(rows):
         bra = bras[r]
         term = 0.0 + 0.0j
-        for block in range(dim >> 3):
-            base = block << 3
+        for block in range(dim // width):
+            base = block * width
             h = 0
             for m in range(count):
                 h |= ((base >> high[m]) & 1) << m
             factor = undo[h]
             weight = sign[h]
-            for j in range(8):
+            for j in range(width):
                 left = bra[base + j]
                 value = ket[base + j]
                 term += weight[j] * (np.conj(left) * value)

@@ -142,9 +142,9 @@ def _cached_pauli_masks(paulis: str, targets: tuple) -> tuple[int, int, complex]
 def _z_rotation_diagonals(angles: np.ndarray, paulis: str) -> np.ndarray:
     """The diagonals of exp(-i angle/2 P) for a word P of Z and I letters, (len(angles), 2**k)."""
     signs = _z_word_signs(paulis)
-    if angles.shape[0] == 1:  # scalar math: numpy on one angle costs microseconds per call
-        half = 0.5 * float(angles[0])
-        return (math.cos(half) - (1j * math.sin(half)) * signs)[None]
+    if angles.shape[0] == 1 and math.isfinite(angles[0]):  # scalar math: numpy on one
+        half = 0.5 * float(angles[0])  # angle costs microseconds per call (math.cos(inf)
+        return (math.cos(half) - (1j * math.sin(half)) * signs)[None]  # raises: numpy's nan)
     half = 0.5 * angles.reshape(-1, 1)
     return np.cos(half) - 1j * np.sin(half) * signs
 

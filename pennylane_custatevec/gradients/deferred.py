@@ -41,7 +41,7 @@ from pennylane.operation import Operator
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
-from .. import batching, fusion, measure, sequences, simulate
+from .. import batching, fusion, measure, sequences, settings, simulate
 from ..backends.base import Backend, DenseEntry, RotationEntry, StateBatch
 from ..exact import generator_key
 from ..instructions import Instruction, apply_instruction, inverse
@@ -713,7 +713,7 @@ def _block_step(context: SweepContext, fused: fusion.Fused) -> PendingReduction 
     one plain Pauli rotation takes the rotation step of an operation wider than the
     blocks instead where that pays (``_pauli_rotation_step_pays``)."""
     unit = fused.unit
-    if _pauli_rotation_step_pays(context, fused):
+    if _pauli_rotation_step_pays(context, fused) or _too_wide_for_a_dense_step(fused):
         (member,) = unit.members
         _operation_step(context, member)
         return None
@@ -753,14 +753,32 @@ _UNIT_STEPS: dict[type, UnitStep] = {
 
 
 def _pauli_rotation_step_pays(context: SweepContext, fused: fusion.Fused) -> bool:
-    """Whether a block of one Pauli rotation, on one state vector, takes the backend's fused
-    rotation step (one pass, real arithmetic) rather than a dense reduction: on backends
-    whose traits ask for it (the CPU, whose dense 2**k products are compute-bound)."""
+    """Whether a block of one Pauli rotation takes the backend's fused rotation step (one
+    pass, real arithmetic) rather than a dense reduction: on backends whose traits ask for
+    it (the CPU, whose dense 2**k products are compute-bound). For a batch of several
+    vectors (which the rotation step takes one by one) only from 3 bits on, where a dense
+    product costs several passes (``CPU_FUSION_TRAITS.block_costs``)."""
     wanted = context.backend.fusion_traits.pauli_rotation_step_for_lone_rotations
-    if fused.member_matrices or not wanted or context.register.batch_size > 1:
+    if fused.member_matrices or not wanted:
+        return False
+    if context.register.batch_size > 1 and len(fused.unit.targets) <= 2:
         return False
     step = context.steps[fused.unit.members[0]]
     return plain_rotation(step.operation, step.instructions) is not None
+
+
+def _too_wide_for_a_dense_step(fused: fusion.Fused) -> bool:
+    """Whether a block of one operation is wider than any fused block
+    (``settings.MAX_FUSION_QUBITS``): the planner keeps a wide operation (a MultiRZ on 12
+    wires) as a block of its own, and its dense step would reduce over 4**k entries per
+    amplitude group and multiply 2**k x 2**k matrices on the host (a 12-bit rotation of a
+    broadcast took a minute); its own step takes one pass per instruction."""
+    unit = fused.unit
+    return (
+        not fused.member_matrices
+        and len(unit.members) == 1
+        and len(unit.targets) > settings.MAX_FUSION_QUBITS
+    )
 
 
 def _members(unit: fusion.Unit) -> set[int]:
