@@ -632,32 +632,36 @@ class CuStateVecDevice(Device):
         in_force = self.options_in_force(execution_config)
         kept = [self._pop_kept(tape, direct_ok=True) for tape in circuits]
         _require_adjoint_serves(circuits, kept, execution_config, in_force)
+        return self._vjps(circuits, cotangents, kept, in_force)
+
+    def _vjps(self, circuits, cotangents, kept, in_force: settings.DifferentiationOptions):
+        """The VJPs of validated tapes by the accumulation mode in force, from what the
+        forward pass kept (``kept[i]``: tape i's KeptState, its ``direct.DirectKept``
+        where it ran directly, or None), untracked. A direct tape's deferred VJP is the
+        direct one where its sweep is one gate sequence; the others go together through
+        the general path."""
         gradients: list = [None] * len(circuits)
         if in_force.grad_accumulation == "deferred":  # the direct sweep is the deferred one
             for i, entry in enumerate(kept):
                 if isinstance(entry, direct.DirectKept):
                     gradients[i] = entry.vjp(self._backend, cotangents[i])
         general = [i for i, value in enumerate(gradients) if value is None]
-        if len(general) == len(circuits):
-            kept = [e.kept_state() if isinstance(e, direct.DirectKept) else e for e in kept]
-            return self._vjps(circuits, cotangents, kept, in_force)
         if general:
-            swept = self._vjps(
+            entries = [kept[i] for i in general]
+            swept = self._general_vjps(
                 [circuits[i] for i in general],
                 [cotangents[i] for i in general],
-                [
-                    kept[i].kept_state() if isinstance(kept[i], direct.DirectKept) else kept[i]
-                    for i in general
-                ],
+                [e.kept_state() if isinstance(e, direct.DirectKept) else e for e in entries],
                 in_force,
             )
             for i, value in zip(general, swept, strict=True):
                 gradients[i] = value
         return tuple(gradients)
 
-    def _vjps(self, circuits, cotangents, kept, in_force: settings.DifferentiationOptions):
-        """The VJPs of validated tapes by the accumulation mode in force, from their kept
-        states (``kept[i]``: tape i's, or None), untracked."""
+    def _general_vjps(
+        self, circuits, cotangents, kept, in_force: settings.DifferentiationOptions
+    ) -> tuple:
+        """``_vjps`` on the general path: from KeptStates (or None)."""
         if in_force.grad_accumulation == "deferred":
             return deferred.vjps(
                 self._backend, circuits, cotangents, self.wires, kept, in_force.fusion_qubits
@@ -797,23 +801,9 @@ class CuStateVecDevice(Device):
         if self.tracker.active:
             self.tracker.update(vjp_batches=1, vjps=len(run.tapes))
             self.tracker.record()
-        if run.direct is None:
-            return self._vjps(run.tapes, cotangents, kept, in_force)
-        gradients: list = [None] * len(run.tapes)
-        if in_force.grad_accumulation == "deferred":  # the direct sweep is the deferred one
-            for i, dy in enumerate(cotangents):
-                gradients[i] = direct.vjp(self._backend, run.direct, i, dy)
-        general = [i for i, value in enumerate(gradients) if value is None]
-        if general:
-            swept = self._vjps(
-                [run.tapes[i] for i in general],
-                [cotangents[i] for i in general],
-                [run.direct.kept_state(i) for i in general],
-                in_force,
-            )
-            for i, value in zip(general, swept, strict=True):
-                gradients[i] = value
-        return tuple(gradients)
+        if run.direct is not None:
+            kept = [direct.DirectKept(run.direct, i) for i in range(len(run.tapes))]
+        return self._vjps(run.tapes, cotangents, kept, in_force)
 
 
 def _require_first_derivatives(config: ExecutionConfig) -> None:

@@ -57,6 +57,8 @@ from .structures import Structure
 
 _DIRECT = ("direct", "plan")
 """The key of a structure's ``DirectPlan`` (or None: it has none) in its memo."""
+_DIRECT_SWEEP = ("direct", "sweep")
+"""The key of its direct sweep's sequence (``DirectPlan.sweep``; None: none)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,14 +102,15 @@ class DirectPlan:
         sweep takes the general path. Planned at the first VJP, not with the plan: a
         structure run for another gradient method (parameter-shift's tapes) may have
         trainable gates without a generator, which only the adjoint method refuses."""
-        compilation = self.structure.compilation
-        sweep = sequence_sweep_plan(backend, compilation, self.circuit.columns)
-        if sweep is None or (sweep.angle_sources, sweep.matrix_sources) != (
-            self.forward.angle_sources,
-            self.forward.matrix_sources,
-        ):
-            return None
-        return sweep
+        memo = self.structure.compilation.memo
+        if _DIRECT_SWEEP not in memo:
+            sweep = sequence_sweep_plan(backend, self.structure.compilation, self.circuit.columns)
+            same_slots = sweep is not None and (sweep.angle_sources, sweep.matrix_sources) == (
+                self.forward.angle_sources,
+                self.forward.matrix_sources,
+            )
+            memo[_DIRECT_SWEEP] = sweep if same_slots else None
+        return memo[_DIRECT_SWEEP]
 
     def angles(self, parameters: Sequence) -> np.ndarray:
         """(1 or B, slots) float64: each rotation's angle for ``parameters`` (one value
