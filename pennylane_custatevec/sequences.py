@@ -17,8 +17,9 @@ a memo (a tape seen once) runs gate by gate.
 A compilation runs as a sequence where every instruction is a gate (no mid-circuit
 measurement, postselection or condition), every dense one acts on at most 6 bits, every
 per-call matrix is one for the whole batch (a broadcast reaches the sequence through its
-rotations' angles only), and the batch has at most ``Backend.sequence_amplitudes``
-amplitudes. Anything else takes the per-gate path, which gives the same numbers.
+rotations' angles only), and each vector has at most ``Backend.sequence_amplitudes``
+amplitudes (a batch of vectors runs vector by vector, in each vector's cache). Anything
+else takes the per-gate path, which gives the same numbers.
 """
 
 from __future__ import annotations
@@ -145,12 +146,12 @@ def _plan(
 
 def _fits(backend: Backend, compilation: Compilation) -> bool:
     """Whether the compilation may run as a sequence: it has a memo (a known structure)
-    and its batch has at most ``backend.sequence_amplitudes`` amplitudes."""
+    and each of its vectors has at most ``backend.sequence_amplitudes`` amplitudes."""
     register = compilation.register
     return (
         compilation.memo is not None
         and backend.sequence_amplitudes > 0
-        and register.batch_size << register.num_qubits <= backend.sequence_amplitudes
+        and 1 << register.num_qubits <= backend.sequence_amplitudes
     )
 
 

@@ -36,7 +36,13 @@ from reference import (
 )
 
 from pennylane_custatevec.backends import _cpu_kernels
-from pennylane_custatevec.backends.cpu import CPUBackend, _z_rotation_plan
+from pennylane_custatevec.backends.base import (
+    DenseEntry,
+    DerivativeEntry,
+    GateSequence,
+    RotationEntry,
+)
+from pennylane_custatevec.backends.cpu import CPUBackend, _word_rows, _z_rotation_plan
 
 # --- reference self-checks ---------------------------------------------------------------
 
@@ -412,7 +418,56 @@ def _kernel_args(name, state, rng):
         low = rng.normal(size=(batch, 1 << low_count)) + 1j
         high = rng.normal(size=(batch, 1 << (n - 2 - low_count))) - 1j
         return (low, high, low_count, zero_bits)
+    if name in _SEQUENCE_KERNELS:  # a sequence with one-bit runs, dense and wide entries
+        prepared, n_columns = _big_sequence(n)
+        angles = rng.uniform(-3, 3, size=(batch, 4))
+        base = (prepared.ops, prepared.bits, prepared.matrices, angles)
+        words = _word_rows((("Z", (0,)), ("XY", (n - 1, 2))))
+        rows = 2
+        if name == "run_sequence":
+            return base
+        if name == "run_sequence_measured":
+            return (*base, words, np.empty((batch, len(words))))
+        if name == "sweep_sequence":
+            bras = np.repeat(state[::-1], rows, axis=0) * (1 - 0.5j)
+            return (bras, *base, np.zeros((batch, rows, n_columns)))
+        coefficients = rng.normal(size=(batch, rows, len(words))) * (1 - 0.5j)
+        return (*base, words, coefficients, np.zeros((batch, rows, n_columns)))
     raise AssertionError(f"no arguments for new kernel {name}; add them to this test")
+
+
+_SEQUENCE_KERNELS = (
+    "run_sequence",
+    "run_sequence_measured",
+    "sweep_sequence",
+    "sweep_sequence_from_words",
+)
+
+
+def _big_sequence(n: int):
+    """A prepared sequence on n bits (a run of one-bit rotations and a dense 2x2 on bit 1,
+    dense gates on 2 and 3 bits, a two-bit and a controlled rotation, four derivatives)
+    and its number of gradient columns."""
+    rng = np.random.default_rng(stable_seed("big sequence", n))
+    x1 = RotationEntry("X", (1,), (), (), 0)
+    y1 = RotationEntry("Y", (1,), (), (), 1)
+    zz = RotationEntry("ZZ", (2, n - 1), (), (), 2)
+    cx = RotationEntry("X", (3,), (0,), (1,), 3)
+    entries = (
+        DenseEntry((0, n - 2), random_unitary(4, rng)),
+        x1,
+        DerivativeEntry(0, x1),
+        y1,
+        DerivativeEntry(1, y1),
+        DenseEntry((1,), random_unitary(2, rng)),
+        zz,
+        DerivativeEntry(2, zz),
+        DenseEntry((1, 2, 3), random_unitary(8, rng)),
+        cx,
+        DerivativeEntry(3, cx),
+        DenseEntry((n - 1,), random_unitary(2, rng)),
+    )
+    return CPUBackend().prepare_sequence(GateSequence(n, entries, 4, 0)), 4
 
 
 @pytest.mark.parametrize("shape", BIG_SHAPES, ids=lambda s: f"n{s[0]}b{s[1]}")
@@ -429,7 +484,10 @@ def test_threaded_kernel_equals_serial_kernel(kernel, shape, big_states):
         fn(state, *fn_args)
         out = fn_args[-1] if name.startswith(("inner", "marginal", "low_sign")) else state
         outputs.append(out)
-        if name.startswith("block_step") or name in ("z_rotations_step", "rotation_pair_step"):
+        if name.startswith(("block_step", "sweep_sequence")) or name in (
+            "z_rotations_step",
+            "rotation_pair_step",
+        ):
             extras.append((fn_args[0], fn_args[-1]))
     np.testing.assert_allclose(outputs[0], outputs[1], atol=1e-12)
     for threaded_out, serial_out in zip(*extras, strict=True):

@@ -231,7 +231,8 @@ def test_zero_cotangents_and_no_trainable_parameters():
 def test_what_takes_the_general_path(case, rng):
     """Other measurements and larger circuits take the general path; a state preparation
     and a gate rebuilt with its parameters run directly, from the call's compilation."""
-    wires = 12 if case == "too large" else 3
+    too_large = CPUBackend.sequence_amplitudes.bit_length()  # qubits: one more than served
+    wires = too_large if case == "too large" else 3
     device = qml.device("custatevec.qubit", wires=wires, backend="cpu")
 
     def tape(draw):

@@ -19,7 +19,12 @@ from test_structures import (
 
 import pennylane_custatevec
 from pennylane_custatevec import sequences, simulate
-from pennylane_custatevec.backends.base import DenseEntry, GateSequence, RotationEntry
+from pennylane_custatevec.backends.base import (
+    DenseEntry,
+    DerivativeEntry,
+    GateSequence,
+    RotationEntry,
+)
 from pennylane_custatevec.backends.cpu import CPUBackend
 from pennylane_custatevec.gradients import deferred
 from pennylane_custatevec.gradients.common import DifferentiatedTape
@@ -151,6 +156,132 @@ def test_a_dense_gate_wider_than_the_kernels_scratch_is_refused():
         backend.prepare_sequence(GateSequence(7, (wide,), 0, 0))
 
 
+# --- runs of one-bit gates: one pass forward, one reduction in the sweep -------------------
+
+_PAULI = {
+    "I": np.eye(2),
+    "X": np.array([[0, 1], [1, 0]]),
+    "Y": np.array([[0, -1j], [1j, 0]]),
+    "Z": np.diag([1, -1]),
+}
+
+
+def _apply_on_bits(matrix: np.ndarray, bits: tuple, vec: np.ndarray, n: int) -> np.ndarray:
+    """``matrix`` applied to the state bits ``bits`` of ``vec`` (bit j of the matrix index
+    on state bit bits[j]; little-endian state indices), by a tensor contraction."""
+    k = len(bits)
+    tensor = vec.reshape((2,) * n)  # axis i: state bit n - 1 - i
+    m = matrix.reshape((2,) * (2 * k))  # axes: out bits k-1 .. 0, in bits k-1 .. 0
+    out = np.tensordot(
+        m, tensor, axes=([2 * k - 1 - j for j in range(k)], [n - 1 - b for b in bits])
+    )
+    out = np.moveaxis(out, [k - 1 - j for j in range(k)], [n - 1 - b for b in bits])
+    return out.reshape(-1)
+
+
+def _holds(entry: RotationEntry, n: int) -> np.ndarray:
+    index = np.arange(1 << n)
+    holds = np.ones(1 << n, dtype=bool)
+    for c, v in zip(entry.controls, entry.control_values, strict=True):
+        holds &= ((index >> c) & 1) == v
+    return holds
+
+
+def _apply_word(entry: RotationEntry, vec: np.ndarray, n: int) -> np.ndarray:
+    """P vec where the rotation's controls hold, 0 elsewhere."""
+    word = np.eye(1)
+    for letter in reversed(entry.paulis):  # targets[0] is the matrix index's lowest bit
+        word = np.kron(word, _PAULI[letter])
+    return _apply_on_bits(word, entry.targets, vec, n) * _holds(entry, n)
+
+
+def _apply_entry(entry, angles: np.ndarray, vec: np.ndarray, n: int, inverse=False):
+    if isinstance(entry, DenseEntry):
+        matrix = entry.matrix.conj().T if inverse else entry.matrix
+        return _apply_on_bits(matrix, entry.bits, vec, n)
+    angle = -angles[entry.slot] if inverse else angles[entry.slot]
+    rotated = np.cos(angle / 2) * vec - 1j * np.sin(angle / 2) * _apply_word(entry, vec, n)
+    return np.where(_holds(entry, n), rotated, vec)
+
+
+def _reference_sweep(entries, angles, n, phi, bras, n_columns) -> np.ndarray:
+    """The sequence's sweep entry by entry, by tensor contractions (GateSequence's
+    meaning)."""
+    first = next(i for i, e in enumerate(entries) if isinstance(e, DerivativeEntry))
+    out = np.zeros((len(bras), n_columns))
+    bras = list(bras)
+    for i in range(len(entries) - 1, first - 1, -1):
+        entry = entries[i]
+        if isinstance(entry, DerivativeEntry):
+            g = entry.generator
+            if isinstance(g, DenseEntry):
+                g_phi = _apply_on_bits(g.matrix, g.bits, phi, n)
+            else:
+                g_phi = -0.5 * _apply_word(g, phi, n)
+            for r, bra in enumerate(bras):
+                out[r, entry.column] += np.real(1j * np.vdot(bra, g_phi))
+        elif i > first:
+            phi = _apply_entry(entry, angles, phi, n, inverse=True)
+            bras = [_apply_entry(entry, angles, bra, n, inverse=True) for bra in bras]
+    return out
+
+
+def _one_bit_runs(rng, n: int) -> tuple[list, int, int]:
+    """Entries with many runs of one-bit gates on one bit (rotations of every letter,
+    dense 2x2 gates, each trainable one followed by its derivative), broken by two-bit
+    gates and by controlled rotations."""
+    entries, slot, column = [], 0, 0
+    for _ in range(10):
+        bit = int(rng.integers(n))
+        for _ in range(int(rng.integers(1, 5))):
+            if rng.integers(3):
+                gate = RotationEntry(str(rng.choice(list("XYZ"))), (bit,), (), (), slot)
+                slot += 1
+                generator = gate
+            else:
+                gate = DenseEntry((bit,), _random_unitary(rng, 2))
+                generator = DenseEntry((bit,), np.array([[0.3, 0.2 - 0.1j], [0.2 + 0.1j, -0.7]]))
+            entries.append(gate)
+            if rng.integers(4):
+                entries.append(DerivativeEntry(column, generator))
+                column += 1
+        other = int((bit + 1 + rng.integers(n - 1)) % n)
+        if rng.integers(2):
+            entries.append(DenseEntry((bit, other), _random_unitary(rng, 4)))
+        else:
+            gate = RotationEntry("Y", (bit,), (other,), (1,), slot)
+            entries.append(gate)
+            entries.append(DerivativeEntry(column, gate))
+            slot, column = slot + 1, column + 1
+    return entries, slot, column
+
+
+@pytest.mark.parametrize("batch", [1, 3, 40])  # 40 x 2**9: the threaded compilation
+@pytest.mark.parametrize("seed", range(4))
+def test_runs_of_one_bit_gates_run_and_sweep_as_entry_by_entry(seed, batch):
+    rng = np.random.default_rng(seed)
+    n, rows = (9, 2) if batch == 40 else (4, 3)
+    entries, n_slots, n_columns = _one_bit_runs(rng, n)
+    angles = rng.uniform(-3, 3, size=(batch, n_slots))
+    backend = CPUBackend()
+    prepared = backend.prepare_sequence(GateSequence(n, tuple(entries), n_slots, 0))
+    start = _random_state(rng, n, batch)
+    state = backend.from_host(start)
+    backend.run_sequence(state, prepared, angles, [])
+    gates = [e for e in entries if not isinstance(e, DerivativeEntry)]
+    bras = _random_state(rng, n, batch * rows)
+    swept = backend.sweep_sequence(state.copy(), bras.copy(), prepared, angles, [], n_columns)
+    for b in range(batch):
+        expected = start[b]
+        for gate in gates:
+            expected = _apply_entry(gate, angles[b], expected, n)
+        np.testing.assert_allclose(state[b], expected, atol=ATOL, rtol=0)
+        reference = _reference_sweep(
+            entries, angles[b], n, state[b], bras[b * rows : (b + 1) * rows], n_columns
+        )
+        np.testing.assert_allclose(swept[b], reference, atol=1e-11, rtol=0)
+
+
 # --- every gate: the sequence path equals the gate-by-gate path ------------------------
 
 
@@ -276,24 +407,29 @@ def test_the_device_runs_a_known_structure_as_a_sequence_with_the_same_numbers(
             np.testing.assert_allclose(a, b, atol=tolerance, rtol=0)
 
 
-def test_large_batches_run_gate_by_gate(mocker):
+def test_large_registers_run_gate_by_gate(mocker):
     spies = [mocker.spy(CPUBackend, name) for name in ("run_sequence", "run_sequence_measured")]
 
     def sequence_runs() -> int:  # in run_tapes, or directly (direct.py: measured too)
         return sum(spy.call_count for spy in spies)
 
-    dev = qml.device("custatevec.qubit", wires=4, backend="cpu")
+    def broadcast_on(n: int):
+        dev = qml.device("custatevec.qubit", wires=n, backend="cpu")
 
-    @qml.qnode(dev, diff_method="adjoint")
-    def broadcast(x):
-        qml.AngleEmbedding(x, wires=range(4))
-        return qml.expval(qml.Z(0))
+        @qml.qnode(dev, diff_method="adjoint")
+        def broadcast(x):
+            qml.AngleEmbedding(x, wires=range(n))
+            return qml.expval(qml.Z(0))
 
-    x = np.random.default_rng(0).uniform(0, 3, (CPUBackend.sequence_amplitudes // 16 + 1, 4))
+        return broadcast
+
+    limit = CPUBackend.sequence_amplitudes.bit_length() - 1  # the widest register served
+    x = np.random.default_rng(0).uniform(0, 3, (3, limit + 1))
+    wide = broadcast_on(limit + 1)
     for _ in range(2):
-        np.testing.assert_allclose(broadcast(x), np.cos(x[:, 0]), atol=ATOL, rtol=0)
+        np.testing.assert_allclose(wide(x), np.cos(x[:, 0]), atol=ATOL, rtol=0)
     assert sequence_runs() == 0
-    smaller = x[: CPUBackend.sequence_amplitudes // 16]
+    narrower, many = broadcast_on(limit), np.tile(x[:, :limit], (40, 1))  # any batch size
     for _ in range(2):
-        np.testing.assert_allclose(broadcast(smaller), np.cos(smaller[:, 0]), atol=ATOL, rtol=0)
+        np.testing.assert_allclose(narrower(many), np.cos(many[:, 0]), atol=ATOL, rtol=0)
     assert sequence_runs() == 1

@@ -461,9 +461,11 @@ class Backend(abc.ABC):
     # --- optional: a whole gate sequence in one call -------------------------------------
 
     sequence_amplitudes: int = 0
-    """Batches of at most this many amplitudes (vectors x 2**n) may run a circuit as one
-    ``GateSequence`` call (``run_sequence``, ``sweep_sequence``), where the per-gate calls
-    cost more host time than their kernels; 0: the backend has no such call."""
+    """Registers of at most this many amplitudes (2**n per vector, any number of vectors)
+    may run a circuit as one ``GateSequence`` call (``run_sequence``, ``sweep_sequence``),
+    where the per-gate calls cost more host time than their kernels or the vectors are
+    small enough to run the whole sequence in cache one by one; 0: the backend has no such
+    call."""
 
     def prepare_sequence(self, sequence: GateSequence) -> object:
         """The backend's form of ``sequence`` (built once per circuit structure)."""

@@ -2,6 +2,7 @@
 
 import functools
 import math
+import threading
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -257,6 +258,32 @@ _SEQUENCE_MAX_BITS = 6
 """The widest dense gate of a gate sequence (the kernels' scratch holds 64 amplitudes)."""
 
 
+_THREADED_SEQUENCES = threading.Lock()
+"""Held while a threaded sequence kernel runs: numba's workqueue threading layer (the one
+it falls back to without OpenMP or TBB) is not safe for parallel launches from several
+Python threads at once, and small circuits are the likeliest to be run from threads (a
+fresh-clone CI run hung with unguarded threaded sequences)."""
+
+
+_THREADED_SEQUENCE_AMPLITUDES = 1 << 11
+"""Below the per-gate kernels' threshold (``_cpu_kernels._PARALLEL_THRESHOLD``): a sequence
+call wakes the threads once for all its gates. Measured on the step of
+``CPUBackend.sequence_amplitudes`` (interleaved, best of 7), threads from 2**11 against
+from 2**14 amplitudes: 0.62 against 0.38 ms on 8 vectors of 8 qubits, 1.05 against 0.55 ms
+on 16, 1.98 against 0.95 ms on 32, 3.6 against 1.2 ms on 256 vectors of 4 qubits."""
+
+
+def _launch_sequence(kernel: kernels.Kernel, state: np.ndarray, *arguments) -> None:
+    """``kernel`` on ``state`` (a batch of vectors first): threaded, a thread taking whole
+    vectors, for batches of several vectors of ``_THREADED_SEQUENCE_AMPLITUDES`` amplitudes
+    in all, launched under ``_THREADED_SEQUENCES``; else serial."""
+    if state.shape[0] > 1 and state.size >= _THREADED_SEQUENCE_AMPLITUDES:
+        with _THREADED_SEQUENCES:
+            kernel.threaded(state, *arguments)
+    else:
+        kernel.serial(state, *arguments)
+
+
 class CPUBackend(Backend):
     """State vectors as a C-contiguous numpy array of shape (B, 2**n)."""
 
@@ -272,12 +299,14 @@ class CPUBackend(Backend):
     def __init__(self, dtype: np.dtype = np.complex128):
         self.dtype = np.dtype(dtype)
 
-    sequence_amplitudes = 1 << 11
-    """Measured on a compiled AngleEmbedding + StronglyEntanglingLayers step (2 layers,
-    2 cores, best of 15): the sequence path took 0.55x the gate-by-gate time on one
-    vector of 4 qubits, 0.93x at 10 qubits, 1.7x at 12; on batches of 8 qubits 0.27x at 4
-    vectors, 0.47x at 8, 0.68x at 16, 1.2x at 32 and 1.4x at 64 (W3): beyond 2**11
-    amplitudes the fused, specialised per-gate kernels win."""
+    sequence_amplitudes = 1 << 13
+    """Per vector. Measured on a compiled AngleEmbedding + StronglyEntanglingLayers step
+    (2 layers, 2 cores, interleaved, best of 7; sequences with one-bit runs fused and
+    threads over the vectors from ``_THREADED_SEQUENCE_AMPLITUDES``): the sequence path
+    took 0.20-0.37x the gate-by-gate time on one vector of 9-12 qubits, 0.47x at 13 and
+    0.94x at 14; on batches of 8 qubits 0.14x at 8 vectors, 0.34x at 32, 0.49x at 64 (W3),
+    0.79x at 1024; 0.38-0.43x on 256-1024 vectors of 4 qubits, 0.85-0.92x on 65536
+    amplitudes of 10-13-qubit vectors."""
 
     def prepare_sequence(self, sequence: GateSequence) -> _PreparedSequence:
         return _prepared_sequence(sequence)
@@ -294,7 +323,8 @@ class CPUBackend(Backend):
 
     def run_sequence(self, state, prepared, angles, matrices) -> None:
         """One kernel call for the whole sequence."""
-        run_sequence(
+        _launch_sequence(
+            run_sequence,
             state,
             prepared.ops,
             prepared.bits,
@@ -304,7 +334,8 @@ class CPUBackend(Backend):
 
     def sweep_sequence(self, phi, bras, prepared, angles, matrices, n_columns) -> np.ndarray:
         out = np.zeros((phi.shape[0], bras.shape[0] // phi.shape[0], n_columns))
-        sweep_sequence(
+        _launch_sequence(
+            sweep_sequence,
             phi,
             bras,
             prepared.ops,
@@ -319,7 +350,7 @@ class CPUBackend(Backend):
         """One kernel call: the sequence and the words' expectation values."""
         values = np.empty((state.shape[0], len(words)))
         arguments = self._measured_sequence(prepared, angles, matrices, words)
-        run_sequence_measured(state, *arguments, values)
+        _launch_sequence(run_sequence_measured, state, *arguments, values)
         return values
 
     def sweep_sequence_from_words(
@@ -328,7 +359,8 @@ class CPUBackend(Backend):
         """One kernel call: the bras built from the words, and the sweep."""
         batch, rows, _ = coefficients.shape
         out = np.zeros((batch, rows, n_columns))
-        sweep_sequence_from_words(
+        _launch_sequence(
+            sweep_sequence_from_words,
             phi,
             *self._measured_sequence(prepared, angles, matrices, words),
             np.ascontiguousarray(coefficients, dtype=np.complex128),
