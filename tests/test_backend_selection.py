@@ -3,8 +3,11 @@ custatevec.qubit device on the cuStateVec backend (run on the NumPy double)."""
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import re
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -254,3 +257,75 @@ def test_memory_is_refused_before_allocating(gpu_double):
     gpu_double.cupy.free_bytes = 1 << 20
     assert_21_qubits_refused("custatevec")
     assert gpu_double.cupy.allocations == []
+
+
+# --- the driver's probe: no GPU, nothing of cupy or cuQuantum imported ------------------
+
+
+class _FakeDriver:
+    """libcuda.so.1 as ctypes gives it: cuInit and cuDeviceGetCount return CUresult codes."""
+
+    def __init__(self, init_status: int, count: int = 0, count_status: int = 0):
+        self.init_status, self.count, self.count_status = init_status, count, count_status
+
+    def cuInit(self, flags):  # noqa: N802 - the C name
+        assert flags == 0
+        return self.init_status
+
+    def cuDeviceGetCount(self, pointer):  # noqa: N802 - the C name
+        pointer._obj.value = self.count
+        return self.count_status
+
+
+def _missing_driver(name):
+    raise OSError(f"{name}: cannot open shared object file: No such file or directory")
+
+
+DRIVERS = {
+    "no driver": (_missing_driver, r"^no CUDA GPU is usable \(no NVIDIA driver: libcuda.so.1"),
+    "no device": (lambda _: _FakeDriver(100), r"^no CUDA GPU is visible \(0 devices\)"),
+    "none counted": (lambda _: _FakeDriver(0, count=0), r"^no CUDA GPU is visible \(0 devices\)"),
+    "old driver": (
+        lambda _: _FakeDriver(35),
+        r"^no CUDA GPU is usable \(the driver's CUDA error 35",
+    ),
+    "count fails": (
+        lambda _: _FakeDriver(0, count_status=999),
+        r"^no CUDA GPU is usable \(the driver's CUDA error 999",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(DRIVERS))
+def test_driver_problem_names_what_the_driver_says(monkeypatch, case):
+    loader, message = DRIVERS[case]
+    monkeypatch.setattr(custatevec.ctypes, "CDLL", loader)
+    problem = custatevec.driver_problem()
+    assert re.search(message, problem), problem
+    assert problem.endswith("check the NVIDIA driver (nvidia-smi) and CUDA_VISIBLE_DEVICES")
+    if all(importlib.util.find_spec(p) for p in ("cupy", "cuquantum")):
+        with pytest.raises(custatevec.NoUsableGPU, match=re.escape(problem)):
+            custatevec.import_libraries()  # refused before importing anything
+
+
+def test_a_driver_that_counts_a_gpu_lets_the_probe_import(monkeypatch):
+    monkeypatch.setattr(custatevec.ctypes, "CDLL", lambda _: _FakeDriver(0, count=2))
+    assert custatevec.driver_problem() is None
+
+
+def test_without_a_driver_the_first_device_imports_neither_cupy_nor_cuquantum():
+    """On a CPU-only machine the probe asks the driver first (about 230 MiB of resident
+    memory that cupy's and cuQuantum's CUDA libraries took)."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        pass
+    else:
+        pytest.skip("an NVIDIA driver is installed here")
+    script = (
+        "import sys, warnings; warnings.simplefilter('ignore'); import pennylane as qml; "
+        "dev = qml.device('custatevec.qubit', wires=2); "
+        "print(dev.backend_name, 'cupy' in sys.modules, 'cuquantum' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["cpu", "False", "False"]
