@@ -779,6 +779,44 @@ class CuStateVecDevice(Device):
         kept = [run.kept.get(i) or KeptState(None, p.compilation) for i, p in enumerate(prepared)]
         return StructureRun(run.results, tapes, kept)
 
+    def direct_plan(
+        self, structure: Structure, execution_config: ExecutionConfig | None = None
+    ) -> direct.DirectPlan | None:
+        """The structure's ``DirectPlan`` where its calls can run through ``run_direct``
+        and ``vjp_direct`` (the compiled path's lanes): it runs directly without compiling
+        a call (its parametrized gates are rotations read by angle rules), on one vector,
+        and its VJP in the options in force for ``execution_config`` is the direct one
+        (deferred accumulation, a sweep of one gate sequence); else None."""
+        if self.options_in_force(execution_config).grad_accumulation != "deferred":
+            return None
+        plan = direct.plan_of(self._backend, structure)
+        if plan is None or plan.recompiles or plan.structure.compilation.register.broadcast:
+            return None
+        if plan.circuit.n_params and plan.sweep(self._backend) is None:
+            return None
+        if not simulate.fits(self._backend, direct.state_bytes(self._backend, (plan,))):
+            return None
+        return plan
+
+    def run_direct(self, plan: direct.DirectPlan, angles: np.ndarray) -> tuple:
+        """``execute_structures`` of ``plan``'s structure (a ``direct_plan``) with the
+        rotation angles ``angles`` (1, slots): its result and the ``direct.DirectRun`` for
+        ``vjp_direct`` (its call's parameters unset: a general VJP of the run needs them
+        set first, ``direct.DirectRun.with_parameters``)."""
+        results, run = direct.forward(
+            self._backend, (plan,), (direct.CallData(None, angles, (), None),)
+        )
+        self._track_structures((plan.structure.template,))
+        return results[0], run
+
+    def vjp_direct(self, run: direct.DirectRun, cotangent) -> tuple:
+        """``vjp_structures`` of a ``run_direct`` run for its tape's ``cotangent`` (one,
+        not a batch): per trainable parameter its gradient."""
+        if self.tracker.active:
+            self.tracker.update(vjp_batches=1, vjps=1)
+            self.tracker.record()
+        return direct.vjp(self._backend, run, 0, cotangent)
+
     def _track_structures(self, tapes: Sequence[QuantumScript]) -> None:
         if self.tracker.active:
             self.tracker.update(executions=len(tapes), batches=1)

@@ -141,7 +141,10 @@ class CallData:
     matrices of the sequence's matrix slots, and the call's compilation where the plan
     ``recompiles`` (its initial state; the general path's sweep reads it too)."""
 
-    parameters: Sequence
+    parameters: Sequence | None
+    """One value per operation parameter; None for a call given by its angles only, which
+    is all the direct VJP reads (the general path's needs them: ``DirectRun.
+    with_parameters``)."""
     angles: np.ndarray
     matrices: tuple
     compilation: Compilation | None
@@ -223,6 +226,15 @@ class DirectRun:
     plans: tuple[DirectPlan, ...]
     calls: tuple[CallData, ...]
     states: list[StateBatch | None]
+
+    def with_parameters(self, parameters: Sequence[Sequence]) -> DirectRun:
+        """This run (its states with it) with each call's parameters set (a run of
+        ``CuStateVecDevice.run_direct`` has its angles only), for the general path."""
+        calls = tuple(
+            dataclasses.replace(call, parameters=values)
+            for call, values in zip(self.calls, parameters, strict=True)
+        )
+        return DirectRun(self.plans, calls, self.states)
 
     def take_state(self, index: int) -> StateBatch | None:
         state, self.states[index] = self.states[index], None
@@ -330,22 +342,29 @@ def vjp(backend: Backend, run: DirectRun, index: int, cotangents) -> tuple | Non
     sweep = plan.sweep(backend) if circuit.n_params else None
     if circuit.n_params and sweep is None:
         return None
-    rows = cotangent_batch(circuit, cotangents)
-    batched = rows is not None
-    if not batched:
-        rows = [checked_cotangents(circuit, cotangents)]
-    if circuit.n_params == 0:
-        return ()
-    coefficients = _bra_coefficients(plan, rows)
+    dy = _plain_cotangents(plan, cotangents)
+    batched = False
+    if dy is not None:  # one cotangent: c[b, 0, k] = 2 sum_m dy[m, b] W[m, k]
+        if circuit.n_params == 0:
+            return ()
+        coefficients = (2.0 * dy.T @ plan.weights)[:, None, :]
+    else:
+        rows = cotangent_batch(circuit, cotangents)
+        batched = rows is not None
+        if not batched:
+            rows = [checked_cotangents(circuit, cotangents)]
+        if circuit.n_params == 0:
+            return ()
+        coefficients = _bra_coefficients(plan, rows)
     if not coefficients.any():
-        gradients = np.zeros((len(rows), circuit.n_columns))
+        gradients = np.zeros((coefficients.shape[1], circuit.n_columns))
     else:
         call = run.calls[index]
         phi = run.take_state(index)
         if phi is None:  # taken by an earlier VJP of this run: simulated again
             phi = _final_state(backend, plan, call)
         register = plan.structure.compilation.register
-        rows_swept = register.batch_size * (len(rows) + 1)  # the bras, and a scratch batch
+        rows_swept = register.batch_size * (coefficients.shape[1] + 1)  # bras, and a scratch
         simulate.require_memory(backend, register.num_qubits, rows_swept)
         swept = backend.sweep_sequence_from_words(
             phi,
@@ -356,10 +375,30 @@ def vjp(backend: Backend, run: DirectRun, index: int, cotangents) -> tuple | Non
             coefficients,
             circuit.n_columns,
         )
-        gradients = swept.sum(axis=0)  # (R, columns): over the vectors of a broadcast
+        # (R, columns): summed over the vectors of a broadcast
+        gradients = swept[0] if swept.shape[0] == 1 else swept.sum(axis=0)
     if batched:
         return stacked_gradients(circuit, gradients)
     return tuple(circuit.fold(gradients[0]))
+
+
+def _plain_cotangents(plan: DirectPlan, cotangents) -> np.ndarray | None:
+    """dy[m, b]: one real cotangent per measurement (each a scalar, or one per vector of
+    a broadcast: its result's shape), or None (None entries, a batch of cotangents,
+    anything else: what ``cotangent_batch`` and ``checked_cotangents`` read or refuse).
+    The usual backward pass, read without the general checks."""
+    batch = plan.structure.compilation.register.batch_size
+    per_measurement = (cotangents,) if len(plan.pauli.terms) == 1 else cotangents
+    if any(value is None for value in per_measurement):
+        return None
+    try:
+        dy = np.asarray(per_measurement)
+    except ValueError:  # ragged shapes
+        return None
+    shape = (len(plan.pauli.terms),) + ((batch,) if batch > 1 else ())
+    if dy.shape != shape or dy.dtype.kind not in "fi":
+        return None
+    return dy.reshape(shape[0], batch).astype(np.float64, copy=False)
 
 
 def _bra_coefficients(plan: DirectPlan, rows: list[tuple]) -> np.ndarray:

@@ -214,9 +214,11 @@ def test_zero_cotangents_and_no_trainable_parameters():
     values = processed.get_parameters(trainable_only=False, operations_only=True)
     run = device.execute_structures([structure], [values], config)
     assert run.direct is not None
-    gradients = device.vjp_structures(run, [(0.0, None)], config)[0]
-    assert [np.shape(g) for g in gradients] == [(2, 3, 3), (1, 3)]
-    assert not any(np.any(g) for g in gradients)
+    for cotangent in [(0.0, None), (0.0, 0.0)]:  # a None entry; plain zeros (read directly)
+        run = device.execute_structures([structure], [values], config)
+        gradients = device.vjp_structures(run, [cotangent], config)[0]
+        assert [np.shape(g) for g in gradients] == [(2, 3, 3), (1, 3)]
+        assert not any(np.any(g) for g in gradients)
     untrained, config = _processed(device, _template_tape(0, None).copy(trainable_params=[]))
     structure = device.structure_of(untrained)
     run = device.execute_structures([structure], [values], config)

@@ -104,6 +104,101 @@ class CircuitCall:
     torch_device: torch.device | None
     """Where the results go: the torch device of the first CUDA parameter, else the CPU
     (as PennyLane's torch interface decides)."""
+    lane: DirectLane | None = None
+    """Where set, the call runs through it (``DirectLane``; the CPU, ``parameters`` as
+    ``bind`` gives them)."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DirectLane:
+    """A plan whose one structure runs directly (``CuStateVecDevice.direct_plan``) and
+    whose every rotation angle is an element of a trainable input (or a constant): a call
+    gathers the angles from the inputs' data by index (no parameter lists, no
+    ``call_data``), runs in one backend call (``run_direct``), and a plain backward pass
+    (one cotangent per output, no batch) takes the direct VJP (``vjp_direct``). Any other
+    backward (a batch of cotangents, a second VJP under torch.func) gets the general
+    path's run, built then (``LaneRun.general``). Built once per plan (``of``)."""
+
+    direct_plan: object
+    """The structure's ``direct.DirectPlan``."""
+    gathers: tuple[tuple[int, np.ndarray, np.ndarray], ...]
+    """Per input that feeds angles: ``(k, slots, positions)``, slot ``slots[i]`` takes
+    element ``positions[i]`` of input k's data, flattened."""
+    constants: np.ndarray
+    """(1, slots): the angles of the slots that read no input (zero elsewhere)."""
+
+    @classmethod
+    def of(cls, plan: CircuitsPlan, parameters: tuple, input_shapes: tuple) -> DirectLane | None:
+        """The lane of ``plan`` for calls with ``parameters`` (``CircuitCall.
+        parameters``: None at the trainable positions) and inputs of ``input_shapes``, or
+        None where its calls take the general path."""
+        if len(plan.structures) != 1 or any(p is not None for p in _untrained(plan, parameters)):
+            return None  # a parameter that is no input: its value varies, the gather has none
+        direct_plan = plan.device.direct_plan(plan.structures[0], plan.config)
+        if direct_plan is None:
+            return None
+        positions = {position: n for n, position in enumerate(plan.trainable[0])}
+        flat_indices = [np.arange(int(np.prod(shape))).reshape(shape) for shape in input_shapes]
+        constants = np.zeros((1, len(direct_plan.sources)))
+        per_input: dict[int, list[tuple[int, int]]] = {}
+        for slot, source in enumerate(direct_plan.sources):
+            if source.constant is not None:
+                constants[0, slot] = source.constant.reshape(-1)[0]
+                continue
+            if source.broadcast or source.parameter not in positions:
+                return None
+            k, index = plan.sources[positions[source.parameter]]
+            value = flat_indices[k] if index is None else flat_indices[k][index]
+            per_input.setdefault(k, []).append((slot, int(value.reshape(-1)[source.element])))
+        gathers = tuple(
+            (k, np.array([s for s, _ in pairs]), np.array([p for _, p in pairs]))
+            for k, pairs in sorted(per_input.items())
+        )
+        return cls(direct_plan, gathers, constants)
+
+    def angles(self, host: Sequence[np.ndarray]) -> np.ndarray:
+        """(1, slots): each rotation's angle for the inputs' data ``host``."""
+        angles = self.constants.copy()
+        for k, slots, positions in self.gathers:
+            angles[0, slots] = host[k].reshape(-1)[positions]
+        return angles
+
+    def serves(self, inputs: Sequence[torch.Tensor]) -> bool:
+        """Whether the call's inputs are what the lane takes: real float64 CPU tensors (the
+        angles' type; other dtypes take the general path, which converts them)."""
+        return all(t.dtype is torch.float64 and t.is_cpu and not t.is_conj() for t in inputs)
+
+
+def _untrained(plan: CircuitsPlan, parameters: tuple) -> list:
+    """The parameters of the plan's structures that are not trainable (constants, or
+    values the call gives)."""
+    return [
+        value
+        for values, positions in zip(parameters, plan.trainable, strict=True)
+        for position, value in enumerate(values)
+        if position not in positions and value is not None
+    ]
+
+
+@dataclasses.dataclass(eq=False)
+class LaneRun:
+    """What a ``DirectLane`` call hands to its backward pass: the direct run, the inputs'
+    data and the result (for the general path's run, ``general``)."""
+
+    direct_run: object
+    host: list
+    result: object
+
+    def general(self, call: CircuitCall) -> StructureRun:
+        """The general path's run of this call (the parameters bound now)."""
+        parameters = _bound_parameters(call, self.host)
+        structure = call.plan.structures[0]
+        return StructureRun(
+            (self.result,),
+            (structure.template,),
+            [None],
+            self.direct_run.with_parameters(parameters),
+        )
 
 
 @dataclasses.dataclass
@@ -255,6 +350,16 @@ class Circuits(torch.autograd.Function):
     @staticmethod
     def forward(call: CircuitCall, layout: ResultsLayout, *trainable: torch.Tensor):
         plan = call.plan
+        layout.input_shapes = tuple(tensor.shape for tensor in trainable)
+        if call.lane is not None:
+            host = [as_numpy(tensor) for tensor in trainable]
+            result, direct_run = plan.device.run_direct(
+                call.lane.direct_plan, call.lane.angles(host)
+            )
+            leaves, nesting = flatten(result)
+            layout.nesting = ((len(leaves), nesting),)
+            layout.run = LaneRun(direct_run, host, result)
+            return tuple(_to_torch(leaf, None) for leaf in leaves)
         with without_queuing():  # the device may build operators: never into a recording
             run = plan.device.execute_structures(
                 plan.structures, _bound_parameters(call, trainable), plan.config
@@ -265,7 +370,6 @@ class Circuits(torch.autograd.Function):
             leaves.extend(result_leaves)
             nestings.append((len(result_leaves), nesting))
         layout.nesting, layout.run = tuple(nestings), run
-        layout.input_shapes = tuple(tensor.shape for tensor in trainable)
         return tuple(_to_torch(leaf, call.torch_device) for leaf in leaves)
 
     @staticmethod
@@ -358,8 +462,14 @@ def vjp(
         per_structure.append(unflatten(host[start : start + count], nesting))
         start += count
     plan = call.plan
-    with without_queuing():
-        gradients = plan.device.vjp_structures(run, per_structure, plan.config)
+    if isinstance(run, LaneRun):
+        if not batched and legacy is None:  # one cotangent per output: the direct VJP
+            gradients = (plan.device.vjp_direct(run.direct_run, per_structure[0]),)
+        else:
+            run = run.general(call)
+    if not isinstance(run, LaneRun):
+        with without_queuing():
+            gradients = plan.device.vjp_structures(run, per_structure, plan.config)
     flat = [
         np.asarray(structure_gradients[index])
         for structure_gradients, positions in zip(gradients, plan.trainable, strict=True)

@@ -68,6 +68,7 @@ from .function import (
     CircuitCall,
     Circuits,
     CircuitsPlan,
+    DirectLane,
     ResultsLayout,
     apply,
     as_numpy,
@@ -216,6 +217,28 @@ class _Replay:
     constant, for the call that traced only)."""
     plan: CircuitsPlan
     """What every replayed call runs (the key's execution config)."""
+    lane: DirectLane | None = None
+    """Where the plan has one (``DirectLane.of``): replayed calls whose inputs it serves
+    run through it, with ``lane_parameters`` (what ``bind`` gives: no value varies)."""
+    lane_parameters: tuple = ()
+
+    def with_lane(self, values: list) -> _Replay:
+        """This replay with the plan's lane (where it has one) for calls like the one of
+        the trace's ``values``."""
+        parameters, tensors, torch_device = self.bind(values)
+        if torch_device is not None:
+            return self
+        lane = DirectLane.of(self.plan, parameters, tuple(t.shape for t in tensors))
+        return dataclasses.replace(self, lane=lane, lane_parameters=parameters)
+
+    def lane_inputs(self, values: list) -> list | None:
+        """The Function's inputs of a call (the trace's ``values``) where the lane serves
+        it, else None; raises TraceRefused as ``bind`` does."""
+        tensors = [values[s.index] if type(s) is Slot else s for s in self.inputs]
+        for tensor in tensors:
+            if not tensor.requires_grad:
+                raise TraceRefused("the trainable parameters differ from the trace's")
+        return tensors if self.lane.serves(tensors) else None
 
     def bind(self, values: list) -> tuple[tuple, list, torch.device | None]:
         """The parameters of a call from the trace's ``values``: per structure, its
@@ -564,6 +587,7 @@ class CompiledQNode:
         batch = _Batch.of(structures, keys, post_processing, output)
         plan = CircuitsPlan.of(self.qnode.device, structures, entry.config, plan_sources)
         replay = _Replay(trace, sources, batch, tuple(replay_rows), inputs, plan)
+        replay = replay.with_lane(trace.replay(leaves))
         reasons = [reason for _, reason in rows if reason is not None]
         if tuple(keys) != entry.first.keys or not _constants_agree(sources, entry.first_parameters):
             reasons.append("the trace gave another circuit than the first call")
@@ -578,17 +602,32 @@ class CompiledQNode:
         """A call replayed: the trace on the call's torch tensors ``leaves``, its values
         bound to the structures' parameters, run."""
         values = replay.trace.replay(leaves)
+        if replay.lane is not None and not self.qnode.device.tracker.active:
+            tensors = replay.lane_inputs(values)
+            if tensors is not None:
+                parameters = replay.lane_parameters
+                return self._run(replay.batch, replay.plan, parameters, tensors, None, replay.lane)
         parameters, tensors, torch_device = replay.bind(values)
         return self._run(replay.batch, replay.plan, parameters, tensors, torch_device)
 
     # --- running -------------------------------------------------------------------
 
-    def _run(self, batch: _Batch, plan: CircuitsPlan, parameters: tuple, tensors, torch_device):
+    def _run(
+        self,
+        batch: _Batch,
+        plan: CircuitsPlan,
+        parameters: tuple,
+        tensors,
+        torch_device,
+        lane: DirectLane | None = None,
+    ):
         """Run the batch's structures as one ``Circuits`` Function and post-process:
         ``parameters`` per structure as the device takes them (the trainable ones filled
-        in from ``tensors``, in order), the results on ``torch_device`` (None: the CPU)."""
+        in from ``tensors``, in order), the results on ``torch_device`` (None: the CPU);
+        through ``lane`` where given."""
         layout = ResultsLayout()
-        flat = apply(Circuits, CircuitCall(plan, parameters, torch_device), layout, *tensors)
+        call = CircuitCall(plan, parameters, torch_device, lane)
+        flat = apply(Circuits, call, layout, *tensors)
         results, start = [], 0
         for count, nesting in layout.nesting:
             results.append(unflatten(flat[start : start + count], nesting))

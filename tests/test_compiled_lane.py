@@ -1,0 +1,258 @@
+"""The compiled path's direct lane (``compiled.function.DirectLane``): a replayed call of a
+small circuit whose rotation angles are all elements of trainable inputs runs in one
+backend call and a plain backward pass takes the direct VJP; every other backward pass
+(batched cotangents, torch.func, create_graph, a second pass over one call) gets the
+general path's run. Each case against the plain QNode and default.qubit, on several calls
+of a key, with a spy showing which path ran."""
+
+from __future__ import annotations
+
+import numpy as np
+import pennylane as qml
+import pytest
+import torch
+
+import pennylane_custatevec
+from pennylane_custatevec import CuStateVecDevice
+
+ATOL = 1e-10
+
+
+def _compiled(func, wires, **device_kwargs):
+    device = qml.device("custatevec.qubit", wires=wires, backend="cpu", **device_kwargs)
+    qnode = qml.QNode(func, device, interface="torch", diff_method="adjoint", device_vjp=True)
+    return pennylane_custatevec.compile(qnode)
+
+
+def _reference(func, wires):
+    device = qml.device("default.qubit", wires=wires)
+    return qml.QNode(func, device, interface="torch", diff_method="backprop")
+
+
+@pytest.fixture
+def lane_calls(mocker):
+    """(run_direct spy, vjp_direct spy, vjp_structures spy) of the device class."""
+    return (
+        mocker.spy(CuStateVecDevice, "run_direct"),
+        mocker.spy(CuStateVecDevice, "vjp_direct"),
+        mocker.spy(CuStateVecDevice, "vjp_structures"),
+    )
+
+
+def _inputs(rng, shapes):
+    return [torch.tensor(rng.uniform(-3, 3, size=s), requires_grad=True) for s in shapes]
+
+
+def _scalar_loss(result):
+    if isinstance(result, (tuple, list)):
+        return sum((k + 1.5) * r for k, r in enumerate(result))
+    return (1.7 * result).sum()
+
+
+def _assert_calls_agree(compiled, reference, shapes, calls=4, seed=0):
+    rng = np.random.default_rng(seed)
+    for _ in range(calls):
+        inputs = _inputs(rng, shapes)
+        got = compiled(*inputs)
+        g_got = torch.autograd.grad(_scalar_loss(got), inputs, allow_unused=True)
+        reference_inputs = [t.detach().clone().requires_grad_(True) for t in inputs]
+        want = reference(*reference_inputs)
+        g_want = torch.autograd.grad(_scalar_loss(want), reference_inputs, allow_unused=True)
+        for a, b in zip(np.atleast_1d(_numpy(got)), np.atleast_1d(_numpy(want)), strict=True):
+            np.testing.assert_allclose(a, b, atol=ATOL, rtol=0)
+        for a, b in zip(g_got, g_want, strict=True):
+            if b is None:
+                assert a is None or not a.any()
+                continue
+            np.testing.assert_allclose(a.numpy(), b.numpy(), atol=ATOL, rtol=0)
+
+
+def _numpy(result):
+    if isinstance(result, (tuple, list)):
+        return np.array([r.detach().numpy() for r in result])
+    return result.detach().numpy()
+
+
+def _chain(angles):
+    for w in range(4):
+        qml.RX(angles[w], wires=w)
+    for w in range(3):
+        qml.CNOT(wires=[w, w + 1])
+    return qml.expval(qml.Z(3))
+
+
+def _mixed(x, w, s):
+    """Views of two inputs in a permuted order, an element used twice and one unused, a
+    2-D input's elements, a scalar input, controlled and two-qubit rotations, and Pauli
+    sentences measured."""
+    qml.RY(x[2], wires=0)
+    qml.RX(w[1, 0], wires=1)
+    qml.CRZ(x[0], wires=[0, 2])
+    qml.IsingXX(w[0, 1], wires=[1, 2])
+    qml.RZ(x[2], wires=2)
+    qml.Rot(s, w[1, 1], x[3], wires=0)
+    qml.Hadamard(wires=1)
+    qml.PauliRot(w[0, 0], "XYZ", wires=[0, 1, 2])
+    return qml.expval(qml.Z(0) @ qml.X(2) + 0.5 * qml.Y(1)), qml.expval(qml.Z(1))
+
+
+def test_a_small_circuit_of_trainable_angles_runs_in_the_lane(lane_calls):
+    run_direct, vjp_direct, vjp_structures = lane_calls
+    compiled = _compiled(_chain, 4)
+    _assert_calls_agree(compiled, _reference(_chain, 4), [(4,)], calls=5)
+    # the first call records; the second traces and replays, as the others, in the lane
+    assert run_direct.call_count == 4 and vjp_direct.call_count == 4
+    assert vjp_structures.call_count == 1
+
+
+def test_views_of_several_inputs_in_any_order_run_in_the_lane(lane_calls):
+    run_direct, vjp_direct, _ = lane_calls
+    compiled = _compiled(_mixed, 3)
+    _assert_calls_agree(compiled, _reference(_mixed, 3), [(5,), (2, 2), ()], calls=5)
+    assert run_direct.call_count == 4 and vjp_direct.call_count == 4
+
+
+def _with_constant(angles):
+    qml.RX(angles[0], wires=0)
+    qml.RY(0.3, wires=1)
+    qml.CNOT(wires=[0, 1])
+    return qml.expval(qml.Z(1))
+
+
+def _with_data(x, angles):
+    qml.RX(x[0], wires=0)
+    qml.RY(angles[0], wires=1)
+    qml.CNOT(wires=[0, 1])
+    return qml.expval(qml.Z(1))
+
+
+def _broadcast(angles):
+    qml.RX(angles[:, 0], wires=0)
+    qml.RY(angles[0, 1], wires=1)
+    qml.CNOT(wires=[0, 1])
+    return qml.expval(qml.Z(1))
+
+
+@pytest.mark.parametrize(
+    ("func", "shapes", "device_kwargs"),
+    [
+        (_with_constant, [(2,)], {}),  # a constant angle: a parameter that is no input
+        (_chain, [(4,)], {"grad_accumulation": "eager"}),  # the eager sweep is general
+        (_broadcast, [(3, 2)], {}),  # a broadcast
+    ],
+    ids=["constant angle", "eager", "broadcast"],
+)
+def test_what_the_lane_does_not_take_runs_the_general_path(lane_calls, func, shapes, device_kwargs):
+    run_direct, _, _ = lane_calls
+    wires = 4 if func is _chain else 2
+    compiled = _compiled(func, wires, **device_kwargs)
+    _assert_calls_agree(compiled, _reference(func, wires), shapes, calls=4)
+    assert run_direct.call_count == 0
+
+
+def _assert_agrees_on(compiled, reference, data: tuple, angles, atol):
+    """``compiled(*data, angles)`` against ``reference`` (on float64 angles): the value
+    and the gradient of the angles."""
+    got = compiled(*data, angles)
+    (grad,) = torch.autograd.grad(got, angles)
+    reference_angles = angles.detach().double().requires_grad_(True)
+    want = reference(*data, reference_angles)
+    (want_grad,) = torch.autograd.grad(want, reference_angles)
+    np.testing.assert_allclose(got.item(), want.item(), atol=atol, rtol=0)
+    np.testing.assert_allclose(grad.numpy(), want_grad.numpy(), atol=atol, rtol=0)
+
+
+def test_an_input_without_grad_is_no_lane_input(lane_calls):
+    run_direct, _, _ = lane_calls
+    compiled, reference = _compiled(_with_data, 2), _reference(_with_data, 2)
+    rng = np.random.default_rng(3)
+    for _ in range(4):
+        x = torch.tensor(rng.uniform(-3, 3, size=2))
+        (angles,) = _inputs(rng, [(2,)])
+        _assert_agrees_on(compiled, reference, (x,), angles, ATOL)
+    assert run_direct.call_count == 0
+
+
+def test_float32_inputs_take_the_general_path(lane_calls):
+    run_direct, _, _ = lane_calls
+    compiled, reference = _compiled(_chain, 4), _reference(_chain, 4)
+    rng = np.random.default_rng(4)
+    for _ in range(4):
+        angles = torch.tensor(rng.uniform(-3, 3, 4), dtype=torch.float32, requires_grad=True)
+        _assert_agrees_on(compiled, reference, (), angles, 1e-6)
+    assert run_direct.call_count == 0
+
+
+def _warm(compiled, shapes, rng):
+    for _ in range(2):  # record, trace: later calls replay
+        compiled(*_inputs(rng, shapes))
+
+
+def test_a_second_backward_pass_over_one_lane_call(lane_calls):
+    run_direct, vjp_direct, _ = lane_calls
+    compiled, reference = _compiled(_mixed, 3), _reference(_mixed, 3)
+    rng = np.random.default_rng(5)
+    _warm(compiled, [(5,), (2, 2), ()], rng)
+    inputs = _inputs(rng, [(5,), (2, 2), ()])
+    loss = _scalar_loss(compiled(*inputs))
+    first = torch.autograd.grad(loss, inputs, retain_graph=True)
+    second = torch.autograd.grad(loss, inputs)  # the state was consumed: simulated again
+    ref_inputs = [t.detach().clone().requires_grad_(True) for t in inputs]
+    want = torch.autograd.grad(_scalar_loss(reference(*ref_inputs)), ref_inputs)
+    for a, b, c in zip(first, second, want, strict=True):
+        np.testing.assert_allclose(a.numpy(), c.numpy(), atol=ATOL, rtol=0)
+        np.testing.assert_allclose(b.numpy(), c.numpy(), atol=ATOL, rtol=0)
+    assert run_direct.call_count == 2 and vjp_direct.call_count == 2  # one forward: two VJPs
+
+
+def _jacobians(function, inputs):
+    return [
+        torch.autograd.functional.jacobian(function, tuple(inputs), vectorize=True),
+        torch.func.jacrev(function, argnums=tuple(range(len(inputs))))(*inputs),
+    ]
+
+
+def test_batched_backward_passes_of_lane_calls_take_the_general_run(lane_calls):
+    """Jacobians by torch's legacy vmap (vectorize=True) and by torch.func.jacrev: the
+    lane's forward, the general path's VJP of its run (one sweep for the batch)."""
+    run_direct, vjp_direct, vjp_structures = lane_calls
+    compiled, reference = _compiled(_mixed, 3), _reference(_mixed, 3)
+    rng = np.random.default_rng(6)
+    _warm(compiled, [(5,), (2, 2), ()], rng)
+    inputs = [t.detach() for t in _inputs(rng, [(5,), (2, 2), ()])]
+
+    def stacked(function):
+        return lambda *args: torch.stack(list(function(*args)))
+
+    got = _jacobians(stacked(compiled), inputs)
+    want = torch.autograd.functional.jacobian(stacked(reference), tuple(inputs))
+    for jacobian in got:
+        for a, b in zip(jacobian, want, strict=True):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), atol=ATOL, rtol=0)
+    assert run_direct.call_count >= 1 and vjp_direct.call_count == 0
+    assert vjp_structures.call_count >= 1
+
+
+def test_create_graph_over_a_lane_call_refuses_the_second_derivative():
+    compiled = _compiled(_chain, 4)
+    rng = np.random.default_rng(7)
+    _warm(compiled, [(4,)], rng)
+    (angles,) = _inputs(rng, [(4,)])
+    (grad,) = torch.autograd.grad(compiled(angles), angles, create_graph=True)
+    reference_angles = angles.detach().clone().requires_grad_(True)
+    (want,) = torch.autograd.grad(_reference(_chain, 4)(reference_angles), reference_angles)
+    np.testing.assert_allclose(grad.detach().numpy(), want.numpy(), atol=ATOL, rtol=0)
+    with pytest.raises(RuntimeError, match="first derivatives only"):
+        grad.sum().backward()
+
+
+def test_a_tracked_device_takes_the_general_path(lane_calls):
+    run_direct, _, _ = lane_calls
+    compiled = _compiled(_chain, 4)
+    rng = np.random.default_rng(8)
+    with qml.Tracker(compiled.device) as tracker:
+        for _ in range(4):
+            (angles,) = _inputs(rng, [(4,)])
+            compiled(angles).backward()
+    assert run_direct.call_count == 0
+    assert tracker.totals["executions"] == 4
