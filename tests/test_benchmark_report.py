@@ -502,3 +502,39 @@ def test_device_part_times_execute_and_compute_vjp():
     (line,) = done.stdout.splitlines()
     assert line.startswith("custatevec.qubit: execute + compute_vjp of W4 (4 wires)")
     assert float(re.search(r"([\d.]+) ms", line).group(1)) > 0
+
+
+def _run_script(name: str, *arguments: str) -> list[str]:
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / name
+    done = subprocess.run(
+        [sys.executable, str(script), *arguments],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return done.stdout.splitlines()
+
+
+def test_sequence_sizes_reports_both_paths_per_case():
+    """benchmarks/sequence_sizes.py on two small cases, in its own process: a table row per
+    case with both times positive and their ratio."""
+    lines = _run_script("sequence_sizes.py", "--cases", "3x1,2x4", "--rounds", "1")
+    rows = [line for line in lines if re.match(r"\| \d", line)]
+    assert [row.split("|")[1:3] for row in rows] == [[" 3 ", " 1 "], [" 2 ", " 4 "]]
+    for row in rows:
+        sequence, gate_by_gate, ratio = (
+            float(x) for x in re.findall(r"([\d.]+)(?: ms)? \|", row)[3:]
+        )
+        assert sequence > 0 and gate_by_gate > 0
+        assert ratio == pytest.approx(sequence / gate_by_gate, abs=0.01)
+
+
+def test_layout_probe_times_the_three_layouts():
+    """benchmarks/layout_probe.py on a small vector (its own check that the three layouts
+    agree runs first): one row per bit, three positive times."""
+    lines = _run_script("layout_probe.py", "--qubits", "8", "--bits", "1,5", "--rounds", "1")
+    rows = [line for line in lines if re.match(r"\| \d", line)]
+    assert len(rows) == 2
+    for row in rows:
+        assert all(float(x) > 0 for x in row.strip("| ").split(" | ")[1:])

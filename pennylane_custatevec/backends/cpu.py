@@ -268,7 +268,8 @@ fresh-clone CI run hung with unguarded threaded sequences)."""
 _THREADED_SEQUENCE_AMPLITUDES = 1 << 11
 """Below the per-gate kernels' threshold (``_cpu_kernels._PARALLEL_THRESHOLD``): a sequence
 call wakes the threads once for all its gates. Measured on the step of
-``CPUBackend.sequence_amplitudes`` (interleaved, best of 7), threads from 2**11 against
+``CPUBackend.sequence_amplitudes`` (``benchmarks/sequence_sizes.py`` with the threshold
+edited; interleaved, best of 7), threads from 2**11 against
 from 2**14 amplitudes: 0.62 against 0.38 ms on 8 vectors of 8 qubits, 1.05 against 0.55 ms
 on 16, 1.98 against 0.95 ms on 32, 3.6 against 1.2 ms on 256 vectors of 4 qubits."""
 
@@ -300,7 +301,8 @@ class CPUBackend(Backend):
         self.dtype = np.dtype(dtype)
 
     sequence_amplitudes = 1 << 13
-    """Per vector. Measured on a compiled AngleEmbedding + StronglyEntanglingLayers step
+    """Per vector. Measured (``benchmarks/sequence_sizes.py``) on a compiled AngleEmbedding +
+    StronglyEntanglingLayers step
     (2 layers, 2 cores, interleaved, best of 7; sequences with one-bit runs fused and
     threads over the vectors from ``_THREADED_SEQUENCE_AMPLITUDES``): the sequence path
     took 0.20-0.37x the gate-by-gate time on one vector of 9-12 qubits, 0.47x at 13 and
