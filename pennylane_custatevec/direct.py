@@ -167,6 +167,12 @@ def call_data(
     return CallData(parameters, angles, tuple(plan.forward.matrices(compilation)), compilation)
 
 
+def slot_angle(value, source: _AngleSource) -> float:
+    """The angle of a rotation slot that is not broadcast (``DirectPlan.sources``) from its
+    parameter's ``value``, as ``DirectPlan.angles`` reads it."""
+    return float(_angle_rows(value, source)[0])
+
+
 def _angle_rows(value, source: _AngleSource) -> np.ndarray:
     """The angles of ``source`` from its parameter's ``value``, as ``Structure.compile``
     reads them (``structures._AngleRule.data``: complex values with a zero imaginary part

@@ -136,11 +136,10 @@ def _broadcast(angles):
 @pytest.mark.parametrize(
     ("func", "shapes", "device_kwargs"),
     [
-        (_with_constant, [(2,)], {}),  # a constant angle: a parameter that is no input
         (_chain, [(4,)], {"grad_accumulation": "eager"}),  # the eager sweep is general
         (_broadcast, [(3, 2)], {}),  # a broadcast
     ],
-    ids=["constant angle", "eager", "broadcast"],
+    ids=["eager", "broadcast"],
 )
 def test_what_the_lane_does_not_take_runs_the_general_path(lane_calls, func, shapes, device_kwargs):
     run_direct, _, _ = lane_calls
@@ -162,15 +161,31 @@ def _assert_agrees_on(compiled, reference, data: tuple, angles, atol):
     np.testing.assert_allclose(grad.numpy(), want_grad.numpy(), atol=atol, rtol=0)
 
 
-def test_an_input_without_grad_is_no_lane_input(lane_calls):
-    run_direct, _, _ = lane_calls
+def test_a_constant_angle_runs_in_the_lane(lane_calls):
+    run_direct, vjp_direct, _ = lane_calls
+    compiled = _compiled(_with_constant, 2)
+    _assert_calls_agree(compiled, _reference(_with_constant, 2), [(2,)], calls=4)
+    assert run_direct.call_count == 3 and vjp_direct.call_count == 3
+
+
+def test_data_without_grad_runs_in_the_lane_with_each_call_s_values(lane_calls):
+    """An angle from an argument that does not require grad (a data sample) is read from
+    each call's parameters; the general run built from such a call has that call's data."""
+    run_direct, vjp_direct, _ = lane_calls
     compiled, reference = _compiled(_with_data, 2), _reference(_with_data, 2)
     rng = np.random.default_rng(3)
     for _ in range(4):
         x = torch.tensor(rng.uniform(-3, 3, size=2))
         (angles,) = _inputs(rng, [(2,)])
         _assert_agrees_on(compiled, reference, (x,), angles, ATOL)
-    assert run_direct.call_count == 0
+    assert run_direct.call_count == 3 and vjp_direct.call_count == 3
+    x = torch.tensor(rng.uniform(-3, 3, size=2))
+    (angles,) = _inputs(rng, [(2,)])
+    got = torch.autograd.functional.jacobian(
+        lambda a: compiled(x, a), angles.detach(), vectorize=True
+    )
+    want = torch.autograd.functional.jacobian(lambda a: reference(x, a), angles.detach())
+    np.testing.assert_allclose(got.numpy(), want.numpy(), atol=ATOL, rtol=0)
 
 
 def test_float32_inputs_take_the_general_path(lane_calls):

@@ -21,6 +21,7 @@ from pennylane.devices import ExecutionConfig
 from torch._C import _functorch
 from torch._functorch.utils import unwrap_dead_wrappers
 
+from .. import direct
 from ..queuing import without_queuing
 from ..structures import Structure, StructureRun
 from .vmap import unbatch_legacy
@@ -111,10 +112,11 @@ class CircuitCall:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class DirectLane:
-    """A plan whose one structure runs directly (``CuStateVecDevice.direct_plan``) and
-    whose every rotation angle is an element of a trainable input (or a constant): a call
-    gathers the angles from the inputs' data by index (no parameter lists, no
-    ``call_data``), runs in one backend call (``run_direct``), and a plain backward pass
+    """A plan whose one structure runs directly (``CuStateVecDevice.direct_plan``) on one
+    vector: a call gathers the rotation angles that are elements of trainable inputs from
+    the inputs' data by index, takes the constant ones as they are and reads the others
+    (data the call gives, without grad) from its parameters (no ``call_data``), runs in
+    one backend call (``run_direct``), and a plain backward pass
     (one cotangent per output, no batch) takes the direct VJP (``vjp_direct``). Any other
     backward (a batch of cotangents, a second VJP under torch.func) gets the general
     path's run, built then (``LaneRun.general``). Built once per plan (``of``)."""
@@ -125,15 +127,26 @@ class DirectLane:
     """Per input that feeds angles: ``(k, slots, positions)``, slot ``slots[i]`` takes
     element ``positions[i]`` of input k's data, flattened."""
     constants: np.ndarray
-    """(1, slots): the angles of the slots that read no input (zero elsewhere)."""
+    """(1, slots): the angles of the slots that read neither an input nor a parameter that
+    varies (zero elsewhere)."""
+    per_call: tuple[tuple[int, int, object], ...]
+    """``(slot, position, source)`` of each slot that reads a parameter the call gives
+    (``varying`` in ``of``): read from the call's parameters (``direct.slot_angle``)."""
 
     @classmethod
-    def of(cls, plan: CircuitsPlan, parameters: tuple, input_shapes: tuple) -> DirectLane | None:
+    def of(
+        cls,
+        plan: CircuitsPlan,
+        parameters: tuple,
+        input_shapes: tuple,
+        varying: frozenset = frozenset(),
+    ) -> DirectLane | None:
         """The lane of ``plan`` for calls with ``parameters`` (``CircuitCall.
         parameters``: None at the trainable positions) and inputs of ``input_shapes``, or
-        None where its calls take the general path."""
-        if len(plan.structures) != 1 or any(p is not None for p in _untrained(plan, parameters)):
-            return None  # a parameter that is no input: its value varies, the gather has none
+        None where its calls take the general path; ``varying``: the positions of the
+        parameters whose values each call gives (the others are constants)."""
+        if len(plan.structures) != 1:
+            return None
         direct_plan = plan.device.direct_plan(plan.structures[0], plan.config)
         if direct_plan is None:
             return None
@@ -141,12 +154,20 @@ class DirectLane:
         flat_indices = [np.arange(int(np.prod(shape))).reshape(shape) for shape in input_shapes]
         constants = np.zeros((1, len(direct_plan.sources)))
         per_input: dict[int, list[tuple[int, int]]] = {}
+        per_call = []
         for slot, source in enumerate(direct_plan.sources):
             if source.constant is not None:
                 constants[0, slot] = source.constant.reshape(-1)[0]
                 continue
-            if source.broadcast or source.parameter not in positions:
+            if source.broadcast:
                 return None
+            if source.parameter in varying:
+                per_call.append((slot, source.parameter, source))
+                continue
+            if source.parameter not in positions:  # a constant of the structure's calls
+                value = parameters[0][source.parameter]
+                constants[0, slot] = direct.slot_angle(value, source)
+                continue
             k, index = plan.sources[positions[source.parameter]]
             value = flat_indices[k] if index is None else flat_indices[k][index]
             per_input.setdefault(k, []).append((slot, int(value.reshape(-1)[source.element])))
@@ -154,30 +175,22 @@ class DirectLane:
             (k, np.array([s for s, _ in pairs]), np.array([p for _, p in pairs]))
             for k, pairs in sorted(per_input.items())
         )
-        return cls(direct_plan, gathers, constants)
+        return cls(direct_plan, gathers, constants, tuple(per_call))
 
-    def angles(self, host: Sequence[np.ndarray]) -> np.ndarray:
-        """(1, slots): each rotation's angle for the inputs' data ``host``."""
+    def angles(self, host: Sequence[np.ndarray], parameters: tuple) -> np.ndarray:
+        """(1, slots): each rotation's angle for the inputs' data ``host`` and the call's
+        ``parameters``."""
         angles = self.constants.copy()
         for k, slots, positions in self.gathers:
             angles[0, slots] = host[k].reshape(-1)[positions]
+        for slot, position, source in self.per_call:
+            angles[0, slot] = direct.slot_angle(parameters[0][position], source)
         return angles
 
     def serves(self, inputs: Sequence[torch.Tensor]) -> bool:
         """Whether the call's inputs are what the lane takes: real float64 CPU tensors (the
         angles' type; other dtypes take the general path, which converts them)."""
         return all(t.dtype is torch.float64 and t.is_cpu and not t.is_conj() for t in inputs)
-
-
-def _untrained(plan: CircuitsPlan, parameters: tuple) -> list:
-    """The parameters of the plan's structures that are not trainable (constants, or
-    values the call gives)."""
-    return [
-        value
-        for values, positions in zip(parameters, plan.trainable, strict=True)
-        for position, value in enumerate(values)
-        if position not in positions and value is not None
-    ]
 
 
 @dataclasses.dataclass(eq=False)
@@ -354,7 +367,7 @@ class Circuits(torch.autograd.Function):
         if call.lane is not None:
             host = [as_numpy(tensor) for tensor in trainable]
             result, direct_run = plan.device.run_direct(
-                call.lane.direct_plan, call.lane.angles(host)
+                call.lane.direct_plan, call.lane.angles(host, call.parameters)
             )
             leaves, nesting = flatten(result)
             layout.nesting = ((len(leaves), nesting),)

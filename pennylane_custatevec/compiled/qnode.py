@@ -219,17 +219,19 @@ class _Replay:
     """What every replayed call runs (the key's execution config)."""
     lane: DirectLane | None = None
     """Where the plan has one (``DirectLane.of``): replayed calls whose inputs it serves
-    run through it, with ``lane_parameters`` (what ``bind`` gives: no value varies)."""
-    lane_parameters: tuple = ()
+    run through it, with ``lane_parameters`` where no parameter varies (what ``bind``
+    gives then), else with what ``bind`` gives for the call."""
+    lane_parameters: tuple | None = None
 
     def with_lane(self, values: list) -> _Replay:
         """This replay with the plan's lane (where it has one) for calls like the one of
         the trace's ``values``."""
         parameters, tensors, torch_device = self.bind(values)
-        if torch_device is not None:
+        if torch_device is not None or len(self.rows) != 1:
             return self
-        lane = DirectLane.of(self.plan, parameters, tuple(t.shape for t in tensors))
-        return dataclasses.replace(self, lane=lane, lane_parameters=parameters)
+        varying = frozenset(p for p, _, trainable in self.rows[0].dynamic if not trainable)
+        lane = DirectLane.of(self.plan, parameters, tuple(t.shape for t in tensors), varying)
+        return dataclasses.replace(self, lane=lane, lane_parameters=None if varying else parameters)
 
     def lane_inputs(self, values: list) -> list | None:
         """The Function's inputs of a call (the trace's ``values``) where the lane serves
@@ -604,8 +606,10 @@ class CompiledQNode:
         values = replay.trace.replay(leaves)
         if replay.lane is not None and not self.qnode.device.tracker.active:
             tensors = replay.lane_inputs(values)
-            if tensors is not None:
-                parameters = replay.lane_parameters
+            parameters, torch_device = replay.lane_parameters, None
+            if tensors is not None and parameters is None:  # data the call gives
+                parameters, _, torch_device = replay.bind(values)
+            if tensors is not None and torch_device is None:
                 return self._run(replay.batch, replay.plan, parameters, tensors, None, replay.lane)
         parameters, tensors, torch_device = replay.bind(values)
         return self._run(replay.batch, replay.plan, parameters, tensors, torch_device)
