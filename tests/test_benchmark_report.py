@@ -538,3 +538,18 @@ def test_layout_probe_times_the_three_layouts():
     assert len(rows) == 2
     for row in rows:
         assert all(float(x) > 0 for x in row.strip("| ").split(" | ")[1:])
+
+
+def test_w4_floor_times_each_driver_of_the_w4_step():
+    """benchmarks/w4_floor.py, one round, in its own process (its own check that the
+    minimal Function and jax.jit give the compiled QNode's values runs first): a row per
+    driver, each time positive."""
+    lines = _run_script("w4_floor.py", "--rounds", "1")
+    rows = dict(
+        line.strip("| ").split(" | ")
+        for line in lines
+        if line.startswith("| ") and "---" not in line
+    )
+    rows.pop("W4 step driven by")
+    assert {"compiled QNode", "two backend calls in a Function", "empty Function"} <= set(rows)
+    assert all(float(value) > 0 for value in rows.values())
