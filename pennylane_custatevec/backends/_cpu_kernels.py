@@ -1471,8 +1471,9 @@ def _seq_dense_4x4(vec, matrices, mstart, bit0, bit1, adjoint):
 @numba.njit(cache=True, fastmath=_FASTMATH)
 def _seq_apply(vec, ops, i, bits, matrices, angles, row, offsets, sorted_bits, old, inverse):
     """Entry i (a gate) on one vector, or its inverse. Dense gates on one or two bits and
-    one-bit rotations without controls (most gates of a circuit) take loops of their own,
-    measured 3-4x faster per amplitude than the generic ones."""
+    one-bit rotations without controls (most gates of a circuit) take loops of their own:
+    W3's forward sequence (64 vectors of 8 qubits, serial) took 4.6 ms with the generic
+    loops and 2.0 ms with these."""
     opcode = ops[i, SEQ_OPCODE]
     if opcode == SEQ_DENSE:
         count = ops[i, SEQ_N_BITS]
