@@ -812,10 +812,13 @@ class CuStateVecDevice(Device):
     def vjp_direct(self, run: direct.DirectRun, cotangent) -> tuple:
         """``vjp_structures`` of a ``run_direct`` run for its tape's ``cotangent`` (one,
         not a batch): per trainable parameter its gradient."""
-        if self.tracker.active:
-            self.tracker.update(vjp_batches=1, vjps=1)
-            self.tracker.record()
+        self._track_vjps(1)
         return direct.vjp(self._backend, run, 0, cotangent)
+
+    def _track_vjps(self, count: int) -> None:
+        if self.tracker.active:
+            self.tracker.update(vjp_batches=1, vjps=count)
+            self.tracker.record()
 
     def _track_structures(self, tapes: Sequence[QuantumScript]) -> None:
         if self.tracker.active:
@@ -836,9 +839,7 @@ class CuStateVecDevice(Device):
         in_force = self.options_in_force(config)
         kept = run.take_kept()
         _require_adjoint_serves(run.tapes, kept, config, in_force)
-        if self.tracker.active:
-            self.tracker.update(vjp_batches=1, vjps=len(run.tapes))
-            self.tracker.record()
+        self._track_vjps(len(run.tapes))
         if run.direct is not None:
             kept = [direct.DirectKept(run.direct, i) for i in range(len(run.tapes))]
         return self._vjps(run.tapes, cotangents, kept, in_force)

@@ -1395,16 +1395,24 @@ def _seq_braket_2x2(bra, ket, bit, p00, p01, p10, p11):
 
 
 @numba.njit(cache=True, fastmath=_FASTMATH)
-def _seq_one_bit_rotation(vec, row, bit, angle):
-    """``_seq_rotation`` of a one-bit entry: exp(-i angle/2 P) = cos I - i sin P as a 2x2
-    product (the generic loop's per-amplitude parities and phases are constants here)."""
+def _seq_rotation_2x2(row, angle):
+    """exp(-i angle/2 P) = cos I - i sin P of a one-bit entry's word, as its 2x2 matrix
+    (g00, g01, g10, g11)."""
     p00, p01, p10, p11 = _seq_word_2x2(row)
     cos = np.cos(0.5 * angle)
     minus_i_sin = -1j * np.sin(0.5 * angle)
+    return cos + minus_i_sin * p00, minus_i_sin * p01, minus_i_sin * p10, cos + minus_i_sin * p11
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _seq_one_bit_rotation(vec, row, bit, angle):
+    """``_seq_rotation`` of a one-bit entry as a 2x2 product (the generic loop's
+    per-amplitude parities and phases are constants here); a Z word's is diagonal."""
+    g00, g01, g10, g11 = _seq_rotation_2x2(row, angle)
     if row[SEQ_X_MASK] == 0:
-        _seq_diagonal_2x2(vec, bit, cos + minus_i_sin * p00, cos + minus_i_sin * p11)
+        _seq_diagonal_2x2(vec, bit, g00, g11)
     else:
-        _seq_2x2(vec, bit, cos, minus_i_sin * p01, minus_i_sin * p10, cos)
+        _seq_2x2(vec, bit, g00, g01, g10, g11)
 
 
 @numba.njit(cache=True, fastmath=_FASTMATH)
@@ -1593,16 +1601,7 @@ def _seq_gate_2x2(ops, i, matrices, angles, row):
     if ops[i, SEQ_OPCODE] == SEQ_DENSE:
         m = ops[i, SEQ_MATRIX_START]
         return matrices[m], matrices[m + 1], matrices[m + 2], matrices[m + 3]
-    p00, p01, p10, p11 = _seq_word_2x2(ops[i])
-    angle = angles[row, ops[i, SEQ_SLOT]]
-    cos = np.cos(0.5 * angle)
-    minus_i_sin = -1j * np.sin(0.5 * angle)
-    return (
-        cos + minus_i_sin * p00,
-        minus_i_sin * p01,
-        minus_i_sin * p10,
-        cos + minus_i_sin * p11,
-    )
+    return _seq_rotation_2x2(ops[i], angles[row, ops[i, SEQ_SLOT]])
 
 
 @numba.njit(cache=True, fastmath=_FASTMATH)

@@ -475,12 +475,11 @@ def vjp(
         per_structure.append(unflatten(host[start : start + count], nesting))
         start += count
     plan = call.plan
-    if isinstance(run, LaneRun):
-        if not batched and legacy is None:  # one cotangent per output: the direct VJP
-            gradients = (plan.device.vjp_direct(run.direct_run, per_structure[0]),)
-        else:
+    if isinstance(run, LaneRun) and not batched and legacy is None:  # one cotangent each
+        gradients = (plan.device.vjp_direct(run.direct_run, per_structure[0]),)
+    else:
+        if isinstance(run, LaneRun):  # a batch of cotangents: the general path's run
             run = run.general(call)
-    if not isinstance(run, LaneRun):
         with without_queuing():
             gradients = plan.device.vjp_structures(run, per_structure, plan.config)
     flat = [
