@@ -1,9 +1,10 @@
-"""Whether LLVM vectorises a one-qubit gate over a state vector, by memory layout: the
-CPU backend's interleaved complex128 vector (its sequences' one-bit kernel, ``_seq_2x2``),
-a float64 view of it with stride-2 access, and planar real and imaginary arrays. A 2x2
-complex matrix applied to one bit of a 2**``--qubits`` vector, ns per amplitude, best of
-``--rounds`` (numba, the backend's fastmath flags). The three give the same numbers
-(checked first).
+"""Whether LLVM vectorises a one-qubit gate over a state vector, by memory layout and by
+how the loop reaches it: the interleaved complex128 vector indexed through one argument
+(the CPU kernels' loops before 2026-12-02), the same vector passed as two arguments with
+each span sliced from its own (the kernels' ``_pairs_2x2`` now), a float64 view of it with
+stride-2 access, and planar real and imaginary arrays. A 2x2 complex matrix applied to one
+bit of a 2**``--qubits`` vector, ns per amplitude, best of ``--rounds`` (numba, the
+backend's fastmath flags). All give the same numbers (checked first).
 
     python benchmarks/layout_probe.py
 """
@@ -16,10 +17,25 @@ import time
 import numba
 import numpy as np
 
-from pennylane_custatevec.backends._cpu_kernels import _FASTMATH
-from pennylane_custatevec.backends._cpu_kernels import _seq_2x2 as interleaved
+from pennylane_custatevec.backends._cpu_kernels import _FASTMATH, _pairs_2x2
 
 MATRIX = (0.5 + 0.1j, 0.2j, 0.3 + 0j, 0.4 - 0.1j)
+
+
+@numba.njit(fastmath=_FASTMATH)
+def interleaved(vec, bit, m00, m01, m10, m11):
+    step = 1 << bit
+    for start in range(0, vec.shape[0], 2 * step):
+        for j in range(start, start + step):
+            a = vec[j]
+            b = vec[j + step]
+            vec[j] = m00 * a + m01 * b
+            vec[j + step] = m10 * a + m11 * b
+
+
+@numba.njit(fastmath=_FASTMATH)
+def two_arguments(vec, bit, m00, m01, m10, m11):
+    _pairs_2x2(vec, vec, bit, 0, vec.shape[0] >> 1, m00, m01, m10, m11)
 
 
 @numba.njit(fastmath=_FASTMATH)
@@ -64,23 +80,25 @@ def _best(kernel, arguments: tuple, rounds: int, reps: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--qubits", type=int, default=16)
-    parser.add_argument("--bits", default="2,6,12")
+    parser.add_argument("--bits", default="0,2,3,6,12")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     size = 1 << args.qubits
     rng = np.random.default_rng(0)
     vec = rng.normal(size=size) + 1j * rng.normal(size=size)
-    print("| bit | interleaved | float view | planar (ns per amplitude) |")
-    print("|---|---|---|---|")
+    print("| bit | one argument | two arguments | float view | planar (ns per amplitude) |")
+    print("|---|---|---|---|---|")
     for bit in (int(b) for b in args.bits.split(",")):
-        a, b = vec.copy(), vec.copy()
+        a, b, c = vec.copy(), vec.copy(), vec.copy()
         re, im = vec.real.copy(), vec.imag.copy()
         interleaved(a, bit, *MATRIX)
+        two_arguments(c, bit, *MATRIX)
         float_view(b, bit, *MATRIX)
         planar(re, im, bit, *MATRIX)
-        assert np.allclose(a, b) and np.allclose(a, re + 1j * im)
+        assert np.allclose(a, b) and np.allclose(a, c) and np.allclose(a, re + 1j * im)
         times = [
             _best(interleaved, (a, bit, *MATRIX), args.rounds, 100),
+            _best(two_arguments, (c, bit, *MATRIX), args.rounds, 100),
             _best(float_view, (b, bit, *MATRIX), args.rounds, 100),
             _best(planar, (re, im, bit, *MATRIX), args.rounds, 100),
         ]

@@ -530,14 +530,15 @@ def test_sequence_sizes_reports_both_paths_per_case():
         assert ratio == pytest.approx(sequence / gate_by_gate, abs=0.01)
 
 
-def test_layout_probe_times_the_three_layouts():
-    """benchmarks/layout_probe.py on a small vector (its own check that the three layouts
-    agree runs first): one row per bit, three positive times."""
+def test_layout_probe_times_the_four_loops():
+    """benchmarks/layout_probe.py on a small vector (its own check that the four loops
+    agree runs first): one row per bit, four positive times."""
     lines = _run_script("layout_probe.py", "--qubits", "8", "--bits", "1,5", "--rounds", "1")
     rows = [line for line in lines if re.match(r"\| \d", line)]
     assert len(rows) == 2
     for row in rows:
-        assert all(float(x) > 0 for x in row.strip("| ").split(" | ")[1:])
+        times = [float(x) for x in row.strip("| ").split(" | ")[1:]]
+        assert len(times) == 4 and all(t > 0 for t in times)
 
 
 def test_w4_floor_times_each_driver_of_the_w4_step():

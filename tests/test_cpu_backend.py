@@ -397,7 +397,7 @@ def _kernel_args(name, state, rng):
         adjoints = np.stack([random_unitary(2, rng) for _ in range(batch)])
         per = _cpu_kernels.chunks_per_vector(batch, state.shape[1] >> 1)
         partial = np.empty((batch * per, rows, 2, 2), dtype=complex)
-        return (bras, adjoints, target, sort([target]), partial)
+        return (bras, adjoints, target, partial)
     if name == "apply_rotation_pair":
         return (
             rng.uniform(-3, 3, size=(batch, 2)),

@@ -144,6 +144,109 @@ def _job_range(job, per, items):
     return b, c * items // per, (c + 1) * items // per
 
 
+_STEP_BLOCK = 1 << 11
+"""Amplitude pairs an adjoint step takes through the ket and then every bra before the
+next block: 64 KiB of each vector, so that the ket's block is read from cache by the bras
+after the first."""
+
+_VECTOR_BIT = 3
+"""The lowest target bit whose pairs the ``_pairs_*`` loops walk as spans (2**bit
+consecutive amplitudes and their partners): from 8 amplitudes a span is long enough for
+LLVM's vectorised loop (measured at 16 qubits: a one-bit block step with 16 bras 2.3-2.8
+-> 0.46-0.87 ns per amplitude and bra at bits 3-15; bits 0-2 kept the indexed loop,
+``benchmarks/layout_probe.py``)."""
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _pair_index(item, bit):
+    """The lower index of amplitude pair ``item`` on ``bit``: ``item`` with a zero bit
+    inserted at ``bit``."""
+    low = item & ((1 << bit) - 1)
+    return ((item - low) << 1) | low
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _span_count(item, end, bit):
+    """How many pairs from ``item`` (before ``end``) have consecutive lower indices."""
+    step = 1 << bit
+    return min(step - (item & (step - 1)), end - item)
+
+
+# The ``_pairs_*`` loops take one vector as two arguments (``low`` and ``high``, the same
+# array passed twice) and slice each span from its own argument. LLVM then checks at run
+# time that a span and its partner do not overlap and runs the vectorised loop; slices of
+# one argument are one object at two symbolic offsets to it, and it keeps those loops
+# scalar (measured: a 2x2 gate at 16 qubits 1.0 ns per amplitude with one argument, 0.18-0.25
+# with two, ``benchmarks/layout_probe.py``). They are not inlined for the same reason.
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _pairs_2x2(low, high, bit, first, end, m00, m01, m10, m11):
+    """(v[j], v[j + 2**bit]) <- M (v[j], v[j + 2**bit]) for the amplitude pairs ``first``
+    .. ``end - 1`` on ``bit`` (j = ``_pair_index``) of the vector v = ``low`` = ``high``."""
+    step = 1 << bit
+    if bit < _VECTOR_BIT:
+        for item in range(first, end):
+            j = _pair_index(item, bit)
+            a, b = low[j], low[j + step]
+            low[j] = m00 * a + m01 * b
+            low[j + step] = m10 * a + m11 * b
+        return
+    item = first
+    while item < end:
+        count = _span_count(item, end, bit)
+        j = _pair_index(item, bit)
+        lo = low[j : j + count]
+        hi = high[j + step : j + step + count]
+        for k in range(count):
+            a, b = lo[k], hi[k]
+            lo[k] = m00 * a + m01 * b
+            hi[k] = m10 * a + m11 * b
+        item += count
+
+
+@numba.njit(cache=True, inline="always", fastmath=_FASTMATH)
+def _add_pair_products(a, b, p0, p1, t00, t01, t10, t11):
+    """T + conj((a, b)) (x) (p0, p1): one pair's terms of ``_pairs_step``'s T."""
+    c0, c1 = np.conj(a), np.conj(b)
+    return t00 + c0 * p0, t01 + c0 * p1, t10 + c1 * p0, t11 + c1 * p1
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _pairs_step(ket_low, ket_high, bra_low, bra_high, bit, first, end, m00, m01, m10, m11, update):
+    """T[a, c] = sum over the pairs ``first`` .. ``end - 1`` on ``bit`` of
+    conj(bra[a]) ket[c], a and c the pair's values of ``bit`` (<bra|A|ket> = sum_ac A[a, c]
+    T[a, c] for any 2x2 A on that bit), returned as (T00, T01, T10, T11); then, where
+    ``update``, bra <- M bra on the same pairs, in the same pass."""
+    step = 1 << bit
+    t00, t01, t10, t11 = 0j, 0j, 0j, 0j
+    if bit < _VECTOR_BIT:
+        for item in range(first, end):
+            j = _pair_index(item, bit)
+            a, b = bra_low[j], bra_low[j + step]
+            t00, t01, t10, t11 = _add_pair_products(
+                a, b, ket_low[j], ket_low[j + step], t00, t01, t10, t11
+            )
+            if update:
+                bra_low[j] = m00 * a + m01 * b
+                bra_low[j + step] = m10 * a + m11 * b
+        return t00, t01, t10, t11
+    item = first
+    while item < end:
+        count = _span_count(item, end, bit)
+        j = _pair_index(item, bit)
+        k0, k1 = ket_low[j : j + count], ket_high[j + step : j + step + count]
+        l0, l1 = bra_low[j : j + count], bra_high[j + step : j + step + count]
+        for k in range(count):
+            a, b = l0[k], l1[k]
+            t00, t01, t10, t11 = _add_pair_products(a, b, k0[k], k1[k], t00, t01, t10, t11)
+            if update:
+                l0[k] = m00 * a + m01 * b
+                l1[k] = m10 * a + m11 * b
+        item += count
+    return t00, t01, t10, t11
+
+
 @numba.njit(cache=True, fastmath=_FASTMATH)
 def _pauli_phase(index, z_mask, i_power):
     """<P|index> phase factor: i**n_Y * (-1)**popcount(index & z_mask)."""
@@ -209,11 +312,15 @@ def apply_1q(state, mats, target, fixed_bits, control_mask):
     items, per, run_length, low0, low1, span = _work_layout(batch, dim, fixed_bits)
     shared = mats.shape[0] == 1
     step = np.uint64(1 << target)
+    uncontrolled = len(fixed_bits) == 1
     for job in numba.prange(batch * per):
         b, i, hi = _job_range(job, per, items)
         m = mats[0] if shared else mats[b]
         m00, m01, m10, m11 = m[0, 0], m[0, 1], m[1, 0], m[1, 1]
         vec = state[b]
+        if uncontrolled:
+            _pairs_2x2(vec, vec, target, i, hi, m00, m01, m10, m11)
+            continue
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, control_mask)
             for item in range(first, first + length):
@@ -251,6 +358,32 @@ def _rotated(a0, a1, cos, sin, letter):
 
 
 @numba.njit(cache=True, fastmath=_FASTMATH)
+def _rotation_2x2(cos, sin, letter):
+    """exp(-i angle/2 P) = cos I - i sin P for the letter 0: I, 1: X, 2: Y, 3: Z, as its
+    2x2 matrix (g00, g01, g10, g11); ``_rotated`` applies the same in real arithmetic."""
+    minus_i_sin = -1j * sin
+    if letter == 0:
+        return cos + minus_i_sin, 0j, 0j, cos + minus_i_sin
+    if letter == 1:
+        return cos + 0j, minus_i_sin, minus_i_sin, cos + 0j
+    if letter == 2:
+        return cos + 0j, -sin + 0j, sin + 0j, cos + 0j
+    return cos + minus_i_sin, 0j, 0j, cos - minus_i_sin
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _letter_2x2(letter):
+    """The 2x2 matrix (p00, p01, p10, p11) of the Pauli letter 0: I, 1: X, 2: Y, 3: Z."""
+    if letter == 0:
+        return 1.0 + 0j, 0j, 0j, 1.0 + 0j
+    if letter == 1:
+        return 0j, 1.0 + 0j, 1.0 + 0j, 0j
+    if letter == 2:
+        return 0j, -1j, 1j, 0j
+    return 1.0 + 0j, 0j, 0j, -1.0 + 0j
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
 def _rotate_pair(vec, i0, i1, cos, sin, letter):
     """exp(-i angle/2 P) on the amplitude pair (i0, i1) for the letter 0: I, 1: X, 2: Y, 3: Z."""
     vec[i0], vec[i1] = _rotated(vec[i0], vec[i1], cos, sin, letter)
@@ -279,20 +412,25 @@ _MIN_SPAN = 8
 
 @Kernel.compile
 def apply_1q_rotation(state, angles, letter, target, fixed_bits, control_mask):
-    """exp(-i angle/2 P) for one Pauli letter (0: I, 1: X, 2: Y, 3: Z) in real arithmetic:
-    cos and sin enter as real factors, half the multiplications of a dense 2x2. Where the
-    lowest fixed bit leaves runs of consecutive amplitudes, the inner loop walks them with
-    unit stride (the compiler vectorizes it)."""
+    """exp(-i angle/2 P) for one Pauli letter (0: I, 1: X, 2: Y, 3: Z). Without controls
+    and from ``_VECTOR_BIT``, as its 2x2 matrix in the vectorised span loop
+    (``_pairs_2x2``); otherwise in real arithmetic: cos and sin enter as real factors, half
+    the multiplications of a dense 2x2, which pays in the scalar loops."""
     batch, dim = state.shape
     items, per, run_length, low0, low1, span = _work_layout(batch, dim, fixed_bits)
     shared = angles.shape[0] == 1
     step = np.uint64(1 << target)
+    uncontrolled = len(fixed_bits) == 1
     for job in numba.prange(batch * per):
         b, i, hi = _job_range(job, per, items)
         half = 0.5 * (angles[0] if shared else angles[b])
         cos = np.cos(half)
         sin = np.sin(half)
         vec = state[b]
+        if uncontrolled and target >= _VECTOR_BIT:  # below, the real arithmetic pays
+            g00, g01, g10, g11 = _rotation_2x2(cos, sin, letter)
+            _pairs_2x2(vec, vec, target, i, hi, g00, g01, g10, g11)
+            continue
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, control_mask)
             item, end = first, first + length
@@ -323,11 +461,28 @@ def rotation_step_1q(phi, bras, angles, letter, target, fixed_bits, out):
     cos = np.cos(half)
     sin = np.sin(half)
     fused = rows == 1  # one bra: phi is undone in the bra's loop, one pass over both
+    uncontrolled = len(fixed_bits) == 1 and target >= _VECTOR_BIT
+    # Without controls: phi <- G phi first (G the inverse rotation), then T_r of each bra
+    # against it (``_pairs_step``), so <bra_r|P|phi> = sum_ac (P G^dagger)[a, c] T_r[a, c].
+    g00, g01, g10, g11 = _rotation_2x2(cos, sin, letter)
+    p00, p01, p10, p11 = _letter_2x2(letter)
+    a00, a01, a10, a11 = _product_2x2(
+        p00, p01, p10, p11, np.conj(g00), np.conj(g10), np.conj(g01), np.conj(g11)
+    )
     partial = np.zeros((per, rows), dtype=np.complex128)
     ket = phi[0]
     for c in numba.prange(per):
         sums = np.zeros(rows, dtype=np.complex128)
         _, i, hi = _job_range(c, per, items)
+        while uncontrolled and i < hi:  # in blocks that stay in cache across the bras
+            end = min(hi, i + _STEP_BLOCK)
+            _pairs_2x2(ket, ket, target, i, end, g00, g01, g10, g11)
+            for r in range(rows):
+                t00, t01, t10, t11 = _pairs_step(
+                    ket, ket, bras[r], bras[r], target, i, end, g00, g01, g10, g11, True
+                )
+                sums[r] += a00 * t00 + a01 * t01 + a10 * t10 + a11 * t11
+            i = end
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, 0)
             item, end = first, first + length
@@ -380,6 +535,90 @@ def _rotate_quad(vec, i0, s0, s1, cos0, sin0, letter0, cos1, sin1, letter1):
 
 
 @numba.njit(cache=True, fastmath=_FASTMATH)
+def _quad_index(item, low_bit, high_bit):
+    """The lowest index of amplitude quadruple ``item`` on two bits (``low_bit`` <
+    ``high_bit``): ``item`` with a zero bit inserted at each."""
+    return _pair_index(_pair_index(item, low_bit), high_bit)
+
+
+@numba.njit(cache=True, inline="always", fastmath=_FASTMATH)
+def _quad_spans(v0, v1, v2, v3, j, s0, s1, count):
+    """The ``count`` consecutive amplitudes from j, j + s0, j + s1 and j + s0 + s1, each
+    sliced from its own argument (the vector passed four times)."""
+    s01 = s0 + s1
+    return (
+        v0[j : j + count],
+        v1[j + s0 : j + s0 + count],
+        v2[j + s1 : j + s1 + count],
+        v3[j + s01 : j + s01 + count],
+    )
+
+
+@numba.njit(cache=True, inline="always", fastmath=_FASTMATH)
+def _rotation_pair_on_quad(g0, g1, c0, c1, c2, c3):
+    """G_1 G_0 on one quadruple: c0 .. c3 the amplitudes where (bit of rotation 1, bit of
+    rotation 0) is 00, 01, 10, 11; ``g0``, ``g1`` the two 2x2 matrices as tuples (scalars,
+    not array reads: LLVM cannot prove an array of matrices apart from the vector, and
+    re-reading it in the loop keeps the loop scalar, measured 2x slower)."""
+    c0, c1 = g0[0] * c0 + g0[1] * c1, g0[2] * c0 + g0[3] * c1
+    c2, c3 = g0[0] * c2 + g0[1] * c3, g0[2] * c2 + g0[3] * c3
+    c0, c2 = g1[0] * c0 + g1[1] * c2, g1[2] * c0 + g1[3] * c2
+    c1, c3 = g1[0] * c1 + g1[1] * c3, g1[2] * c1 + g1[3] * c3
+    return c0, c1, c2, c3
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _quads_rotation_pair_step(k0, k1, k2, k3, l0, l1, l2, l3, bits, first, end, g, p, sums):
+    """One adjoint step back through two one-bit rotations (on ``bits[0]`` and ``bits[1]``)
+    over the amplitude quadruples ``first`` .. ``end - 1``: ``sums[j]`` +=
+    <bra|P_j|ket>, then bra <- (G_1 G_0) bra. ``k0`` .. ``k3`` are the ket and ``l0`` ..
+    ``l3`` the bra, each passed four times (the ``_pairs_*`` loops' reason); ``g[j]`` and
+    ``p[j]``: rotation j's inverse and its Pauli letter as 2x2 matrices (flat, row-major).
+    The lower bit is at least ``_VECTOR_BIT``."""
+    s0, s1 = 1 << bits[0], 1 << bits[1]
+    low_bit, high_bit = min(bits[0], bits[1]), max(bits[0], bits[1])
+    g0, g1 = (g[0, 0], g[0, 1], g[0, 2], g[0, 3]), (g[1, 0], g[1, 1], g[1, 2], g[1, 3])
+    p00, p01, p10, p11 = p[0, 0], p[0, 1], p[0, 2], p[0, 3]
+    q00, q01, q10, q11 = p[1, 0], p[1, 1], p[1, 2], p[1, 3]
+    term0, term1 = 0j, 0j
+    item = first
+    while item < end:
+        count = _span_count(item, end, low_bit)
+        j = _quad_index(item, low_bit, high_bit)
+        x0, x1, x2, x3 = _quad_spans(k0, k1, k2, k3, j, s0, s1, count)
+        y0, y1, y2, y3 = _quad_spans(l0, l1, l2, l3, j, s0, s1, count)
+        for k in range(count):
+            c0, c1, c2, c3 = x0[k], x1[k], x2[k], x3[k]
+            d0, d1, d2, d3 = y0[k], y1[k], y2[k], y3[k]
+            e0, e1, e2, e3 = np.conj(d0), np.conj(d1), np.conj(d2), np.conj(d3)
+            term0 += e0 * (p00 * c0 + p01 * c1) + e1 * (p10 * c0 + p11 * c1)
+            term0 += e2 * (p00 * c2 + p01 * c3) + e3 * (p10 * c2 + p11 * c3)
+            term1 += e0 * (q00 * c0 + q01 * c2) + e2 * (q10 * c0 + q11 * c2)
+            term1 += e1 * (q00 * c1 + q01 * c3) + e3 * (q10 * c1 + q11 * c3)
+            y0[k], y1[k], y2[k], y3[k] = _rotation_pair_on_quad(g0, g1, d0, d1, d2, d3)
+        item += count
+    sums[0] += term0
+    sums[1] += term1
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _quads_rotation_pair(v0, v1, v2, v3, bits, first, end, g):
+    """v <- (G_1 G_0) v over the amplitude quadruples ``first`` .. ``end - 1`` on ``bits``
+    (``v0`` .. ``v3`` the same vector, ``g`` as in ``_quads_rotation_pair_step``)."""
+    s0, s1 = 1 << bits[0], 1 << bits[1]
+    low_bit, high_bit = min(bits[0], bits[1]), max(bits[0], bits[1])
+    g0, g1 = (g[0, 0], g[0, 1], g[0, 2], g[0, 3]), (g[1, 0], g[1, 1], g[1, 2], g[1, 3])
+    item = first
+    while item < end:
+        count = _span_count(item, end, low_bit)
+        j = _quad_index(item, low_bit, high_bit)
+        x0, x1, x2, x3 = _quad_spans(v0, v1, v2, v3, j, s0, s1, count)
+        for k in range(count):
+            x0[k], x1[k], x2[k], x3[k] = _rotation_pair_on_quad(g0, g1, x0[k], x1[k], x2[k], x3[k])
+        item += count
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
 def _half_angle_cos_sin(angles, sign):
     """cos and sign * sin of angles[0] / 2 and angles[1] / 2."""
     return (
@@ -388,6 +627,15 @@ def _half_angle_cos_sin(angles, sign):
         np.cos(0.5 * angles[1]),
         sign * np.sin(0.5 * angles[1]),
     )
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _rotation_pair_matrices(cos0, sin0, letter0, cos1, sin1, letter1):
+    """The two rotations as 2x2 matrices (rows of (2, 4), ``_rotation_2x2``)."""
+    g = np.empty((2, 4), dtype=np.complex128)
+    g[0, 0], g[0, 1], g[0, 2], g[0, 3] = _rotation_2x2(cos0, sin0, letter0)
+    g[1, 0], g[1, 1], g[1, 2], g[1, 3] = _rotation_2x2(cos1, sin1, letter1)
+    return g
 
 
 @Kernel.compile
@@ -400,10 +648,15 @@ def apply_rotation_pair(state, angles, letters, targets, fixed_bits):
     shared = angles.shape[0] == 1
     s0, s1 = np.uint64(1 << targets[0]), np.uint64(1 << targets[1])
     letter0, letter1 = letters[0], letters[1]
+    spans = len(fixed_bits) == 2 and fixed_bits[0] >= _VECTOR_BIT
     for job in numba.prange(batch * per):
         b, i, hi = _job_range(job, per, items)
         cos0, sin0, cos1, sin1 = _half_angle_cos_sin(angles[0] if shared else angles[b], 1.0)
         vec = state[b]
+        if spans:
+            g = _rotation_pair_matrices(cos0, sin0, letter0, cos1, sin1, letter1)
+            _quads_rotation_pair(vec, vec, vec, vec, targets, i, hi, g)
+            continue
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, 0)
             item, end = first, first + length
@@ -430,11 +683,27 @@ def rotation_pair_step(phi, bras, angles, letters, targets, fixed_bits, out):
     s01 = s0 | s1
     letter0, letter1 = letters[0], letters[1]
     fused = rows == 1  # one bra: phi is undone in the bra's loop, one pass over both
+    spans = len(fixed_bits) == 2 and fixed_bits[0] >= _VECTOR_BIT
+    letter_matrices = np.empty((2, 4), dtype=np.complex128)
+    for j in range(2):
+        p = letter_matrices[j]
+        p[0], p[1], p[2], p[3] = _letter_2x2(letters[j])
     for job in numba.prange(batch * per):
         b, i, hi = _job_range(job, per, items)
         cos0, sin0, cos1, sin1 = _half_angle_cos_sin(angles[0] if shared else angles[b], -1.0)
         ket = phi[b]
         sums = np.zeros((rows, 2), dtype=np.complex128)
+        g = _rotation_pair_matrices(cos0, sin0, letter0, cos1, sin1, letter1)
+        while spans and i < hi:  # in blocks that stay in cache across the bras
+            end = min(hi, i + _STEP_BLOCK)
+            for r in range(rows):
+                bra = bras[b * rows + r]
+                _quads_rotation_pair_step(
+                    ket, ket, ket, ket, bra, bra, bra, bra, targets, i, end, g,
+                    letter_matrices, sums[r],
+                )  # fmt: skip
+            _quads_rotation_pair(ket, ket, ket, ket, targets, i, end, g)
+            i = end
         while i < hi:
             base, first, length = _run(i, hi, run_length, fixed_bits, 0)
             item, end = first, first + length
@@ -630,14 +899,15 @@ def apply_kq(state, mats, targets, fixed_bits, control_mask):
 
 
 @Kernel.compile
-def block_step_1q(phi, bras, adjoints, target, fixed_bits, out):
-    """``block_step`` for a block on one bit, walking runs of consecutive amplitudes."""
+def block_step_1q(phi, bras, adjoints, target, out):
+    """``block_step`` for a block on one bit (blocks have no controls), in blocks of
+    ``_STEP_BLOCK`` amplitude pairs: the ket (``_pairs_2x2``), then each bra
+    (``_pairs_step``), while the ket's block is in cache."""
     batch, dim = phi.shape
     rows = bras.shape[0] // batch
-    items, per, run_length, low0, low1, span = _work_layout(batch, dim, fixed_bits)
+    items = dim >> 1
+    per = _chunks_per_vector(batch, items)
     shared = adjoints.shape[0] == 1
-    step = np.uint64(1 << target)
-    fused = rows == 1  # one bra: phi is undone in the bra's loop, one pass over both
     for job in numba.prange(batch * per):
         b, i, hi = _job_range(job, per, items)
         m = adjoints[0] if shared else adjoints[b]
@@ -645,40 +915,18 @@ def block_step_1q(phi, bras, adjoints, target, fixed_bits, out):
         ket = phi[b]
         sums = np.zeros((rows, 4), dtype=np.complex128)
         while i < hi:
-            base, first, length = _run(i, hi, run_length, fixed_bits, 0)
-            item, end = first, first + length
-            while item < end:
-                count = _span_length(item, end, span)
-                start = np.uint64(base | _spread(item, low0, low1))
-                if not fused:
-                    for k in range(count):
-                        i0 = start + np.uint64(k)
-                        i1 = i0 + step
-                        ket[i0], ket[i1] = _times_2x2(m00, m01, m10, m11, ket[i0], ket[i1])
-                for r in range(rows):
-                    bra = bras[b * rows + r]
-                    t00 = t01 = t10 = t11 = 0.0 + 0.0j
-                    for k in range(count):
-                        i0 = start + np.uint64(k)
-                        i1 = i0 + step
-                        if fused:
-                            p0, p1 = _times_2x2(m00, m01, m10, m11, ket[i0], ket[i1])
-                            ket[i0], ket[i1] = p0, p1
-                        else:
-                            p0, p1 = ket[i0], ket[i1]
-                        l0, l1 = bra[i0], bra[i1]
-                        c0, c1 = np.conj(l0), np.conj(l1)
-                        t00 += c0 * p0
-                        t01 += c0 * p1
-                        t10 += c1 * p0
-                        t11 += c1 * p1
-                        bra[i0], bra[i1] = _times_2x2(m00, m01, m10, m11, l0, l1)
-                    sums[r, 0] += t00
-                    sums[r, 1] += t01
-                    sums[r, 2] += t10
-                    sums[r, 3] += t11
-                item += count
-            i += length
+            end = min(hi, i + _STEP_BLOCK)
+            _pairs_2x2(ket, ket, target, i, end, m00, m01, m10, m11)
+            for r in range(rows):
+                bra = bras[b * rows + r]
+                t00, t01, t10, t11 = _pairs_step(
+                    ket, ket, bra, bra, target, i, end, m00, m01, m10, m11, True
+                )
+                sums[r, 0] += t00
+                sums[r, 1] += t01
+                sums[r, 2] += t10
+                sums[r, 3] += t11
+            i = end
         for r in range(rows):
             out[job, r, 0, 0] = sums[r, 0]
             out[job, r, 0, 1] = sums[r, 1]
@@ -1361,37 +1609,21 @@ def _seq_word_2x2(row):
 @numba.njit(cache=True, fastmath=_FASTMATH)
 def _seq_2x2(vec, bit, m00, m01, m10, m11):
     """vec <- M vec for a 2x2 matrix M on one state bit: the pairs (j, j + 2**bit)."""
-    step = 1 << bit
-    for start in range(0, vec.shape[0], 2 * step):
-        for j in range(start, start + step):
-            a = vec[j]
-            b = vec[j + step]
-            vec[j] = m00 * a + m01 * b
-            vec[j + step] = m10 * a + m11 * b
+    _pairs_2x2(vec, vec, bit, 0, vec.shape[0] >> 1, m00, m01, m10, m11)
 
 
 @numba.njit(cache=True, fastmath=_FASTMATH)
 def _seq_diagonal_2x2(vec, bit, d0, d1):
-    """vec <- diag(d0, d1) vec on one state bit."""
-    step = 1 << bit
-    for start in range(0, vec.shape[0], 2 * step):
-        for j in range(start, start + step):
-            vec[j] = d0 * vec[j]
-            vec[j + step] = d1 * vec[j + step]
+    """vec <- diag(d0, d1) vec on one state bit (the dense loop: vectorised, it is bound by
+    memory, not by the two products it could skip)."""
+    _pairs_2x2(vec, vec, bit, 0, vec.shape[0] >> 1, d0, 0j, 0j, d1)
 
 
 @numba.njit(cache=True, fastmath=_FASTMATH)
 def _seq_braket_2x2(bra, ket, bit, p00, p01, p10, p11):
     """<bra|M|ket> for a 2x2 matrix M on one state bit."""
-    step = 1 << bit
-    total = 0j
-    for start in range(0, ket.shape[0], 2 * step):
-        for j in range(start, start + step):
-            a = ket[j]
-            b = ket[j + step]
-            total += np.conj(bra[j]) * (p00 * a + p01 * b)
-            total += np.conj(bra[j + step]) * (p10 * a + p11 * b)
-    return total
+    t00, t01, t10, t11 = _seq_reduction_2x2(bra, ket, bit)
+    return p00 * t00 + p01 * t01 + p10 * t10 + p11 * t11
 
 
 @numba.njit(cache=True, fastmath=_FASTMATH)
@@ -1608,19 +1840,8 @@ def _seq_gate_2x2(ops, i, matrices, angles, row):
 def _seq_reduction_2x2(bra, ket, bit):
     """T[a, c] = sum over the other bits of conj(bra[a]) ket[c], a and c the values of
     ``bit``: <bra|A|ket> = sum_ac A[a, c] T[a, c] for any 2x2 A on that bit."""
-    step = 1 << bit
-    t00, t01, t10, t11 = 0j, 0j, 0j, 0j
-    for start in range(0, ket.shape[0], 2 * step):
-        for j in range(start, start + step):
-            a = ket[j]
-            b = ket[j + step]
-            x = np.conj(bra[j])
-            y = np.conj(bra[j + step])
-            t00 += x * a
-            t01 += x * b
-            t10 += y * a
-            t11 += y * b
-    return t00, t01, t10, t11
+    one, zero = 1.0 + 0j, 0j  # no update
+    return _pairs_step(ket, ket, bra, bra, bit, 0, ket.shape[0] >> 1, one, zero, zero, one, False)
 
 
 @numba.njit(cache=True, fastmath=_FASTMATH)

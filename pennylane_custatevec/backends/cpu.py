@@ -560,7 +560,7 @@ class CPUBackend(Backend):
         where = _placement(targets)
         if len(targets) == 1:
             step = block_step_1q.for_size(bras)
-            step(phi, bras, adjoints, int(targets[0]), where.fixed_bits, partial)
+            step(phi, bras, adjoints, int(targets[0]), partial)
         else:
             step = (block_step_2q if len(targets) == 2 else block_step).for_size(bras)
             step(phi, bras, adjoints, where.targets, where.fixed_bits, partial)
