@@ -6,8 +6,9 @@ and on lightning.qubit (adjoint, Jacobian on the forward pass).
 Device time is each device's ``execute_and_compute_derivatives``; the rest of the step is
 PennyLane and torch (``torch.autograd.functional.jacobian`` runs one backward pass per
 output). Our device's time is split further: the forward pass, the sweep, and in the
-sweep the one-qubit block steps and the CNOTs. Steps alternate between the two devices;
-the parts printed are those of each device's fastest step. ``--quick``: 6 wires.
+sweep the one-qubit block steps and the CNOTs (one by one, or as permutation runs). Steps
+alternate between the two devices; the parts printed are those of each device's fastest
+step. ``--quick``: 6 wires.
 """
 
 import argparse
@@ -54,6 +55,9 @@ def main(argv: list[str] | None = None) -> None:
     timed(deferred, "sweep", "ours: sweep")
     timed(CPUBackend, "adjoint_block_step", "ours: sweep, one-qubit block steps")
     timed(CPUBackend, "apply_pauli", "ours: CNOTs, forward and sweep")
+    timed(
+        CPUBackend, "apply_bit_permutation", "ours: CNOT rings as permutations, forward and sweep"
+    )
     # a small circuit (--quick) runs as one gate sequence per pass (sequences.py)
     timed(CPUBackend, "run_sequence", "ours: gate sequences, forward and sweep")
     timed(CPUBackend, "sweep_sequence", "ours: gate sequences, forward and sweep")

@@ -48,6 +48,7 @@ class Kind(enum.Enum):
     PAULI_ROTATION = "pauli_rotation"
     Z_ROTATIONS = "z_rotations"
     ONE_QUBIT_ROTATIONS = "one_qubit_rotations"
+    BIT_PERMUTATION = "bit_permutation"
     PHASE = "phase"
     MID_MEASURE = "mid_measure"
     POSTSELECT = "postselect"
@@ -62,7 +63,9 @@ class Instruction:
     angles of J commuting rotations exp(-i angle_j/2 Z_j), Z_j the word of Z letters on
     the bits of ``z_masks[j]``; ONE_QUBIT_ROTATIONS (1 or B, m) the angles of m one-qubit rotations
     exp(-i angle_j/2 P_j) on the distinct bits ``targets[j]``, P_j the letter
-    ``paulis[j]``; PHASE (1 or B,) factors;
+    ``paulis[j]``; BIT_PERMUTATION (1, 2, n + 1) int64: row 0 the source map of an affine
+    permutation of the index bits (``Backend.apply_bit_permutation``), row 1 its inverse's,
+    ``targets`` the bits it moves; PHASE (1 or B,) factors;
     POSTSELECT (1, 2**k, 2**k) the projector; PAULI and MID_MEASURE nothing.
     ``condition`` makes the instruction act only on the state vectors (shots) whose
     mid-circuit measurements satisfy it.
@@ -123,7 +126,7 @@ _RENORMALISED = Unsupported(
     "not as a gate"
 )
 _MADE_BY_FUSION = Unsupported(
-    "is made by fusion from rotations whose matrices fusion has already; it is never fused"
+    "is made by fusion from gates whose matrices fusion has already; it is never fused"
 )
 
 
@@ -153,6 +156,9 @@ APPLY: dict[Kind, Apply | Unsupported] = {
     ),
     Kind.ONE_QUBIT_ROTATIONS: lambda backend, state, ins: backend.apply_one_qubit_rotations(
         state, ins.data, ins.paulis, ins.targets
+    ),
+    Kind.BIT_PERMUTATION: lambda backend, state, ins: backend.apply_bit_permutation(
+        state, ins.data[0, 0]
     ),
     Kind.PHASE: lambda backend, state, ins: backend.scale(state, ins.data),
     Kind.MID_MEASURE: _SAMPLED,
@@ -184,6 +190,7 @@ DENSE_MATRIX: dict[Kind, Matrix | Unsupported] = {
     Kind.PAULI_ROTATION: _rotation_matrix,
     Kind.Z_ROTATIONS: _MADE_BY_FUSION,
     Kind.ONE_QUBIT_ROTATIONS: _MADE_BY_FUSION,
+    Kind.BIT_PERMUTATION: _MADE_BY_FUSION,
     Kind.PHASE: lambda ins: np.asarray(ins.data, dtype=np.complex128).reshape(-1, 1, 1),
     Kind.MID_MEASURE: Unsupported("is no linear map of the state"),
     Kind.POSTSELECT: Unsupported("renormalises the state after its projector"),
@@ -209,6 +216,7 @@ INVERSE: dict[Kind, Inverse | Unsupported] = {
     Kind.PAULI_ROTATION: _NEGATED_ANGLES,
     Kind.Z_ROTATIONS: _NEGATED_ANGLES,
     Kind.ONE_QUBIT_ROTATIONS: _NEGATED_ANGLES,
+    Kind.BIT_PERMUTATION: _with_data(lambda data: data[:, ::-1].copy()),  # the maps swap
     Kind.PHASE: _with_data(np.conj),
     Kind.MID_MEASURE: Unsupported("cannot be undone (the adjoint method refuses it)"),
     Kind.POSTSELECT: Unsupported("cannot be undone (the adjoint method refuses it)"),
@@ -253,6 +261,9 @@ MASKED: dict[Kind, Masked | Unsupported] = {
     Kind.PAULI_ROTATION: _ZERO_ANGLES,
     Kind.Z_ROTATIONS: _ZERO_ANGLES,
     Kind.ONE_QUBIT_ROTATIONS: _ZERO_ANGLES,
+    Kind.BIT_PERMUTATION: Unsupported(
+        "is made by fusion from unconditioned gates only; it is never conditioned"
+    ),
     Kind.PHASE: _masked_data(lambda data: 1.0),
     Kind.MID_MEASURE: Unsupported(
         "cannot be conditioned: PennyLane conditions operations, not measurements"

@@ -25,6 +25,7 @@ from reference import (
     backend_state,
     check_add_pauli_sum,
     check_adjoint_block_step,
+    check_bit_permutation,
     check_concatenate,
     check_expval_pauli_words,
     check_gather,
@@ -280,11 +281,12 @@ def test_probabilities(make, bits, batch, dtype):
 @DTYPES
 @pytest.mark.parametrize(
     "check",
-    [check_product_state, check_z_rotations, check_one_qubit_rotations],
+    [check_product_state, check_z_rotations, check_one_qubit_rotations, check_bit_permutation],
     ids=lambda check: check.__name__.removeprefix("check_"),
 )
 def test_preparation_and_rotation_runs(make, dtype, check):
-    """product_state, apply_z_rotations / apply_one_qubit_rotations and their sweep steps."""
+    """product_state, apply_z_rotations / apply_one_qubit_rotations and their sweep steps,
+    apply_bit_permutation (the CPU kernel; the base class's gather on the double)."""
     check(make(dtype))
 
 

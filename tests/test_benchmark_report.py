@@ -554,3 +554,18 @@ def test_w4_floor_times_each_driver_of_the_w4_step():
     rows.pop("W4 step driven by")
     assert {"compiled QNode", "two backend calls in a Function", "empty Function"} <= set(rows)
     assert all(float(value) > 0 for value in rows.values())
+
+
+def test_permutation_runs_times_a_ring_both_ways():
+    """benchmarks/permutation_runs.py on small registers (its own check that both ways give
+    the same state runs first): a row per size, positive times and their ratio."""
+    lines = _run_script("permutation_runs.py", "--sizes", "8x1,11x2", "--rounds", "1")
+    rows = [line for line in lines if re.match(r"\| \d", line)]
+    assert len(rows) == 2
+    for row in rows:
+        cells = row.strip("| ").split(" | ")
+        one_by_one, runs = float(cells[4]), float(cells[5])
+        assert one_by_one > 0 and runs > 0
+        ratio, half = float(cells[6].rstrip("x")), 0.0005  # times printed to 3 decimals
+        low, high = (one_by_one - half) / (runs + half), (one_by_one + half) / (runs - half)
+        assert low - 0.005 <= ratio <= high + 0.005

@@ -23,6 +23,7 @@ from reference import (
     PAULI,
     N,
     dense_operator,
+    flip_sources,
     random_states,
     random_unitary,
     ref_apply,
@@ -42,7 +43,12 @@ from pennylane_custatevec.backends.base import (
     GateSequence,
     RotationEntry,
 )
-from pennylane_custatevec.backends.cpu import CPUBackend, _word_rows, _z_rotation_plan
+from pennylane_custatevec.backends.cpu import (
+    CPUBackend,
+    _permutation_groups,
+    _word_rows,
+    _z_rotation_plan,
+)
 
 # --- reference self-checks ---------------------------------------------------------------
 
@@ -412,6 +418,12 @@ def _kernel_args(name, state, rng):
         partial = np.empty((batch * per, rows, 2), dtype=complex)
         angles = rng.uniform(-3, 3, size=(1, 2))
         return (bras, angles, np.array([3, 1]), np.array(targets), sort(targets), partial)
+    if name == "apply_bit_permutation":  # a CNOT chain over the high bits, and an X
+        gates = [((b + 1,), b) for b in range(n - 2, n - 8, -1)] + [((), 2)]
+        sources = flip_sources(gates, n)
+        groups = _permutation_groups(tuple(int(s) for s in sources), n)
+        buffers = np.empty((2, 1 << len(groups.group_bits)), dtype=complex)
+        return (sources, *groups, buffers)
     if name == "product_state":  # the state is overwritten; tables of the set bits
         zero_bits = sort([2, n - 1])
         low_count = (n - 2) // 2

@@ -22,7 +22,7 @@ from spies import calls
 from pennylane_custatevec import fusion, simulate
 from pennylane_custatevec.backends import CPUBackend
 from pennylane_custatevec.backends.base import FusionTraits
-from pennylane_custatevec.instructions import Instruction, Kind, apply_instruction
+from pennylane_custatevec.instructions import Instruction, Kind, apply_instruction, inverse
 from pennylane_custatevec.program import (
     Register,
     compile_operation,
@@ -568,6 +568,88 @@ def test_lone_one_qubit_rotations_pair_up():
     )
 
 
+def test_adjacent_bit_flips_become_permutation_runs():
+    """Runs of at least MIN_PERMUTATION_RUN adjacent one-operation units that are bit
+    flips become BitPermutationRuns of at most permutation_bits flipped bits; anything
+    else between them ends a run; with fusion or the trait off nothing changes."""
+    costs = CPUBackend.fusion_traits.block_costs
+    traits = FusionTraits(block_costs=costs, permutation_bits=3)
+    chain = [(b, b + 1) for b in range(7)]  # CNOT bits; each flips b + 1
+    bits = [*chain, (2,), *chain[:5]]
+    flipped = [(b + 1,) for b in range(7)] + [None] + [(b + 1,) for b in range(5)]
+    assert fusion.MIN_PERMUTATION_RUN == 6
+    Run = fusion.BitPermutationRun
+    # 3 bits: runs close at 3 flips, too few
+    narrow = fusion.plan(bits, 2, traits, None, None, flipped)
+    assert not any(isinstance(u, Run) for u in narrow)
+    assert narrow == fusion.plan(bits, 2, FusionTraits(block_costs=costs))
+    wide = FusionTraits(block_costs=costs, permutation_bits=10)
+    units = fusion.plan(bits, 2, wide, None, None, flipped)
+    assert units[0] == Run(tuple(range(7)), (1, 2, 3, 4, 5, 6, 7))
+    assert not any(isinstance(u, Run) for u in units[1:])  # the second run: 5 flips
+    members = sorted(m for u in units for m in (u.members if hasattr(u, "members") else ()))
+    assert members == list(range(13))
+    assert fusion.plan(bits, 2, traits) == fusion.plan(bits, 2, FusionTraits(block_costs=costs))
+    assert not any(isinstance(u, Run) for u in fusion.plan(bits, 1, wide, None, None, flipped))
+    off = FusionTraits(block_costs=costs)
+    assert not any(isinstance(u, Run) for u in fusion.plan(bits, 2, off, None, None, flipped))
+
+
+def test_permutation_runs_split_at_the_bit_limit():
+    costs = CPUBackend.fusion_traits.block_costs
+    traits = FusionTraits(block_costs=costs, permutation_bits=6)
+    bits = [(b, b + 1) for b in range(12)]
+    flipped = [(b + 1,) for b in range(12)]
+    units = fusion.plan(bits, 2, traits, None, None, flipped)
+    assert units == (
+        fusion.BitPermutationRun((0, 1, 2, 3, 4, 5), (1, 2, 3, 4, 5, 6)),
+        fusion.BitPermutationRun((6, 7, 8, 9, 10, 11), (7, 8, 9, 10, 11, 12)),
+    )
+    repeated = fusion.plan([(0, 1)] * 7, 2, traits, None, None, [(1,)] * 7)
+    assert repeated == (fusion.BitPermutationRun(tuple(range(7)), (1,)),)
+
+
+def test_flipped_bits_are_those_of_x_words_with_at_most_one_control():
+    x = Instruction(Kind.PAULI, targets=(2,), paulis="X")
+    cnot = Instruction(Kind.PAULI, targets=(1,), controls=(0,), control_values=(0,), paulis="X")
+    toffoli = Instruction(
+        Kind.PAULI, targets=(1,), controls=(0, 3), control_values=(1, 1), paulis="X"
+    )
+    cy = Instruction(Kind.PAULI, targets=(1,), controls=(0,), control_values=(1,), paulis="Y")
+    assert fusion.flipped_bits([x]) == (2,)
+    assert fusion.flipped_bits([cnot]) == (1,)
+    assert fusion.flipped_bits([x, x]) == ()
+    assert fusion.flipped_bits([toffoli]) is None  # not affine
+    assert fusion.flipped_bits([cy]) is None
+    assert fusion.flipped_bits([]) is None
+
+
+def test_a_permutation_run_undoes_with_its_inverse_and_equals_its_gates():
+    """The realized BIT_PERMUTATION equals the run's gates one by one, and its inverse
+    undoes it (CPU kernel), on a 16-qubit StronglyEntanglingLayers ring and X gates."""
+    n = 16
+    weights = np.random.default_rng(5).uniform(0, 2, qml.StronglyEntanglingLayers.shape(1, n))
+    ops = qml.StronglyEntanglingLayers(weights, wires=range(n)).decomposition()
+    ops += [qml.PauliX(3), qml.ctrl(qml.PauliX(1), 4, control_values=0), qml.CNOT([0, 9])]
+    compilation = compile_steps(qml.tape.QuantumScript(ops), Wires(range(n)))
+    plan = fusion.fused_plan(compilation, 2, CPUBackend.fusion_traits)
+    runs = [u for u in plan.units if isinstance(u.unit, fusion.BitPermutationRun)]
+    assert len(runs) == 2  # the ring of 16 CNOTs cut at 10 moved bits; the X gates join
+    backend = CPUBackend()
+    psi = random_state(n, np.random.default_rng(6)).reshape(1, -1)
+    for fused in runs:
+        (instruction,) = fused.instructions
+        expected = backend.from_host(psi)
+        for member in fused.unit.members:
+            for gate in compilation.steps[member].instructions:
+                apply_instruction(backend, expected, gate)
+        state = backend.from_host(psi)
+        apply_instruction(backend, state, instruction)
+        np.testing.assert_array_equal(state, expected)
+        apply_instruction(backend, state, inverse(instruction))
+        np.testing.assert_array_equal(state, psi)
+
+
 @pytest.mark.parametrize("broadcast", [False, True])
 def test_z_rotation_run_program_equals_unfused(broadcast):
     rng = np.random.default_rng(stable_seed("z-run-program", broadcast))
@@ -618,3 +700,46 @@ def test_small_batches_run_unfused(n_wires, batch, fused, mocker):
     weights_ref = weights.detach().clone().requires_grad_(True)
     ref(x, weights_ref).sum().backward()
     np.testing.assert_allclose(weights.grad, weights_ref.grad, atol=1e-10)
+
+
+@pytest.mark.parametrize("grad_accumulation", ["deferred", "eager"])
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_entangling_rings_run_as_permutations_with_the_same_numbers(
+    broadcast, grad_accumulation, mocker
+):
+    """A 16-qubit StronglyEntanglingLayers circuit (fused: its rings become permutation
+    runs) gives default.qubit's values, gradients and Jacobian, with the CNOT rings run by
+    apply_bit_permutation forward and in the deferred sweep."""
+    n = 14
+    spy = mocker.spy(CPUBackend, "apply_bit_permutation")
+    dev, ref = make_devices(n, backend="cpu", grad_accumulation=grad_accumulation)
+    rng = np.random.default_rng(stable_seed("rings", broadcast))
+    weights = torch.tensor(
+        rng.uniform(0, 2, qml.StronglyEntanglingLayers.shape(2, n)), requires_grad=True
+    )
+    x = torch.tensor(rng.uniform(0, 2, (3, n) if broadcast else (n,)))
+
+    def circuit(x, weights):
+        qml.AngleEmbedding(x, wires=range(n))
+        qml.StronglyEntanglingLayers(weights, wires=range(n))
+        qml.PauliX(2)
+        return [qml.expval(qml.Z(w)) for w in (0, 5, n - 1)]
+
+    ours = qml.QNode(circuit, dev, diff_method="adjoint", device_vjp=True, interface="torch")
+    theirs = qml.QNode(circuit, ref, diff_method="backprop", interface="torch")
+    got, expected = torch.stack(ours(x, weights)), torch.stack(theirs(x, weights))
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+    assert spy.call_count > 0
+    forward_calls = spy.call_count
+    (mine,) = torch.autograd.grad(got.sum(), weights)
+    (reference,) = torch.autograd.grad(expected.sum(), weights)
+    torch.testing.assert_close(mine, reference, atol=ATOL, rtol=0)
+    if grad_accumulation == "deferred":  # its sweep walks the fused plan back
+        assert spy.call_count > forward_calls
+    jacobian = torch.autograd.functional.jacobian(
+        lambda w: torch.stack(ours(x, w)), weights, vectorize=False
+    )
+    expected_jacobian = torch.autograd.functional.jacobian(
+        lambda w: torch.stack(theirs(x, w)), weights, vectorize=False
+    )
+    torch.testing.assert_close(jacobian, expected_jacobian, atol=ATOL, rtol=0)

@@ -31,9 +31,15 @@ OPERATIONS = {
 
 WITHOUT = {
     "apply": {Kind.MID_MEASURE, Kind.POSTSELECT},
-    "matrix": {Kind.Z_ROTATIONS, Kind.ONE_QUBIT_ROTATIONS, Kind.MID_MEASURE, Kind.POSTSELECT},
+    "matrix": {
+        Kind.Z_ROTATIONS,
+        Kind.ONE_QUBIT_ROTATIONS,
+        Kind.BIT_PERMUTATION,
+        Kind.MID_MEASURE,
+        Kind.POSTSELECT,
+    },
     "inverse": {Kind.MID_MEASURE, Kind.POSTSELECT},
-    "masked": {Kind.MID_MEASURE, Kind.POSTSELECT},
+    "masked": {Kind.BIT_PERMUTATION, Kind.MID_MEASURE, Kind.POSTSELECT},
 }
 """The kinds that do not have each operation (pinned: a change here is a decision)."""
 

@@ -1443,6 +1443,109 @@ def product_state(state, low, high, low_count, zero_bits):
             c += 1
 
 
+# --- bit permutations --------------------------------------------------------------------
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _linear_image(index, columns):
+    """XOR of ``columns[j]`` over the set bits j of ``index``: a linear map of index bits
+    over GF(2), given by its columns."""
+    image = 0
+    j = 0
+    while index:
+        if index & 1:
+            image ^= columns[j]
+        index >>= 1
+        j += 1
+    return image
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _compress(index, bits):
+    """The bits ``bits`` (ascending) of ``index``, packed: bit k of the result is bit
+    ``bits[k]`` of ``index``."""
+    packed = 0
+    for k in range(bits.shape[0]):
+        packed |= ((index >> bits[k]) & 1) << k
+    return packed
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _expand(packed, bits):
+    """The inverse of ``_compress``: bit k of ``packed`` placed at ``bits[k]``."""
+    index = 0
+    for k in range(bits.shape[0]):
+        index |= ((packed >> k) & 1) << bits[k]
+    return index
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _xor_table(columns, size):
+    """table[i] = XOR of ``columns[k]`` over the set bits k of i, for i < ``size`` (a power
+    of two), one XOR per entry."""
+    table = np.zeros(size, dtype=np.int64)
+    for i in range(1, size):
+        lowest = i & -i
+        k = 0
+        while (1 << k) != lowest:
+            k += 1
+        table[i] = table[i ^ lowest] ^ columns[k]
+    return table
+
+
+@Kernel.compile
+def apply_bit_permutation(state, sources, group_bits, outside_bits, chunk_bits, run_bits, buffers):
+    """psi(y) <- psi(src(y)) on every vector, src(y) = XOR of ``sources[j]`` over the set
+    bits j of y, XOR ``sources[n]``: an affine map of the index bits (a run of CNOTs and X
+    gates). The map moves only bits of ``group_bits`` (ascending; its lowest
+    ``chunk_bits`` are bits 0 .. chunk_bits - 1), so the amplitudes that share every other
+    bit (``outside_bits``) form a group that maps onto itself: each group is read into a
+    worker's buffer (``buffers``, one row per worker, 2**len(group_bits) each) in
+    contiguous chunks of 2**chunk_bits, and written back permuted. One read and one write
+    per amplitude, whatever the number of gates in the run."""
+    batch, dim = state.shape
+    n = sources.shape[0] - 1
+    workers = buffers.shape[0]
+    width = group_bits.shape[0]
+    chunk = 1 << chunk_bits
+    run = 1 << run_bits
+    chunks = 1 << (width - chunk_bits)
+    groups = dim >> width
+    # packed[k]: the source of group bit k's unit index, packed; the group's offset of each
+    # chunk; the packed sources of each run's first amplitude in a chunk and of each chunk
+    packed = np.empty(width, dtype=np.int64)
+    for k in range(width):
+        packed[k] = _compress(_linear_image(1 << group_bits[k], sources), group_bits)
+    chunk_offsets = np.empty(chunks, dtype=np.int64)
+    high_sources = _xor_table(packed[chunk_bits:], chunks)
+    for h in range(chunks):
+        chunk_offsets[h] = _expand(h << chunk_bits, group_bits)
+    run_sources = _xor_table(packed[run_bits:chunk_bits], chunk >> run_bits)
+    for worker in numba.prange(workers):
+        buffer = buffers[worker]
+        for job in range(worker, batch * groups, workers):
+            b = job // groups
+            base = _expand(job - b * groups, outside_bits)
+            vec = state[b]
+            for h in range(chunks):
+                start = base | chunk_offsets[h]
+                buffer[h << chunk_bits : (h + 1) << chunk_bits] = vec[start : start + chunk]
+            # src(base | y') = base XOR expand(shift XOR packed src of y'), as src of a
+            # group's fixed bits moves only group bits
+            shift = _compress(_linear_image(base, sources) ^ base ^ sources[n], group_bits)
+            for h in range(chunks):
+                start = base | chunk_offsets[h]
+                offset = high_sources[h] ^ shift
+                if run == 1:
+                    for low in range(chunk):
+                        vec[start + low] = buffer[run_sources[low] ^ offset]
+                    continue
+                for r in range(chunk >> run_bits):  # runs the map leaves in order
+                    source = run_sources[r] ^ offset
+                    low = r << run_bits
+                    vec[start + low : start + low + run] = buffer[source : source + run]
+
+
 def chunks_per_vector(batch: int, items: int) -> int:
     """How many parallel jobs a kernel cuts each of ``batch`` vectors of ``items`` work
     items into: the first axis of a kernel's per-job partial sums is batch times this."""
@@ -2036,6 +2139,7 @@ ALL_KERNELS = (
     apply_1q,
     apply_1q_rotation,
     apply_2q,
+    apply_bit_permutation,
     apply_kq,
     block_step,
     block_step_1q,

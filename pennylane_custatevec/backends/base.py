@@ -118,6 +118,10 @@ class FusionTraits:
     min_fused_amplitudes: int = 0
     """Batches of fewer amplitudes (vectors x 2**n) run unfused: there, building blocks
     costs more host time than the kernel passes they save."""
+    permutation_bits: int = 0
+    """The most state bits that a run of bit flips (CNOTs, X gates: X words with at most one
+    control) may move for fusion to apply the run as one BIT_PERMUTATION instruction
+    (``apply_bit_permutation``, one pass whatever the run's length); 0: no runs."""
     pauli_rotation_step_for_lone_rotations: bool = False
     """Whether the deferred sweep takes a block of one Pauli rotation, on one state
     vector, through ``adjoint_pauli_rotation_step`` (one pass, real arithmetic) instead of
@@ -303,6 +307,20 @@ class Backend(abc.ABC):
         angles = np.asarray(angles, dtype=np.float64)
         for j, (letter, bit) in enumerate(zip(paulis, targets, strict=True)):
             self.apply_pauli_rotation(state, angles[:, j], letter, (bit,))
+
+    def apply_bit_permutation(self, state: StateBatch, sources: np.ndarray) -> None:
+        """psi(y) <- psi(src(y)) on every vector, where src(y) is the XOR of ``sources[j]``
+        over the set bits j of y, XORed with ``sources[n]`` (int64, shape (n + 1,)): an
+        affine map of the index bits over GF(2), such as a run of CNOTs and X gates.
+        Fusion makes the instruction only for backends whose ``fusion_traits.permutation_bits``
+        is positive. The default gathers every vector through the whole source index, a
+        copy of the batch: for backends whose arrays take numpy indices."""
+        n = len(sources) - 1
+        positions = np.arange(1 << n, dtype=np.int64)
+        index = np.full(1 << n, sources[n], dtype=np.int64)
+        for j in range(n):
+            index[(positions >> j) & 1 == 1] ^= sources[j]
+        state[...] = state[:, index]
 
     # --- compositions: expectation values and inner products -----------------------------
 

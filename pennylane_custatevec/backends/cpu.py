@@ -6,6 +6,7 @@ import threading
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numba
 import numpy as np
 
 from . import _cpu_kernels as kernels
@@ -19,6 +20,7 @@ from ._cpu_kernels import (
     apply_1q,
     apply_1q_rotation,
     apply_2q,
+    apply_bit_permutation,
     apply_diagonal,
     apply_kq,
     apply_pauli,
@@ -168,8 +170,65 @@ CPU_FUSION_TRAITS = FusionTraits(
     # The rotation kernels make one pass in real arithmetic; a dense block on k bits is
     # compute-bound here (block_costs).
     pauli_rotation_step_for_lone_rotations=True,
+    # A group of apply_bit_permutation holds the moved bits and at least the 6 lowest, in
+    # at most 16 bits (_PERMUTATION_GROUP_BITS): runs of up to 10 moved bits.
+    permutation_bits=10,
 )
 """How fusion plans for the CPU backend (see FusionTraits)."""
+
+
+_PERMUTATION_GROUP_BITS = 16
+"""The most bits of one group of ``apply_bit_permutation`` (a worker's buffer: 2**16
+amplitudes, 1 MiB in complex128)."""
+
+_PERMUTATION_CHUNK_BITS = 6
+"""The fewest low bits a group of ``apply_bit_permutation`` holds: it reads its amplitudes
+in contiguous chunks of at least 2**6."""
+
+
+class _PermutationGroups(NamedTuple):
+    """How ``apply_bit_permutation`` walks a state for one map (see the kernel)."""
+
+    group_bits: np.ndarray
+    outside_bits: np.ndarray
+    chunk_bits: int
+    run_bits: int
+    """The lowest bits that the map neither moves nor reads: runs of 2**run_bits
+    amplitudes keep their order and are copied whole."""
+
+
+@functools.lru_cache(maxsize=256)
+def _permutation_groups(sources: tuple[int, ...], n_bits: int) -> _PermutationGroups:
+    """The group bits of the map ``sources`` on ``n_bits``-bit indices: the bits it moves,
+    then the lowest bits (contiguous chunks) up to ``_PERMUTATION_GROUP_BITS``."""
+    moved = sources[n_bits]
+    for j in range(n_bits):
+        moved |= sources[j] ^ (1 << j)
+    group = {j for j in range(n_bits) if (moved >> j) & 1}
+    if len(group | set(range(_PERMUTATION_CHUNK_BITS))) > _PERMUTATION_GROUP_BITS:
+        raise ValueError(
+            f"apply_bit_permutation moves {len(group)} bits; the CPU backend takes at most "
+            f"{_PERMUTATION_GROUP_BITS - _PERMUTATION_CHUNK_BITS} per call "
+            "(FusionTraits.permutation_bits plans runs within that)"
+        )
+    low = 0  # the chunk: bits below ``low``, all in the group
+    while low < n_bits and (low in group or low < _PERMUTATION_CHUNK_BITS):
+        group.add(low)
+        low += 1
+    outside = [j for j in range(n_bits) if j not in group]
+    run = 0  # bit j < run: sources[j] is itself, and no other source has bit j
+    while run < low and sources[run] == 1 << run and not (moved | _reads(sources)) >> run & 1:
+        run += 1
+    return _PermutationGroups(_bits(sorted(group)), _bits(outside), low, run)
+
+
+def _reads(sources: tuple[int, ...]) -> int:
+    """The bits whose value changes another bit's source (controls of the run)."""
+    reads = 0
+    for j, column in enumerate(sources[:-1]):
+        if column != 1 << j:
+            reads |= 1 << j
+    return reads
 
 
 class _PreparedSequence(NamedTuple):
@@ -299,6 +358,7 @@ class CPUBackend(Backend):
 
     def __init__(self, dtype: np.dtype = np.complex128):
         self.dtype = np.dtype(dtype)
+        self._scratch = threading.local()  # each calling thread's buffers
 
     sequence_amplitudes = 1 << 13
     """Per vector. Measured (``benchmarks/sequence_sizes.py``) on a compiled AngleEmbedding +
@@ -469,6 +529,27 @@ class CPUBackend(Backend):
         where = _placement(_pivot(x_mask), controls, control_values)
         apply = apply_pauli.for_size(state)
         apply(state, x_mask, z_mask, i_power, where.fixed_bits, where.control_mask)
+
+    def apply_bit_permutation(self, state, sources) -> None:
+        n_bits = state.shape[1].bit_length() - 1
+        sources = np.ascontiguousarray(sources, dtype=np.int64)
+        groups = _permutation_groups(tuple(int(s) for s in sources), n_bits)
+        kernel = apply_bit_permutation.for_size(state)
+        workers = numba.get_num_threads() if kernel is apply_bit_permutation.threaded else 1
+        buffers = self._buffers(workers, 1 << len(groups.group_bits))
+        kernel(
+            state, sources, groups.group_bits, groups.outside_bits, groups.chunk_bits,
+            groups.run_bits, buffers,
+        )  # fmt: skip
+
+    def _buffers(self, rows: int, amplitudes: int) -> np.ndarray:
+        """Scratch rows of this backend's dtype, kept per calling thread (reused, so that
+        each call does not fault in fresh pages)."""
+        flat = getattr(self._scratch, "buffers", None)
+        if flat is None or flat.size < rows * amplitudes:
+            flat = np.empty(rows * amplitudes, dtype=self.dtype)
+            self._scratch.buffers = flat
+        return flat[: rows * amplitudes].reshape(rows, amplitudes)
 
     def scale(self, state, factors) -> None:
         state *= np.asarray(factors, dtype=self.dtype).reshape(-1, 1)

@@ -743,11 +743,21 @@ def _single_step(context: SweepContext, fused: fusion.Fused) -> None:
     _operation_step(context, fused.unit.member)
 
 
+def _permutation_run_step(context: SweepContext, fused: fusion.Fused) -> None:
+    """A run of bit flips has no trainable gate (``SweepContext.trainable`` is False for
+    it, and the sweep undoes it): reaching this is an internal error."""
+    raise TypeError(
+        "custatevec.qubit internal error: a BitPermutationRun holds no trainable gate; "
+        "the sweep undoes it"
+    )
+
+
 _UNIT_STEPS: dict[type, UnitStep] = {
     fusion.Block: _block_step,
     fusion.Single: _single_step,
     fusion.ZRun: _z_run_step,
     fusion.OneQubitRotations: _one_qubit_rotations_step,
+    fusion.BitPermutationRun: _permutation_run_step,
 }
 """The step of each kind of ``fusion.Unit`` (complete over the kinds: a test checks)."""
 
