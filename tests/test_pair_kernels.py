@@ -1,7 +1,7 @@
 """The CPU kernels' span loops (``_pairs_*``, ``_quads_*`` in backends/_cpu_kernels.py)
-against dense numpy references, at every target bit of a 9-bit register: below
-``_VECTOR_BIT`` the kernels keep their indexed loops, from it they walk spans of
-consecutive amplitudes (and parallel jobs start in the middle of a span). Both
+against dense numpy references, at every target bit of a 9-bit register: bit 0 takes
+its stride-2 loop, bits 1 and 2 the indexed loops, and from ``_VECTOR_BIT`` the kernels
+walk spans of consecutive amplitudes (and parallel jobs start in the middle of a span). Both
 compilations of each kernel (threaded and serial), one and several vectors and bras, and
 single precision."""
 

@@ -153,8 +153,16 @@ _VECTOR_BIT = 3
 """The lowest target bit whose pairs the ``_pairs_*`` loops walk as spans (2**bit
 consecutive amplitudes and their partners): from 8 amplitudes a span is long enough for
 LLVM's vectorised loop (measured at 16 qubits: a one-bit block step with 16 bras 2.3-2.8
--> 0.46-0.87 ns per amplitude and bra at bits 3-15; bits 0-2 kept the indexed loop,
-``benchmarks/layout_probe.py``)."""
+-> 0.46-0.87 ns per amplitude and bra at bits 3-15, ``benchmarks/layout_probe.py``). Bit 0
+has a stride-2 loop of its own, also vectorised (a 2x2 gate 1.0 -> 0.30 ns per amplitude,
+a step 2.1 -> 0.54); bits 1 and 2 keep the indexed loop (their interleaved
+pairs 2 and 4 amplitudes apart stay scalar in every form tried)."""
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _vectorised(bit):
+    """Whether the ``_pairs_*`` loops run vectorised on ``bit`` (``_VECTOR_BIT``)."""
+    return bit == 0 or bit >= _VECTOR_BIT
 
 
 @numba.njit(cache=True, fastmath=_FASTMATH)
@@ -185,12 +193,17 @@ def _pairs_2x2(low, high, bit, first, end, m00, m01, m10, m11):
     """(v[j], v[j + 2**bit]) <- M (v[j], v[j + 2**bit]) for the amplitude pairs ``first``
     .. ``end - 1`` on ``bit`` (j = ``_pair_index``) of the vector v = ``low`` = ``high``."""
     step = 1 << bit
+    if bit == 0:  # pairs (2i, 2i + 1): a stride-2 loop over a slice, which LLVM vectorises
+        span = low[2 * first : 2 * end]
+        for k in range(end - first):  # written out: through _update_pair it stays scalar
+            a = span[2 * k]
+            b = span[2 * k + 1]
+            span[2 * k] = m00 * a + m01 * b
+            span[2 * k + 1] = m10 * a + m11 * b
+        return
     if bit < _VECTOR_BIT:
         for item in range(first, end):
-            j = _pair_index(item, bit)
-            a, b = low[j], low[j + step]
-            low[j] = m00 * a + m01 * b
-            low[j + step] = m10 * a + m11 * b
+            _update_pair(low, _pair_index(item, bit), step, m00, m01, m10, m11)
         return
     item = first
     while item < end:
@@ -203,6 +216,14 @@ def _pairs_2x2(low, high, bit, first, end, m00, m01, m10, m11):
             lo[k] = m00 * a + m01 * b
             hi[k] = m10 * a + m11 * b
         item += count
+
+
+@numba.njit(cache=True, inline="always", fastmath=_FASTMATH)
+def _update_pair(vec, j, step, m00, m01, m10, m11):
+    """(vec[j], vec[j + step]) <- M (vec[j], vec[j + step])."""
+    a, b = vec[j], vec[j + step]
+    vec[j] = m00 * a + m01 * b
+    vec[j + step] = m10 * a + m11 * b
 
 
 @numba.njit(cache=True, inline="always", fastmath=_FASTMATH)
@@ -220,6 +241,16 @@ def _pairs_step(ket_low, ket_high, bra_low, bra_high, bit, first, end, m00, m01,
     ``update``, bra <- M bra on the same pairs, in the same pass."""
     step = 1 << bit
     t00, t01, t10, t11 = 0j, 0j, 0j, 0j
+    if bit == 0:  # pairs (2i, 2i + 1): a stride-2 loop over slices, which LLVM vectorises
+        kets, bras = ket_low[2 * first : 2 * end], bra_low[2 * first : 2 * end]
+        for k in range(end - first):
+            j = 2 * k
+            a, b = bras[j], bras[j + 1]
+            t00, t01, t10, t11 = _add_pair_products(a, b, kets[j], kets[j + 1], t00, t01, t10, t11)
+            if update:  # written out: through _update_pair it stays scalar
+                bras[j] = m00 * a + m01 * b
+                bras[j + 1] = m10 * a + m11 * b
+        return t00, t01, t10, t11
     if bit < _VECTOR_BIT:
         for item in range(first, end):
             j = _pair_index(item, bit)
@@ -228,8 +259,7 @@ def _pairs_step(ket_low, ket_high, bra_low, bra_high, bit, first, end, m00, m01,
                 a, b, ket_low[j], ket_low[j + step], t00, t01, t10, t11
             )
             if update:
-                bra_low[j] = m00 * a + m01 * b
-                bra_low[j + step] = m10 * a + m11 * b
+                _update_pair(bra_low, j, step, m00, m01, m10, m11)
         return t00, t01, t10, t11
     item = first
     while item < end:
@@ -413,7 +443,7 @@ _MIN_SPAN = 8
 @Kernel.compile
 def apply_1q_rotation(state, angles, letter, target, fixed_bits, control_mask):
     """exp(-i angle/2 P) for one Pauli letter (0: I, 1: X, 2: Y, 3: Z). Without controls
-    and from ``_VECTOR_BIT``, as its 2x2 matrix in the vectorised span loop
+    and on a bit the span loops vectorise (``_vectorised``), as its 2x2 matrix
     (``_pairs_2x2``); otherwise in real arithmetic: cos and sin enter as real factors, half
     the multiplications of a dense 2x2, which pays in the scalar loops."""
     batch, dim = state.shape
@@ -427,7 +457,7 @@ def apply_1q_rotation(state, angles, letter, target, fixed_bits, control_mask):
         cos = np.cos(half)
         sin = np.sin(half)
         vec = state[b]
-        if uncontrolled and target >= _VECTOR_BIT:  # below, the real arithmetic pays
+        if uncontrolled and _vectorised(target):  # else the real arithmetic pays
             g00, g01, g10, g11 = _rotation_2x2(cos, sin, letter)
             _pairs_2x2(vec, vec, target, i, hi, g00, g01, g10, g11)
             continue
@@ -461,7 +491,7 @@ def rotation_step_1q(phi, bras, angles, letter, target, fixed_bits, out):
     cos = np.cos(half)
     sin = np.sin(half)
     fused = rows == 1  # one bra: phi is undone in the bra's loop, one pass over both
-    uncontrolled = len(fixed_bits) == 1 and target >= _VECTOR_BIT
+    uncontrolled = len(fixed_bits) == 1 and _vectorised(target)
     # Without controls: phi <- G phi first (G the inverse rotation), then T_r of each bra
     # against it (``_pairs_step``), so <bra_r|P|phi> = sum_ac (P G^dagger)[a, c] T_r[a, c].
     g00, g01, g10, g11 = _rotation_2x2(cos, sin, letter)
