@@ -426,13 +426,16 @@ def flipped_bits(instructions: Sequence[Instruction]) -> tuple[int, ...] | None:
     return tuple(sorted(flipped)) if instructions else None
 
 
-def _flip_index(index: int, instructions: Sequence[Instruction]) -> int:
-    """``index`` after the bit flips of ``instructions`` (in order): each flips its
-    targets where its control bit equals its control value."""
-    for instruction in instructions:
-        controls = zip(instruction.controls, instruction.control_values, strict=True)
-        if all((index >> bit) & 1 == value for bit, value in controls):
-            for target in instruction.targets:
+Flip = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+"""A bit flip as exact data: (targets, controls, control values)."""
+
+
+def _flip_index(index: int, flips: Sequence[Flip]) -> int:
+    """``index`` after the bit flips ``flips`` (in order): each flips its targets where
+    its control bits equal their values."""
+    for targets, controls, values in flips:
+        if all((index >> bit) & 1 == value for bit, value in zip(controls, values, strict=True)):
+            for target in targets:
                 index ^= 1 << target
     return index
 
@@ -448,12 +451,25 @@ def _bit_permutation(compilation: Compilation, unit: BitPermutationRun) -> Instr
     """The run as a BIT_PERMUTATION: the gates map index x to dest(x) (applied in order);
     amplitude y comes from src(y) = dest^-1(y) (the gates, each its own inverse, in reverse
     order). Row 0 of the data is src's columns, row 1 dest's (the inverse's sources)."""
-    gates = [ins for m in unit.members for ins in compilation.steps[m].instructions]
-    n_bits = compilation.register.num_qubits
-    sources = _affine_columns(n_bits, lambda y: _flip_index(y, gates[::-1]))
-    destinations = _affine_columns(n_bits, lambda x: _flip_index(x, gates))
-    data = np.array([[sources, destinations]], dtype=np.int64)
+    flips = tuple(
+        (ins.targets, ins.controls, ins.control_values)
+        for m in unit.members
+        for ins in compilation.steps[m].instructions
+    )
+    data = _permutation_maps(flips, compilation.register.num_qubits)
     return Instruction(Kind.BIT_PERMUTATION, targets=unit.moved, data=data)
+
+
+@functools.lru_cache(maxsize=256)
+def _permutation_maps(flips: tuple[Flip, ...], n_bits: int) -> np.ndarray:
+    """The (1, 2, n_bits + 1) data of ``_bit_permutation``, by the flips' exact data (a
+    structure's runs are the same at every call; built per call, they cost W2v's step
+    2.4 ms). Read-only: instructions share it."""
+    sources = _affine_columns(n_bits, lambda y: _flip_index(y, flips[::-1]))
+    destinations = _affine_columns(n_bits, lambda x: _flip_index(x, flips))
+    data = np.array([[sources, destinations]], dtype=np.int64)
+    data.flags.writeable = False
+    return data
 
 
 def _z_rotations(steps: Sequence[Step], run: ZRun) -> Instruction:

@@ -532,7 +532,7 @@ class CPUBackend(Backend):
 
     def apply_bit_permutation(self, state, sources) -> None:
         n_bits = state.shape[1].bit_length() - 1
-        sources = np.ascontiguousarray(sources, dtype=np.int64)
+        sources = np.array(sources, dtype=np.int64)  # a writeable copy: one compilation
         groups = _permutation_groups(tuple(int(s) for s in sources), n_bits)
         kernel = apply_bit_permutation.for_size(state)
         workers = numba.get_num_threads() if kernel is apply_bit_permutation.threaded else 1
