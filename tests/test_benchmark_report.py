@@ -569,3 +569,15 @@ def test_permutation_runs_times_a_ring_both_ways():
         ratio, half = float(cells[6].rstrip("x")), 0.0005  # times printed to 3 decimals
         low, high = (one_by_one - half) / (runs + half), (one_by_one + half) / (runs - half)
         assert low - 0.005 <= ratio <= high + 0.005
+
+
+def test_pass_counts_counts_passes_with_and_without_permutation_runs():
+    """benchmarks/pass_counts.py on W2 at its quick size (6 wires: one gate sequence per
+    pass, so no runs), in its own process: a row with positive counts and their ratio."""
+    lines = _run_script("pass_counts.py", "--quick", "--workloads", "W2")
+    rows = [line for line in lines if line.startswith("| W2 |")]
+    assert len(rows) == 1
+    cells = rows[0].strip("| ").split(" | ")
+    before, after, runs = int(cells[1]), int(cells[2]), int(cells[4])
+    assert before > 0 and after > 0 and runs >= 0
+    assert float(cells[3].rstrip("x")) == pytest.approx(before / after, abs=0.01)
