@@ -2,7 +2,7 @@
 one by one (``apply_pauli``) against the ring as permutation runs of at most
 ``permutation_bits`` moved bits (``apply_bit_permutation``), per register size and batch;
 ms per ring, best of ``--rounds``, the two interleaved. Both give the same state (checked
-first). The provenance of ``fusion.MIN_PERMUTATION_RUN`` and the CPU's
+first). The provenance of the CPU's ``FusionTraits.min_permutation_run`` and
 ``permutation_bits``.
 
     python benchmarks/permutation_runs.py [--sizes 12x1,16x1,16x17,20x1] [--rounds 5]

@@ -115,13 +115,6 @@ GREEDY = FusionTraits()
 gathered (the planner's default where no backend is in play)."""
 
 
-MIN_PERMUTATION_RUN = 6
-"""The fewest bit flips that make a BitPermutationRun. Measured on the CPU backend (2
-cores, ``benchmarks/permutation_runs.py``, 2026-12-02): a run took 0.84 ms on one vector
-of 20 qubits against 0.13 ms per CNOT, 0.89 ms on 17 vectors of 16 qubits against 0.15 ms
-per CNOT: a run pays from about 6 flips."""
-
-
 def plan(
     bits_per_step: Sequence[tuple[int, ...] | None],
     max_qubits: int,
@@ -139,8 +132,8 @@ def plan(
     of one such rotation each, on distinct bits, become one OneQubitRotations unit.
     ``flipped_bits`` gives, for each operation that is a bit flip (an X word with at most
     one control), the bits it flips (None for the others): with fusion on, runs of at least
-    ``MIN_PERMUTATION_RUN`` adjacent flips, each a unit of its own, that flip at most
-    ``traits.permutation_bits`` bits together become BitPermutationRuns."""
+    ``traits.min_permutation_run`` adjacent flips, each a unit of its own, that flip at
+    most ``traits.permutation_bits`` bits together become BitPermutationRuns."""
     count = len(bits_per_step)
     z_flags = tuple(z_rotations) if z_rotations is not None else (False,) * count
     units = _cached_plan(tuple(bits_per_step), max_qubits, traits.block_costs, z_flags)
@@ -150,21 +143,26 @@ def plan(
     if per_pass >= 2 and one_qubit_rotations is not None:
         units = _paired_rotations(units, tuple(one_qubit_rotations), per_pass)
     if traits.permutation_bits > 0 and flipped_bits is not None:
-        units = _permutation_runs(units, tuple(flipped_bits), traits.permutation_bits)
+        units = _permutation_runs(
+            units, tuple(flipped_bits), traits.permutation_bits, traits.min_permutation_run
+        )
     return units
 
 
 @functools.lru_cache(maxsize=256)
-def _permutation_runs(units: tuple[Unit, ...], flipped: tuple, most_bits: int) -> tuple[Unit, ...]:
+def _permutation_runs(
+    units: tuple[Unit, ...], flipped: tuple, most_bits: int, fewest_flips: int
+) -> tuple[Unit, ...]:
     """``units`` with each run of adjacent one-operation units that are bit flips cut into
     BitPermutationRuns of at most ``most_bits`` flipped bits (adjacent units run back to
-    back, so nothing moves across another operation); shorter runs stay as they were."""
+    back, so nothing moves across another operation); runs of fewer than ``fewest_flips``
+    flips stay as they were."""
     out: list[Unit] = []
     run: list[Unit] = []
     moved: set[int] = set()
 
     def close() -> None:
-        if len(run) >= MIN_PERMUTATION_RUN:
+        if len(run) >= fewest_flips:
             members = tuple(_lone_member(unit) for unit in run)
             out.append(BitPermutationRun(members, tuple(sorted(moved))))
         else:

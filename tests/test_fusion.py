@@ -8,6 +8,7 @@ unfused program's.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -569,21 +570,20 @@ def test_lone_one_qubit_rotations_pair_up():
 
 
 def test_adjacent_bit_flips_become_permutation_runs():
-    """Runs of at least MIN_PERMUTATION_RUN adjacent one-operation units that are bit
+    """Runs of at least min_permutation_run adjacent one-operation units that are bit
     flips become BitPermutationRuns of at most permutation_bits flipped bits; anything
     else between them ends a run; with fusion or the trait off nothing changes."""
     costs = CPUBackend.fusion_traits.block_costs
-    traits = FusionTraits(block_costs=costs, permutation_bits=3)
+    traits = FusionTraits(block_costs=costs, permutation_bits=3, min_permutation_run=6)
     chain = [(b, b + 1) for b in range(7)]  # CNOT bits; each flips b + 1
     bits = [*chain, (2,), *chain[:5]]
     flipped = [(b + 1,) for b in range(7)] + [None] + [(b + 1,) for b in range(5)]
-    assert fusion.MIN_PERMUTATION_RUN == 6
     Run = fusion.BitPermutationRun
     # 3 bits: runs close at 3 flips, too few
     narrow = fusion.plan(bits, 2, traits, None, None, flipped)
     assert not any(isinstance(u, Run) for u in narrow)
     assert narrow == fusion.plan(bits, 2, FusionTraits(block_costs=costs))
-    wide = FusionTraits(block_costs=costs, permutation_bits=10)
+    wide = FusionTraits(block_costs=costs, permutation_bits=10, min_permutation_run=6)
     units = fusion.plan(bits, 2, wide, None, None, flipped)
     assert units[0] == Run(tuple(range(7)), (1, 2, 3, 4, 5, 6, 7))
     assert not any(isinstance(u, Run) for u in units[1:])  # the second run: 5 flips
@@ -597,7 +597,7 @@ def test_adjacent_bit_flips_become_permutation_runs():
 
 def test_permutation_runs_split_at_the_bit_limit():
     costs = CPUBackend.fusion_traits.block_costs
-    traits = FusionTraits(block_costs=costs, permutation_bits=6)
+    traits = FusionTraits(block_costs=costs, permutation_bits=6, min_permutation_run=6)
     bits = [(b, b + 1) for b in range(12)]
     flipped = [(b + 1,) for b in range(12)]
     units = fusion.plan(bits, 2, traits, None, None, flipped)
@@ -607,6 +607,13 @@ def test_permutation_runs_split_at_the_bit_limit():
     )
     repeated = fusion.plan([(0, 1)] * 7, 2, traits, None, None, [(1,)] * 7)
     assert repeated == (fusion.BitPermutationRun(tuple(range(7)), (1,)),)
+    # the traits' minimum: three flips are too few for the CPU's 6, a run at 3
+    three = fusion.plan(bits[:3], 2, traits, None, None, flipped[:3])
+    assert not any(isinstance(u, fusion.BitPermutationRun) for u in three)
+    shorter = dataclasses.replace(traits, min_permutation_run=3)
+    assert fusion.plan(bits[:3], 2, shorter, None, None, flipped[:3]) == (
+        fusion.BitPermutationRun((0, 1, 2), (1, 2, 3)),
+    )
 
 
 def test_flipped_bits_are_those_of_x_words_with_at_most_one_control():

@@ -122,6 +122,9 @@ class FusionTraits:
     """The most state bits that a run of bit flips (CNOTs, X gates: X words with at most one
     control) may move for fusion to apply the run as one BIT_PERMUTATION instruction
     (``apply_bit_permutation``, one pass whatever the run's length); 0: no runs."""
+    min_permutation_run: int = 2
+    """The fewest bit flips that make such a run (where one pass of the permutation costs
+    as much as that many flips one by one)."""
     pauli_rotation_step_for_lone_rotations: bool = False
     """Whether the deferred sweep takes a block of one Pauli rotation, on one state
     vector, through ``adjoint_pauli_rotation_step`` (one pass, real arithmetic) instead of
