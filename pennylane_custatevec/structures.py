@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import enum
 import functools
 from collections.abc import Sequence
 
@@ -374,9 +375,18 @@ class StructureCache:
         self._structures[key] = entry
 
 
-_UNSEEN = object()
-_SEEN_ONCE = object()
-"""Markers of ``StructureCache``: a key not in it, and a key seen once (no structure yet)."""
+class _Marker(enum.Enum):
+    """Markers of ``StructureCache``: a key not in it, and a key seen once (no structure
+    yet). Enum members stay themselves when a device is deep-copied or pickled (plain
+    ``object()`` markers came back as new objects, and a copied device took a marker for a
+    structure)."""
+
+    UNSEEN = "unseen"
+    SEEN_ONCE = "seen once"
+
+
+_UNSEEN = _Marker.UNSEEN
+_SEEN_ONCE = _Marker.SEEN_ONCE
 
 
 def _holds_objects(key: StructureKey) -> bool:

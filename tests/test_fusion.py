@@ -750,3 +750,25 @@ def test_entangling_rings_run_as_permutations_with_the_same_numbers(
         lambda w: torch.stack(theirs(x, w)), weights, vectorize=False
     )
     torch.testing.assert_close(jacobian, expected_jacobian, atol=ATOL, rtol=0)
+
+
+def test_a_device_that_ran_permutation_runs_still_copies_and_pickles():
+    """The permutation kernel's buffers live outside the backend: a device pickles before
+    it runs, and deep-copies after running permutation runs (as before the runs); the
+    copies give the same numbers (the copy's structure cache keeps its markers: it used to
+    take a copied "seen once" marker for a structure and crash)."""
+    import copy
+    import pickle
+
+    n = 14
+    dev = qml.device("custatevec.qubit", wires=n, backend="cpu")
+    weights = np.random.default_rng(8).uniform(0, 2, qml.StronglyEntanglingLayers.shape(1, n))
+
+    def circuit(w):
+        qml.StronglyEntanglingLayers(w, wires=range(n))
+        return qml.expval(qml.Z(0))
+
+    unpickled = pickle.loads(pickle.dumps(dev))
+    first = qml.QNode(circuit, dev)(weights)
+    for twin in (copy.deepcopy(dev), unpickled):
+        assert qml.QNode(circuit, twin)(weights) == pytest.approx(first, abs=1e-12)

@@ -190,6 +190,10 @@ _PERMUTATION_CHUNK_BITS = 6
 in contiguous chunks of at least 2**6."""
 
 
+_SCRATCH = threading.local()
+"""Each thread's buffers of ``apply_bit_permutation``, by dtype (``CPUBackend._buffers``)."""
+
+
 class _PermutationGroups(NamedTuple):
     """How ``apply_bit_permutation`` walks a state for one map (see the kernel)."""
 
@@ -362,7 +366,6 @@ class CPUBackend(Backend):
 
     def __init__(self, dtype: np.dtype = np.complex128):
         self.dtype = np.dtype(dtype)
-        self._scratch = threading.local()  # each calling thread's buffers
 
     sequence_amplitudes = 1 << 13
     """Per vector. Measured (``benchmarks/sequence_sizes.py``) on a compiled AngleEmbedding +
@@ -547,12 +550,14 @@ class CPUBackend(Backend):
         )  # fmt: skip
 
     def _buffers(self, rows: int, amplitudes: int) -> np.ndarray:
-        """Scratch rows of this backend's dtype, kept per calling thread (reused, so that
-        each call does not fault in fresh pages)."""
-        flat = getattr(self._scratch, "buffers", None)
+        """Scratch rows of this backend's dtype, kept per calling thread and dtype (reused,
+        so that each call does not fault in fresh pages; at module level, so that the
+        backend, and the device holding it, stay picklable)."""
+        kept = _SCRATCH.__dict__.setdefault("buffers", {})
+        flat = kept.get(self.dtype)
         if flat is None or flat.size < rows * amplitudes:
             flat = np.empty(rows * amplitudes, dtype=self.dtype)
-            self._scratch.buffers = flat
+            kept[self.dtype] = flat
         return flat[: rows * amplitudes].reshape(rows, amplitudes)
 
     def scale(self, state, factors) -> None:
