@@ -984,6 +984,12 @@ class _KeptStates:
     def __bool__(self) -> bool:
         return bool(self._entries)
 
+    def __getstate__(self) -> dict:
+        """A copied or pickled device keeps no states: they belong to the original's last
+        execution, whose tapes they know by identity (and through weak references, which
+        do not pickle)."""
+        return {"_entries": {}, "_executed": {}}
+
     def clear(self) -> None:
         self._entries = {}
         self._executed = {}

@@ -16,6 +16,7 @@ import pennylane as qml
 import pytest
 import torch
 from conftest import make_devices, stable_seed
+from pennylane import numpy as pnp
 from pennylane.wires import Wires
 from reference import random_state, random_unitary
 from spies import calls
@@ -753,10 +754,11 @@ def test_entangling_rings_run_as_permutations_with_the_same_numbers(
 
 
 def test_a_device_that_ran_permutation_runs_still_copies_and_pickles():
-    """The permutation kernel's buffers live outside the backend: a device pickles before
-    it runs, and deep-copies after running permutation runs (as before the runs); the
-    copies give the same numbers (the copy's structure cache keeps its markers: it used to
-    take a copied "seen once" marker for a structure and crash)."""
+    """The permutation kernel's buffers live outside the backend: a device pickles and
+    deep-copies before and after running permutation runs, and after an adjoint execution
+    that kept its states (a copy keeps none); the copies give the same numbers and
+    gradients (the copy's structure cache keeps its markers: it used to take a copied
+    "seen once" marker for a structure and crash; a device that had run did not pickle)."""
     import copy
     import pickle
 
@@ -770,5 +772,13 @@ def test_a_device_that_ran_permutation_runs_still_copies_and_pickles():
 
     unpickled = pickle.loads(pickle.dumps(dev))
     first = qml.QNode(circuit, dev)(weights)
-    for twin in (copy.deepcopy(dev), unpickled):
+    for twin in (copy.deepcopy(dev), unpickled, pickle.loads(pickle.dumps(dev))):
         assert qml.QNode(circuit, twin)(weights) == pytest.approx(first, abs=1e-12)
+    # after an adjoint execution that kept its states: a copy keeps none, and differentiates
+    trained = qml.QNode(circuit, dev, diff_method="adjoint")
+    parameters = pnp.array(weights, requires_grad=True)
+    gradient = qml.grad(trained)(parameters)
+    trained(parameters)
+    for twin in (copy.deepcopy(dev), pickle.loads(pickle.dumps(dev))):
+        again = qml.grad(qml.QNode(circuit, twin, diff_method="adjoint"))(parameters)
+        np.testing.assert_allclose(again, gradient, atol=1e-12, rtol=0)
