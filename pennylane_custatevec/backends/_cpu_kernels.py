@@ -413,16 +413,19 @@ def _rotated(a0, a1, cos, sin, letter):
 
 @numba.njit(cache=True, fastmath=_FASTMATH)
 def _rotation_2x2(cos, sin, letter):
-    """exp(-i angle/2 P) = cos I - i sin P for the letter 0: I, 1: X, 2: Y, 3: Z, as its
-    2x2 matrix (g00, g01, g10, g11); ``_rotated`` applies the same in real arithmetic."""
+    """exp(-i angle/2 P) for the letter 0: I, 1: X, 2: Y, 3: Z, as its 2x2 matrix
+    (``_cos_minus_i_sin`` of the letter's); ``_rotated`` applies the same in real
+    arithmetic."""
+    p00, p01, p10, p11 = _letter_2x2(letter)
+    return _cos_minus_i_sin(cos, sin, p00, p01, p10, p11)
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _cos_minus_i_sin(cos, sin, p00, p01, p10, p11):
+    """cos I - i sin P for the 2x2 matrix P, entries (g00, g01, g10, g11): the matrix of
+    exp(-i angle/2 P) with cos and sin of angle/2, for any one-bit Pauli word P."""
     minus_i_sin = -1j * sin
-    if letter == 0:
-        return cos + minus_i_sin, 0j, 0j, cos + minus_i_sin
-    if letter == 1:
-        return cos + 0j, minus_i_sin, minus_i_sin, cos + 0j
-    if letter == 2:
-        return cos + 0j, -sin + 0j, sin + 0j, cos + 0j
-    return cos + minus_i_sin, 0j, 0j, cos - minus_i_sin
+    return cos + minus_i_sin * p00, minus_i_sin * p01, minus_i_sin * p10, cos + minus_i_sin * p11
 
 
 @numba.njit(cache=True, fastmath=_FASTMATH)
@@ -1800,9 +1803,7 @@ def _seq_rotation_2x2(row, angle):
     """exp(-i angle/2 P) = cos I - i sin P of a one-bit entry's word, as its 2x2 matrix
     (g00, g01, g10, g11)."""
     p00, p01, p10, p11 = _seq_word_2x2(row)
-    cos = np.cos(0.5 * angle)
-    minus_i_sin = -1j * np.sin(0.5 * angle)
-    return cos + minus_i_sin * p00, minus_i_sin * p01, minus_i_sin * p10, cos + minus_i_sin * p11
+    return _cos_minus_i_sin(np.cos(0.5 * angle), np.sin(0.5 * angle), p00, p01, p10, p11)
 
 
 @numba.njit(cache=True, fastmath=_FASTMATH)

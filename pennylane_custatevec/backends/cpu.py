@@ -224,8 +224,9 @@ def _permutation_groups(sources: tuple[int, ...], n_bits: int) -> _PermutationGr
         group.add(low)
         low += 1
     outside = [j for j in range(n_bits) if j not in group]
-    run = 0  # bit j < run: sources[j] is itself, and no other source has bit j
-    while run < low and sources[run] == 1 << run and not (moved | _reads(sources)) >> run & 1:
+    touched = moved | _reads(sources)  # bits the map moves or reads
+    run = 0  # bit j < run: neither moved nor read, so runs of 2**run amplitudes stay whole
+    while run < low and not (touched >> run) & 1:
         run += 1
     return _PermutationGroups(_bits(sorted(group)), _bits(outside), low, run)
 
