@@ -33,7 +33,7 @@ from pennylane.tape import QuantumScript
 from pennylane.transforms import defer_measurements, dynamic_one_shot
 
 from . import direct, settings, simulate
-from .backends import BACKEND_CHOICES, select_backend
+from .backends import BACKEND_CHOICES, distributed, select_backend
 from .execution import PreparedTape, run_tapes
 from .gradients import deferred, eager, jvp
 from .gradients.common import require_adjoint_serves
@@ -174,6 +174,9 @@ class CuStateVecDevice(Device):
             batched tapes, one transfer per batch) or "eager" (the textbook sweep).
         fusion_qubits (int, None): the largest block of fused gates, 0 to 6 (0 or 1: no
             fusion); ``None`` takes the backend's default.
+        mpi (bool, mpi4py communicator): split each state vector over the ranks of an MPI
+            job (``True``: MPI.COMM_WORLD), a power-of-two number of them, launched with
+            ``mpiexec``; every rank runs the same program and gets the same results.
 
     ``grad_accumulation`` and ``fusion_qubits`` can be overridden for a block of code or a
     function with :func:`pennylane_custatevec.options`.
@@ -192,13 +195,14 @@ class CuStateVecDevice(Device):
         device_id: int | None = None,
         grad_accumulation: str = "deferred",
         fusion_qubits: int | None = None,
+        mpi=False,
         **unknown,
     ):
         if unknown:
             raise UnknownOptionError(
                 f"custatevec.qubit got unknown option(s) {sorted(unknown)}; valid options are "
                 "wires, shots, seed, c_dtype, backend, device_id, grad_accumulation, "
-                "fusion_qubits."
+                "fusion_qubits, mpi."
             )
         settings.validate(grad_accumulation=grad_accumulation)
         if fusion_qubits is not None:
@@ -223,6 +227,10 @@ class CuStateVecDevice(Device):
         self._backend = select_backend(
             backend, dtype, None if device_id is None else int(device_id)
         )
+        if mpi is not False:
+            comm = distributed.communicator(mpi)
+            self._backend = distributed.DistributedBackend(self._backend, comm)
+            self._rng = distributed.shared_generator(self._rng, comm)
         self._kept = _KeptStates()
         self._structures = StructureCache(self.wires)
         self._options = settings.DifferentiationOptions(
@@ -256,6 +264,8 @@ class CuStateVecDevice(Device):
         wires = len(self.wires) if self.wires is not None else None
         gpu = getattr(self._backend, "device_id", None)
         where = self.backend_name if gpu is None else f"{self.backend_name}, device_id={gpu}"
+        ranks = getattr(self._backend, "ranks", None)
+        where = where if ranks is None else f"{where}, mpi ranks={ranks}"
         return f"<CuStateVecDevice: wires={wires}, backend={where}, c_dtype={self.c_dtype.name}>"
 
     def supports_derivatives(

@@ -73,8 +73,9 @@ class RunTooLargeError(StateTooLargeError):
 
 
 def state_bytes(backend: Backend, num_qubits: int, batch_size: int) -> int:
-    """Bytes of ``batch_size`` state vectors of ``num_qubits`` qubits."""
-    return batch_size * (2**num_qubits) * backend.dtype.itemsize
+    """Bytes of ``batch_size`` state vectors of ``num_qubits`` qubits (in this process:
+    a backend split over processes holds a share)."""
+    return batch_size * backend.amplitudes_held(num_qubits) * backend.dtype.itemsize
 
 
 UNCHECKED_BYTES = 1 << 24

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Check the style (ruff check, ruff format --check), run the project's tests (the demos
-# included, at reduced size), then PennyLane's shipped device test suite against
+# included, at reduced size), the MPI tests under mpiexec, then PennyLane's shipped device test suite against
 # custatevec.qubit (analytic, then with shots), then build the documentation with warnings as errors. Every part runs; the script exits non-zero if any
 # part failed. Expects .venv from scripts/setup_env.sh.
 set -uo pipefail
@@ -25,6 +25,15 @@ source "$ROOT/scripts/parts.sh"
 run_part "style (ruff check)" "$ROOT/.venv/bin/ruff" check .
 run_part "style (ruff format --check)" "$ROOT/.venv/bin/ruff" format --check .
 run_part "project tests" "$PY" -m pytest tests -n 2 -q --no-flaky-report
+# mpi=True: the distributed backend's contract and the split device against default.qubit
+# and the one-process device, on 2 and 4 ranks (4 oversubscribe the 2 cores; there only
+# over the CPU backend). mpiexec as root needs the OMPI_ALLOW_RUN_AS_ROOT pair.
+MPI_RUN=(env CUSTATEVEC_TEST_MPI=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    "$ROOT/.venv/bin/mpiexec" --oversubscribe)
+MPI_TESTS=(-m pytest tests/mpi tests/test_backend_contract.py -q -p no:cacheprovider --no-flaky-report)
+run_part_within 1500 "MPI tests (mpiexec -n 2)" "${MPI_RUN[@]}" -n 2 "$PY" "${MPI_TESTS[@]}"
+run_part_within 1500 "MPI tests (mpiexec -n 4)" "${MPI_RUN[@]}" -n 4 "$PY" "${MPI_TESTS[@]}" \
+    -k "not mpi-double"
 run_part "PennyLane device suite (analytic)" \
     "$PY" -m pytest "$SUITE" --device=custatevec.qubit -q -p no:cacheprovider -n 2 --no-flaky-report
 run_part "PennyLane device suite (shots=20000)" \

@@ -42,8 +42,8 @@ else
     "$VPY" -m pip install "$TORCH_REQUIREMENT"
 fi
 
-echo "==> installing pennylane-custatevec (editable) with extras test,bench,docs"
-"$VPY" -m pip install -e ".[test,bench,docs]"
+echo "==> installing pennylane-custatevec (editable) with extras test,bench,docs,mpi"
+"$VPY" -m pip install -e ".[test,bench,docs,mpi]"
 
 # The real library without a GPU: tests/test_custatevec_double.py checks the backend's calls
 # against its bindings, and that its create() fails the way the backend's fallback expects.

@@ -19,6 +19,12 @@ from pennylane_custatevec.backends.cpu import CPUBackend
 
 DEVICE = "custatevec.qubit"
 
+MPI_RUN = os.environ.get("CUSTATEVEC_TEST_MPI") == "1"
+"""Set by scripts/run_tests.sh for the runs under ``mpiexec``: the backend contract runs
+on the distributed backend, and tests/mpi/ runs at all."""
+
+collect_ignore = [] if MPI_RUN else ["mpi"]  # tests/mpi/ runs under mpiexec only
+
 TEST_BACKEND = os.environ.get("PLCSV_TEST_BACKEND", "")
 """``custatevec`` (set by scripts/gpu_check.sh): the session requires a usable GPU backend,
 so that ``backend="auto"`` (every device test) and the backend tests run on the GPU."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pennylane as qml
 import pytest
-from conftest import stable_seed
+from conftest import MPI_RUN, stable_seed
 from custatevec_double import make_libraries
 from reference import (
     BACKEND_TOL,
@@ -49,6 +49,7 @@ from pennylane_custatevec.backends import custatevec
 from pennylane_custatevec.backends.base import Backend
 from pennylane_custatevec.backends.cpu import CPUBackend
 from pennylane_custatevec.backends.custatevec import CuStateVecBackend
+from pennylane_custatevec.backends.distributed import DistributedBackend
 
 N = 6
 DTYPES = pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
@@ -79,6 +80,24 @@ BACKENDS = {
     "gpu": _gpu_backend,
     "toy": ToyBackend,
 }
+
+
+def _split(make_local):
+    """The distributed backend over this MPI job's ranks, on local backends that
+    ``make_local`` makes; vectors of N qubits are split (2 local bits suffice)."""
+
+    def make(dtype):
+        from mpi4py import MPI
+
+        backend = DistributedBackend(make_local(dtype), MPI.COMM_WORLD)
+        backend.min_local_qubits = 2
+        return backend
+
+    return make
+
+
+if MPI_RUN:  # under mpiexec (scripts/run_tests.sh): the contract of the split backend
+    BACKENDS = {"mpi-cpu": _split(CPUBackend), "mpi-double": _split(BACKENDS["double"])}
 
 
 @pytest.fixture(params=list(BACKENDS))

@@ -178,6 +178,11 @@ class Backend(abc.ABC):
         ``adjoint_one_qubit_rotations_step``). The default compositions copy their kets (one copy
         alive at a time)."""
 
+    def amplitudes_held(self, num_qubits: int) -> int:
+        """Amplitudes of one vector of ``num_qubits`` qubits that this process holds, for
+        the memory checks: all ``2**n`` (a backend split over processes holds its share)."""
+        return 1 << num_qubits
+
     # --- primitives: allocation, transfer, views -----------------------------------------
 
     @abc.abstractmethod

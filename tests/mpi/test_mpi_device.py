@@ -1,0 +1,333 @@
+"""custatevec.qubit with ``mpi=True``, run under ``mpiexec -n 2`` and ``-n 4`` by
+scripts/run_tests.sh (``CUSTATEVEC_TEST_MPI=1``; tests/conftest.py leaves this folder out
+of other runs).
+
+Every rank runs every test; each compares what the split device returns on that rank with
+default.qubit, or with the same device in one process (``mpi=False``, same seed) where
+samples must be identical. The devices split vectors of 2 local bits and more
+(``min_local_qubits``), so that these small circuits run the split paths: bit swaps
+between ranks, controls and Z letters on global bits, gathered readout, and operations
+wider than a slice.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pennylane as qml
+import pytest
+import torch
+from conftest import DEVICE, TOL, assert_allclose_nested, generic_layer, stable_seed
+from mpi4py import MPI
+from reference import random_hermitian, random_state, random_unitary
+from test_gates import GATE_WIRES, GATES, gate_forms, make_gate
+
+from pennylane_custatevec.backends.distributed import DistributedBackend
+
+COMM = MPI.COMM_WORLD
+RANK_BITS = COMM.Get_size().bit_length() - 1
+
+
+def split_device(wires, **kwargs):
+    """custatevec.qubit over the job's ranks, splitting vectors of >= 2 local bits."""
+    dev = qml.device(DEVICE, wires=wires, backend="cpu", mpi=True, **kwargs)
+    assert isinstance(dev._backend, DistributedBackend)
+    dev._backend.min_local_qubits = 2
+    return dev
+
+
+def single_device(wires, **kwargs):
+    return qml.device(DEVICE, wires=wires, backend="cpu", **kwargs)
+
+
+def same_on_every_rank(value) -> bool:
+    """Whether every rank holds the same ``value`` (exactly)."""
+    values = COMM.allgather(np.asarray(value))
+    return all(np.array_equal(v, values[0]) for v in values)
+
+
+def test_the_job_splits_the_test_circuits():
+    assert COMM.Get_size() in (2, 4) and RANK_BITS >= 1
+    backend = split_device(7)._backend
+    assert backend.global_bits_for(7) == RANK_BITS
+    assert backend.amplitudes_held(7) == 1 << (7 - RANK_BITS)
+    state = backend.zero_state(7, 2)
+    assert state.shape == (2, 128) and state.local.shape == (2, 128 >> RANK_BITS)
+
+
+# --- every gate ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, form",
+    [(name, form) for name in sorted(GATES) for form in gate_forms(name)],
+    ids=lambda value: str(value),
+)
+def test_every_gate(name, form):
+    """Each gate of capabilities.toml (plain, controlled, adjoint) on a random placement
+    of 7 wires (so on global bits too), after a layer on every wire, against default.qubit."""
+    rng = np.random.default_rng(stable_seed("mpi-gate", name, form))
+    angles = rng.uniform(0, 2 * np.pi, size=(len(GATE_WIRES), 2))
+    op, extra = make_gate(name, rng, extra=2 if form == "controlled" else 0)
+    if form == "controlled":
+        op = qml.ctrl(op, control=extra, control_values=[1, 0])
+    elif form == "adjoint":
+        op = qml.adjoint(op)
+
+    def circuit():
+        generic_layer(GATE_WIRES, angles)
+        qml.apply(op)
+        qml.CNOT([GATE_WIRES[-1], GATE_WIRES[0]])
+        return qml.state()
+
+    result = qml.QNode(circuit, split_device(GATE_WIRES))()
+    expected = qml.QNode(circuit, qml.device("default.qubit", wires=GATE_WIRES))()
+    assert_allclose_nested(result, expected, atol=TOL[np.complex128])
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64])
+def test_layers_of_entanglers_and_rotations(dtype):
+    """StronglyEntanglingLayers on 8 wires: rings of CNOTs over every global bit."""
+    rng = np.random.default_rng(stable_seed("mpi-sel", np.dtype(dtype).name))
+    weights = rng.uniform(0, 2 * np.pi, size=(3, 8, 3))
+
+    def circuit(w):
+        qml.StronglyEntanglingLayers(w, wires=range(8))
+        return qml.state()
+
+    result = qml.QNode(circuit, split_device(8, c_dtype=dtype))(weights)
+    expected = qml.QNode(circuit, qml.device("default.qubit", wires=8))(weights)
+    assert_allclose_nested(result, expected, atol=TOL[dtype])
+
+
+# --- measurements ----------------------------------------------------------------------------
+
+WIRES = 6
+
+
+def _prepared(x):
+    for w in range(WIRES):
+        qml.RY(x[w], w)
+        qml.RX(x[w + WIRES], w)
+    for w in range(WIRES):
+        qml.CNOT([w, (w + 1) % WIRES])
+    qml.CRY(x[0], [5, 2])
+
+
+def _measurements(rng):
+    hermitian = random_hermitian(4, rng)
+    wide = random_hermitian(1 << 5, rng)  # wider than a slice under 4 ranks: gathered
+    hamiltonian = qml.Hamiltonian(
+        [0.3, -1.2, 0.7, 0.25],
+        [qml.Z(5) @ qml.Z(4), qml.X(5) @ qml.Y(0), qml.Y(4) @ qml.X(3) @ qml.Z(1), qml.X(2)],
+    )
+    return [
+        qml.expval(qml.Z(5)),
+        qml.expval(qml.X(4) @ qml.X(5)),
+        qml.expval(qml.Y(5) @ qml.Z(0) @ qml.X(2)),
+        qml.expval(hamiltonian),
+        qml.expval(qml.Hermitian(hermitian, wires=[5, 1])),
+        qml.expval(qml.Hermitian(wide, wires=[0, 2, 3, 4, 5])),
+        qml.expval(qml.Projector([1, 0, 1], wires=[5, 0, 3])),
+        qml.var(qml.X(5) @ qml.Z(1)),
+        qml.var(hamiltonian),
+        qml.probs(wires=[5, 0, 4]),
+        qml.probs(wires=range(WIRES)),
+        qml.probs(op=qml.X(4)),
+        qml.expval(
+            qml.SparseHamiltonian(hamiltonian.sparse_matrix(wire_order=range(WIRES)), range(WIRES))
+        ),
+        qml.density_matrix(wires=[4, 1]),
+        qml.purity(wires=[5, 0]),
+        qml.vn_entropy(wires=[4]),
+        qml.mutual_info(wires0=[5], wires1=[0, 1]),
+    ]
+
+
+def test_analytic_measurements():
+    rng = np.random.default_rng(stable_seed("mpi-measurements"))
+    x = rng.uniform(0, 2 * np.pi, size=2 * WIRES)
+    measurements = _measurements(rng)
+
+    def circuit(x):
+        _prepared(x)
+        return [qml.apply(m) for m in measurements]
+
+    result = qml.QNode(circuit, split_device(WIRES))(x)
+    expected = qml.QNode(circuit, qml.device("default.qubit", wires=WIRES))(x)
+    assert_allclose_nested(result, expected, atol=1e-10)
+    assert same_on_every_rank(np.concatenate([np.ravel(r) for r in result]))
+
+
+def test_state_and_batch_of_tapes():
+    rng = np.random.default_rng(stable_seed("mpi-batch"))
+    tapes = []
+    for k in range(3):
+        x = rng.uniform(0, 2 * np.pi, size=2 * WIRES)
+        with qml.queuing.AnnotatedQueue() as q:
+            _prepared(x)
+            qml.state() if k == 0 else qml.expval(qml.X(5) @ qml.Y(k))
+        tapes.append(qml.tape.QuantumScript.from_queue(q))
+    result = qml.execute(tapes, split_device(WIRES))
+    expected = qml.execute(tapes, qml.device("default.qubit", wires=WIRES))
+    assert_allclose_nested(result, expected, atol=1e-10)
+
+
+def test_broadcasting():
+    rng = np.random.default_rng(stable_seed("mpi-broadcast"))
+    x = rng.uniform(0, 2 * np.pi, size=(4, 2 * WIRES))
+
+    def circuit(x):
+        _prepared(x.T)
+        return qml.expval(qml.X(5) @ qml.X(4)), qml.probs(wires=[5, 1]), qml.state()
+
+    result = qml.QNode(circuit, split_device(WIRES))(x)
+    expected = qml.QNode(circuit, qml.device("default.qubit", wires=WIRES))(x)
+    assert_allclose_nested(result, expected, atol=1e-10)
+
+
+def test_state_preparation():
+    rng = np.random.default_rng(stable_seed("mpi-prep"))
+    vector = random_state(WIRES, rng)
+
+    def circuit():
+        qml.StatePrep(vector, wires=range(WIRES))
+        qml.QubitUnitary(random_unitary(4, np.random.default_rng(5)), wires=[5, 4])
+        return qml.state()
+
+    result = qml.QNode(circuit, split_device(WIRES))()
+    expected = qml.QNode(circuit, qml.device("default.qubit", wires=WIRES))()
+    np.testing.assert_allclose(result, expected, atol=1e-10)
+
+
+# --- shots and mid-circuit measurements: the same samples as one process -------------------
+
+
+@pytest.mark.parametrize("shots", [200, (100, 50, 100)], ids=["shots", "shot-vector"])
+def test_samples_equal_one_process(shots):
+    rng = np.random.default_rng(stable_seed("mpi-samples"))
+    x = rng.uniform(0, 2 * np.pi, size=2 * WIRES)
+
+    def circuit(x):
+        _prepared(x)
+        return (
+            qml.sample(wires=[5, 0, 3]),
+            qml.counts(wires=[4, 5]),
+            qml.expval(qml.X(5) @ qml.Z(1)),
+            qml.sample(qml.Y(4)),
+            qml.probs(wires=[5]),
+        )
+
+    run = qml.set_shots(shots)
+    result = run(qml.QNode(circuit, split_device(WIRES, seed=42)))(x)
+    expected = run(qml.QNode(circuit, single_device(WIRES, seed=42)))(x)
+    assert_allclose_nested(result, expected, atol=1e-12)
+
+
+def test_unseeded_ranks_draw_the_same_samples():
+    """Each rank seeds numpy's global state differently: the device takes rank 0's
+    generator, so every rank returns the same samples."""
+    np.random.seed(COMM.Get_rank())
+    dev = split_device(WIRES)
+
+    @qml.set_shots(50)
+    @qml.qnode(dev)
+    def circuit():
+        for w in range(WIRES):
+            qml.Hadamard(w)
+        return qml.sample(wires=range(WIRES))
+
+    assert same_on_every_rank(circuit())
+
+
+@pytest.mark.parametrize("method, shots", [("one-shot", 300), ("deferred", None)])
+def test_mid_circuit_measurements_equal_one_process(method, shots):
+    x = np.array([1.1, 0.4, 2.3, -0.7])
+
+    def circuit(x):
+        qml.RX(x[0], 5)
+        qml.CNOT([5, 0])
+        qml.RY(x[1], 4)
+        m0 = qml.measure(5)
+        qml.cond(m0, qml.RY)(x[2], wires=4)
+        m1 = qml.measure(4, reset=True)
+        qml.cond(m0 & m1, qml.CRX)(x[3], wires=[1, 5])
+        return qml.expval(qml.Z(5) @ qml.X(4)), qml.probs(wires=[5, 1])
+
+    run = qml.set_shots(shots)
+    kwargs = {"mcm_method": method}
+    wires = WIRES + 2  # room for the deferred method's two extra wires
+    result = run(qml.QNode(circuit, split_device(wires, seed=7), **kwargs))(x)
+    expected = run(qml.QNode(circuit, single_device(wires, seed=7), **kwargs))(x)
+    assert_allclose_nested(result, expected, atol=1e-10)
+
+
+# --- derivatives -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("grad_accumulation", ["deferred", "eager"])
+def test_adjoint_jacobian(grad_accumulation):
+    rng = np.random.default_rng(stable_seed("mpi-jacobian", grad_accumulation))
+    x = qml.numpy.array(rng.uniform(0, 2 * np.pi, size=2 * WIRES), requires_grad=True)
+    hermitian = random_hermitian(4, rng)
+
+    def circuit(x):
+        _prepared(x)
+        qml.IsingXY(x[3], [5, 4])
+        qml.MultiRZ(x[4], [5, 4, 0])
+        return (
+            qml.expval(qml.X(5) @ qml.Y(4)),
+            qml.expval(qml.Hermitian(hermitian, wires=[4, 2])),
+            qml.expval(qml.Z(0)),
+        )
+
+    def jacobian(dev, method):
+        node = qml.QNode(circuit, dev, diff_method=method)
+        return qml.jacobian(lambda x: qml.numpy.stack(node(x)))(x)
+
+    split = split_device(WIRES, grad_accumulation=grad_accumulation)
+    result = jacobian(split, "adjoint")
+    expected = jacobian(qml.device("default.qubit", wires=WIRES), "backprop")
+    np.testing.assert_allclose(result, expected, atol=1e-10)
+
+
+@pytest.mark.parametrize("grad_accumulation", ["deferred", "eager"])
+def test_torch_vjp_with_broadcasting(grad_accumulation):
+    rng = np.random.default_rng(stable_seed("mpi-vjp", grad_accumulation))
+    weights = rng.uniform(0, 2 * np.pi, size=(2, WIRES, 3))
+    inputs = rng.uniform(0, np.pi, size=(3, WIRES))
+
+    def circuit(inputs, weights):
+        qml.AngleEmbedding(inputs, wires=range(WIRES))
+        qml.StronglyEntanglingLayers(weights, wires=range(WIRES))
+        return [qml.expval(qml.Z(w)) for w in (5, 4, 0)] + [qml.expval(qml.X(5) @ qml.X(3))]
+
+    def gradient(dev, method, **kwargs):
+        w = torch.tensor(weights, requires_grad=True)
+        node = qml.QNode(circuit, dev, interface="torch", diff_method=method, **kwargs)
+        out = torch.stack(node(torch.tensor(inputs), w))
+        (
+            out * torch.arange(1.0, 1.0 + out.numel(), dtype=out.dtype).reshape(out.shape)
+        ).sum().backward()
+        return out.detach().numpy(), w.grad.numpy()
+
+    split = split_device(WIRES, grad_accumulation=grad_accumulation)
+    result = gradient(split, "adjoint", device_vjp=True)
+    expected = gradient(qml.device("default.qubit", wires=WIRES), "backprop")
+    assert_allclose_nested(result, expected, atol=1e-10)
+    assert same_on_every_rank(result[1])
+
+
+def test_small_circuits_run_replicated():
+    """A circuit with fewer local bits than the threshold runs whole on every rank."""
+    dev = qml.device(DEVICE, wires=3, backend="cpu", mpi=True)
+    assert dev._backend.global_bits_for(3) == 0
+
+    @qml.qnode(dev)
+    def circuit(x):
+        qml.RX(x, 2)
+        qml.CNOT([2, 0])
+        return qml.expval(qml.Z(0)), qml.state()
+
+    value, state = circuit(0.3)
+    np.testing.assert_allclose(value, np.cos(0.3), atol=1e-12)
+    assert state.shape == (8,)
