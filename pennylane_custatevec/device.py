@@ -49,6 +49,7 @@ from .transforms import (
     decompose_templates_for_gradients,
     expand_broadcasts,
     gather_rotations,
+    refuse_differentiated_shares,
     rotate_sampled_measurements,
     split_state_from_real_results,
     validate_adjoint_differentiation,
@@ -177,6 +178,10 @@ class CuStateVecDevice(Device):
         mpi (bool, mpi4py communicator): split each state vector over the ranks of an MPI
             job (``True``: MPI.COMM_WORLD), a power-of-two number of them, launched with
             ``mpiexec``; every rank runs the same program and gets the same results.
+        mpi_gather (bool): with ``mpi``, whether ``qml.state()`` and ``qml.probs()`` of
+            every wire return the whole vector on every rank (``True``) or each rank's
+            share, the entries whose first log2(P) wires spell the rank (``False``; not
+            differentiable).
 
     ``grad_accumulation`` and ``fusion_qubits`` can be overridden for a block of code or a
     function with :func:`pennylane_custatevec.options`.
@@ -196,13 +201,14 @@ class CuStateVecDevice(Device):
         grad_accumulation: str = "deferred",
         fusion_qubits: int | None = None,
         mpi=False,
+        mpi_gather: bool = True,
         **unknown,
     ):
         if unknown:
             raise UnknownOptionError(
                 f"custatevec.qubit got unknown option(s) {sorted(unknown)}; valid options are "
                 "wires, shots, seed, c_dtype, backend, device_id, grad_accumulation, "
-                "fusion_qubits, mpi."
+                "fusion_qubits, mpi, mpi_gather."
             )
         settings.validate(grad_accumulation=grad_accumulation)
         if fusion_qubits is not None:
@@ -227,10 +233,18 @@ class CuStateVecDevice(Device):
         self._backend = select_backend(
             backend, dtype, None if device_id is None else int(device_id)
         )
+        if not isinstance(mpi_gather, (bool, np.bool_)):
+            raise ValueError(
+                f"mpi_gather={mpi_gather!r} is not valid; use True (state() and probs() "
+                "whole on every rank) or False (each rank's share)."
+            )
         if mpi is not False:
             comm = distributed.communicator(mpi)
             self._backend = distributed.DistributedBackend(self._backend, comm)
+            self._backend.gather_results = bool(mpi_gather)
             self._rng = distributed.shared_generator(self._rng, comm)
+        elif not mpi_gather:
+            raise ValueError("mpi_gather=False needs mpi=True (it says what each rank returns).")
         self._kept = _KeptStates()
         self._structures = StructureCache(self.wires)
         self._options = settings.DifferentiationOptions(
@@ -393,6 +407,8 @@ class CuStateVecDevice(Device):
             validate_observables, stopping_condition=self._observable_supported, name=self.name
         )
         if differentiating:
+            if not getattr(self._backend, "gather_results", True):
+                pipeline.add_transform(refuse_differentiated_shares, self.wires)
             batched = self.options_in_force(config).grad_accumulation == "deferred"
             pipeline.add_transform(expand_broadcasts, trainable_only=batched)
             # measures through the state what the sweep does not differentiate (before

@@ -26,6 +26,7 @@ from pennylane.measurements import (
     MeasurementProcess,
     ProbabilityMP,
     StateMeasurement,
+    StateMP,
     VarianceMP,
 )
 from pennylane.operation import Operator
@@ -160,6 +161,8 @@ def probs(backend: Backend, state: StateBatch, register: Register, mp: Probabili
         state = backend.copy(state)
         for gate in diagonalizing_gates_of(mp.obs):
             apply_operator(backend, state, register, gate)
+    elif len(wires) == register.num_qubits:  # every wire: a split backend may give a share
+        return backend.probabilities_result(state, register.targets(wires))
     return backend.probabilities(state, register.targets(wires))
 
 
@@ -215,6 +218,9 @@ def measure_analytic(
         return var(backend, state, register, mp.obs)
     if isinstance(mp, ProbabilityMP):
         return probs(backend, state, register, mp)
+    if type(mp) is StateMP and (not mp.wires or mp.wires == register.wires):
+        # the register's amplitudes in its order, or a split backend's share of them
+        return backend.state_result(state)
     if isinstance(mp, StateMeasurement):
         vectors = backend.to_host(state)
         return np.stack([mp.process_state(v, wire_order=register.wires) for v in vectors])

@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pennylane as qml
 from pennylane import math
+from pennylane.exceptions import DeviceError
 from pennylane.measurements import (
     DensityMatrixMP,
     ExpectationMP,
+    ProbabilityMP,
     StateMeasurement,
     StateMP,
     VarianceMP,
@@ -152,6 +154,32 @@ def _require_adjoint_serves(tape: QuantumScript, batched: bool) -> None:
     }
     broadcast = tape_batch_size(tape) is not None if batched else False
     require_adjoint_serves(tape, trainable, broadcast=broadcast, batched=batched)
+
+
+@transform
+def refuse_differentiated_shares(tape: QuantumScript, device_wires: Wires | None = None):
+    """Refuse the adjoint method on a tape with trainable parameters that returns
+    ``qml.state()`` or ``qml.probs()`` of every wire on a device with ``mpi_gather=False``:
+    those results are each rank's share, and the cotangents of a share do not make a
+    vector-Jacobian product of the whole."""
+    shares = [
+        mp
+        for mp in tape.measurements
+        if (isinstance(mp, StateMP) and len(mp.wires) in (0, len(device_wires or tape.wires)))
+        or (
+            isinstance(mp, ProbabilityMP)
+            and mp.obs is None
+            and mp.mv is None
+            and len(mp.wires) in (0, len(device_wires or tape.wires))
+        )
+    ]
+    if shares and tape.trainable_params:
+        raise DeviceError(
+            f"{shares[0]} returns each rank's share under mpi_gather=False, which the adjoint "
+            "method cannot differentiate; use mpi_gather=True (whole results on every rank) "
+            "to differentiate it, or measure expectation values."
+        )
+    return (tape,), _first_result
 
 
 @transform

@@ -34,6 +34,13 @@ MPI_TESTS=(-m pytest tests/mpi tests/test_backend_contract.py -q -p no:cacheprov
 run_part_within 1500 "MPI tests (mpiexec -n 2)" "${MPI_RUN[@]}" -n 2 "$PY" "${MPI_TESTS[@]}"
 run_part_within 1500 "MPI tests (mpiexec -n 4)" "${MPI_RUN[@]}" -n 4 "$PY" "${MPI_TESTS[@]}" \
     -k "not mpi-double"
+# PennyLane's device suite with every device split over the ranks (tests/mpi/suite_plugin.py)
+SPLIT_SUITE=(-m pytest "$SUITE" --device=custatevec.qubit -p suite_plugin -q -p no:cacheprovider
+    --no-flaky-report)
+run_part_within 900 "PennyLane device suite under MPI (mpiexec -n 2, analytic)" \
+    env PYTHONPATH="$ROOT/tests/mpi" "${MPI_RUN[@]}" -n 2 "$PY" "${SPLIT_SUITE[@]}"
+run_part_within 900 "PennyLane device suite under MPI (mpiexec -n 4, shots=20000)" \
+    env PYTHONPATH="$ROOT/tests/mpi" "${MPI_RUN[@]}" -n 4 "$PY" "${SPLIT_SUITE[@]}" --shots=20000
 run_part "PennyLane device suite (analytic)" \
     "$PY" -m pytest "$SUITE" --device=custatevec.qubit -q -p no:cacheprovider -n 2 --no-flaky-report
 run_part "PennyLane device suite (shots=20000)" \

@@ -72,3 +72,14 @@ def test_the_memory_check_counts_a_rank_share():
     assert backend.global_bits_for(12) == 2 and backend.amplitudes_held(12) == 1 << 10
     assert backend.global_bits_for(11) == 0 and backend.amplitudes_held(11) == 1 << 11
     assert CPUBackend().amplitudes_held(12) == 1 << 12
+
+
+@pytest.mark.parametrize("value", ["no", 0, None])
+def test_mpi_gather_takes_booleans(value):
+    with pytest.raises(ValueError, match="mpi_gather=.* is not valid; use True"):
+        qml.device(DEVICE, wires=2, backend="cpu", mpi=True, mpi_gather=value)
+
+
+def test_mpi_gather_false_needs_mpi():
+    with pytest.raises(ValueError, match="mpi_gather=False needs mpi=True"):
+        qml.device(DEVICE, wires=2, backend="cpu", mpi_gather=False)

@@ -330,6 +330,20 @@ class Backend(abc.ABC):
             index[(positions >> j) & 1 == 1] ^= sources[j]
         state[...] = state[:, index]
 
+    # --- compositions: results ----------------------------------------------------------
+
+    def state_result(self, state: StateBatch) -> np.ndarray:
+        """What ``qml.state()`` returns for the batch: its amplitudes, complex128 (B, 2**n).
+        A backend split over processes may return this process's share instead (a
+        contiguous range of each vector's indices)."""
+        return self.to_host(state)
+
+    def probabilities_result(self, state: StateBatch, bits: Sequence[int]) -> np.ndarray:
+        """What ``qml.probs()`` of every bit returns (``bits`` as in ``probabilities``):
+        the marginal; a backend split over processes may return its share (as
+        ``state_result``)."""
+        return self.probabilities(state, bits)
+
     # --- compositions: expectation values and inner products -----------------------------
 
     def expval_pauli(self, state: StateBatch, paulis: str, targets: Sequence[int]) -> np.ndarray:

@@ -196,6 +196,9 @@ class DistributedBackend(Backend):
         self.ranks = size
         self.rank_bits = size.bit_length() - 1
         self.min_local_qubits = MIN_LOCAL_QUBITS
+        self.gather_results = True
+        """False: ``qml.state()`` and ``qml.probs()`` of every wire return this rank's
+        share (``state_result``), not the whole vector (the device's ``mpi_gather``)."""
         self.sums = RankSums(comm)
         self.dtype = local.dtype
         self.min_product_state_amplitudes = local.min_product_state_amplitudes
@@ -460,6 +463,35 @@ class DistributedBackend(Backend):
         spread = np.zeros((state.rows, 1 << len(bits)))
         spread[:, outcomes] = local
         return self.sums.sum(spread)
+
+    def state_result(self, state) -> np.ndarray:
+        """The whole amplitudes, or with ``gather_results`` off this rank's share: the
+        indices from r 2**L to (r+1) 2**L - 1 (the first g wires spell the rank r)."""
+        if self.gather_results or state.num_qubits < self.rank_bits:
+            return self.to_host(state)
+        if not state.global_bits:  # replicated: every rank cuts its share of the whole
+            return self._share(self.local.to_host(state.local))
+        self._align(state, identity_layout(state.num_qubits))
+        return self.local.to_host(state.local)
+
+    def probabilities_result(self, state, bits) -> np.ndarray:
+        """As ``state_result``: the whole distribution, or this rank's share of it (where
+        ``bits`` are every bit in index order, as ``qml.probs()`` asks)."""
+        if (
+            self.gather_results
+            or state.num_qubits < self.rank_bits
+            or tuple(bits) != identity_layout(state.num_qubits)
+        ):
+            return self.probabilities(state, bits)
+        if not state.global_bits:
+            return self._share(self.local.probabilities(state.local, bits))
+        self._align(state, identity_layout(state.num_qubits))
+        return self.local.probabilities(state.local, identity_layout(state.local_bits))
+
+    def _share(self, whole: np.ndarray) -> np.ndarray:
+        """This rank's share of whole results (B, 2**n): its range of 2**(n - log2 P)."""
+        size = whole.shape[1] >> self.rank_bits
+        return whole[:, self.rank * size : (self.rank + 1) * size]
 
     def expval_pauli(self, state, paulis, targets) -> np.ndarray:
         return self.expval_pauli_words(state, [(paulis, targets)])[:, 0]

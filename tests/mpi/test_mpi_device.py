@@ -331,3 +331,67 @@ def test_small_circuits_run_replicated():
     value, state = circuit(0.3)
     np.testing.assert_allclose(value, np.cos(0.3), atol=1e-12)
     assert state.shape == (8,)
+
+
+def test_compiled_qnode():
+    """pennylane_custatevec.compile on a split device: values and gradients of a
+    broadcast minibatch equal default.qubit's."""
+    import pennylane_custatevec
+
+    rng = np.random.default_rng(stable_seed("mpi-compiled"))
+    inputs = torch.tensor(rng.uniform(0, np.pi, size=(3, WIRES)))
+    weights = rng.uniform(0, 2 * np.pi, size=(2, WIRES, 3))
+
+    def circuit(x, w):
+        qml.AngleEmbedding(x, wires=range(WIRES))
+        qml.StronglyEntanglingLayers(w, wires=range(WIRES))
+        return qml.expval(qml.Z(5) @ qml.X(4)), qml.probs(wires=[5, 0])
+
+    def run(function):
+        w = torch.tensor(weights, requires_grad=True)
+        value, probs = function(inputs, w)
+        (value.sum() + (probs * torch.arange(4.0, dtype=probs.dtype)).sum()).backward()
+        return value.detach().numpy(), probs.detach().numpy(), w.grad.numpy()
+
+    node = qml.QNode(
+        circuit, split_device(WIRES), interface="torch", diff_method="adjoint", device_vjp=True
+    )
+    result = run(pennylane_custatevec.compile(node))
+    expected = run(qml.QNode(circuit, qml.device("default.qubit", wires=WIRES), interface="torch"))
+    assert_allclose_nested(result, expected, atol=1e-10)
+
+
+@pytest.mark.parametrize("wires", [WIRES, 3], ids=["split", "replicated"])
+def test_rank_shares_of_state_and_probs(wires):
+    """mpi_gather=False: state() and probs() of every wire are each rank's contiguous
+    share, whose concatenation over ranks is the whole; other results stay whole."""
+    x = np.linspace(0.2, 1.9, 2 * wires)
+
+    def circuit(x):
+        for w in range(wires):
+            qml.RY(x[w], w)
+            qml.RX(x[w + wires], w)
+            qml.CNOT([w, (w + 1) % wires])
+        return qml.state(), qml.probs(), qml.probs(wires=[0]), qml.expval(qml.X(0))
+
+    dev = split_device(wires, mpi_gather=False)
+    state, probs, first, value = qml.QNode(circuit, dev)(x)
+    expected = qml.QNode(circuit, qml.device("default.qubit", wires=wires))(x)
+    share = (1 << wires) // COMM.Get_size()
+    assert state.shape == (share,) and probs.shape == (share,)
+    np.testing.assert_allclose(np.concatenate(COMM.allgather(state)), expected[0], atol=1e-10)
+    np.testing.assert_allclose(np.concatenate(COMM.allgather(probs)), expected[1], atol=1e-10)
+    np.testing.assert_allclose(first, expected[2], atol=1e-10)
+    np.testing.assert_allclose(value, expected[3], atol=1e-10)
+
+
+def test_rank_shares_are_not_differentiated():
+    dev = split_device(WIRES, mpi_gather=False)
+
+    @qml.qnode(dev, diff_method="adjoint")
+    def circuit(x):
+        qml.RX(x, 5)
+        return qml.probs()
+
+    with pytest.raises(qml.exceptions.DeviceError, match="mpi_gather=True"):
+        qml.jacobian(circuit)(qml.numpy.array(0.3, requires_grad=True))
