@@ -205,10 +205,6 @@ class DistributedBackend(Backend):
         self.sample_host_bytes = local.sample_host_bytes
         self.fusion_traits = dataclasses.replace(
             local.fusion_traits,
-            # runs of bit flips and Z-word runs span global bits: not planned here (each
-            # Z rotation, each flip, still costs no message where its bits are global)
-            z_runs=False,
-            permutation_bits=0,
             # the lone rotation step sums its products at once (a collective per
             # rotation); the block step's sums wait for gather (one per sweep)
             pauli_rotation_step_for_lone_rotations=False,
@@ -394,30 +390,41 @@ class DistributedBackend(Backend):
         return self.local.apply_pauli_rotation(state.local, angles, word, bits, *where)
 
     def apply_z_rotations(self, state, angles, z_masks) -> None:
-        layout = self._uniform_layout(state)
-        angles = np.asarray(angles, dtype=np.float64)
-        low = state.local_bits
-        kept, local_masks = [], []
-        phase = np.ones(angles.shape[0], dtype=np.complex128)
-        signs = np.ones(angles.shape[1])
-        for j, mask in enumerate(z_masks):
-            local_mask = 0
-            for bit in range(int(mask).bit_length()):
-                if mask >> bit & 1:
-                    position = layout[bit]
-                    if position < low:
-                        local_mask |= 1 << position
-                    elif self._rank_bit(position, low):
-                        signs[j] = -signs[j]
-            if local_mask:
-                kept.append(j)
-                local_masks.append(local_mask)
-            else:
-                phase = phase * np.exp(-0.5j * signs[j] * angles[:, j])
-        if kept:
-            self.local.apply_z_rotations(state.local, (angles * signs)[:, kept], local_masks)
-        if len(kept) < len(z_masks):
-            self.local.scale(state.local, phase)
+        if not state.global_bits:
+            return self.local.apply_z_rotations(state.local, angles, z_masks)
+        words = self._local_z_words(state, self._uniform_layout(state), z_masks)
+        angles = np.asarray(angles, dtype=np.float64) * words.signs
+        if words.kept:
+            self.local.apply_z_rotations(state.local, angles[:, words.kept], words.masks)
+        if words.phases:  # words wholly on global bits: exp(-i s angle/2), a phase
+            self.local.scale(state.local, np.exp(-0.5j * angles[:, words.phases].sum(axis=1)))
+        return None
+
+    def adjoint_z_rotations_step(self, phi, bras, angles, z_masks) -> Any:
+        """The local step on the words' local parts (their angles and products signed by
+        their Z letters on global bits); a word wholly on global bits gives s <bra|phi>,
+        which undoing the rotations leaves unchanged."""
+        if not phi.global_bits:
+            return self.local.adjoint_z_rotations_step(phi.local, bras.local, angles, z_masks)
+        layout = self._uniform_layout(phi)
+        self._align(bras, layout)
+        words = self._local_z_words(phi, layout, z_masks)
+        angles = np.asarray(angles, dtype=np.float64) * words.signs
+        rows = bras.rows // phi.rows
+        products = np.empty((phi.rows, rows, len(z_masks)), dtype=np.complex128)
+        if words.phases:
+            overlaps = self.local._bra_products(bras.local, self.local.copy(phi.local), rows)
+            products[:, :, words.phases] = overlaps[:, :, None] * words.signs[words.phases]
+            undo = np.exp(0.5j * angles[:, words.phases].sum(axis=1))
+            self.local.scale(phi.local, undo)
+            self.local.scale(bras.local, undo if undo.size == 1 else np.repeat(undo, rows))
+        if words.kept:
+            step = self.local.adjoint_z_rotations_step(
+                phi.local, bras.local, angles[:, words.kept], words.masks
+            )
+            (kept_products,) = self.local.gather([step])
+            products[:, :, words.kept] = kept_products * words.signs[words.kept]
+        return RankPartial(products)
 
     def apply_one_qubit_rotations(self, state, angles, paulis, targets) -> None:
         if len(targets) > state.local_bits:
@@ -428,8 +435,35 @@ class DistributedBackend(Backend):
         )
 
     def apply_bit_permutation(self, state, sources) -> None:
-        # fusion plans no permutation runs here (fusion_traits.permutation_bits is 0)
-        self._on_whole_vectors(state, lambda b, s: b.apply_bit_permutation(s, sources))
+        """The affine map on each rank's slice: its moved bits (those whose value in
+        src(y) may differ from y's) made local first, so that src(y) stays in the slice; a
+        global input bit enters as this rank's constant (a CNOT controlled there flips its
+        target or not)."""
+        if not state.global_bits:
+            return self.local.apply_bit_permutation(state.local, sources)
+        n = state.num_qubits
+        sources = [int(v) for v in sources]
+        moved = [
+            q
+            for q in range(n)
+            if sources[n] >> q & 1 or any((sources[j] >> q & 1) != (j == q) for j in range(n))
+        ]
+        if len(moved) > state.local_bits:
+            return self._on_whole_vectors(
+                state, lambda b, s: b.apply_bit_permutation(s, np.asarray(sources))
+            )
+        layout = self._make_local(state, moved)
+        low = state.local_bits
+        physical = _mask_mapper(layout)
+        holder = {p: q for q, p in enumerate(layout)}
+        constant = physical(sources[n])
+        for p in range(low, n):  # a global input bit set on this rank adds its column
+            if self._rank_bit(p, low):
+                constant ^= physical(sources[holder[p]]) & ((1 << low) - 1)
+        local_sources = [physical(sources[holder[p]]) for p in range(low)] + [constant]
+        return self.local.apply_bit_permutation(
+            state.local, np.asarray(local_sources, dtype=np.int64)
+        )
 
     # --- linear algebra, measurement -----------------------------------------------------
 
@@ -744,6 +778,29 @@ class DistributedBackend(Backend):
                 bits.append(position)
         return sign, "".join(word), bits
 
+    def _local_z_words(
+        self, state: DistributedState, layout: Layout, z_masks: Sequence[int]
+    ) -> _LocalZWords:
+        """Z words (masks of state bits) as they act on this rank's slice."""
+        low = state.local_bits
+        signs = np.ones(len(z_masks))
+        kept, masks, phases = [], [], []
+        for j, mask in enumerate(z_masks):
+            local_mask = 0
+            for bit in range(int(mask).bit_length()):
+                if mask >> bit & 1:
+                    position = layout[bit]
+                    if position < low:
+                        local_mask |= 1 << position
+                    elif self._rank_bit(position, low):
+                        signs[j] = -signs[j]
+            if local_mask:
+                kept.append(j)
+                masks.append(local_mask)
+            else:
+                phases.append(j)
+        return _LocalZWords(signs, kept, masks, phases)
+
     def _global_flips(self, layout: Layout, state: DistributedState, paulis, targets) -> bool:
         low = state.local_bits
         return any(
@@ -778,6 +835,31 @@ class DistributedBackend(Backend):
         self.local.scale(state.local, np.zeros(1))
         self.local.add_scaled(state.local, self.local.from_host(own), np.ones(1))
         self._set_layout(state, identity_layout(state.num_qubits))
+
+
+@dataclasses.dataclass(frozen=True)
+class _LocalZWords:
+    """Z words on a rank's slice: word j is ``signs[j]`` (its Z letters on global bits)
+    times the Z word on the physical bits ``masks[kept.index(j)]`` or, for j in
+    ``phases`` (no local letter), the constant ``signs[j]``."""
+
+    signs: np.ndarray
+    kept: list[int]
+    masks: list[int]
+    phases: list[int]
+
+
+def _mask_mapper(layout: Layout) -> Callable[[int], int]:
+    """A mask of state bits -> the mask of their physical bits under ``layout``."""
+
+    def physical(mask: int) -> int:
+        out = 0
+        for bit in range(int(mask).bit_length()):
+            if mask >> bit & 1:
+                out |= 1 << layout[bit]
+        return out
+
+    return physical
 
 
 def _view(array, shape: tuple[int, ...]):

@@ -395,3 +395,45 @@ def test_rank_shares_are_not_differentiated():
 
     with pytest.raises(qml.exceptions.DeviceError, match="mpi_gather=True"):
         qml.jacobian(circuit)(qml.numpy.array(0.3, requires_grad=True))
+
+
+def test_fused_runs_on_split_vectors(monkeypatch):
+    """Fusion's runs under a split: CNOT rings as one bit permutation (its moved bits made
+    local), QAOA cost layers as Z-word runs whose words on global bits are signs or
+    phases; values and adjoint Jacobians (deferred) against default.qubit."""
+    calls = {"apply_bit_permutation": 0, "apply_z_rotations": 0, "adjoint_z_rotations_step": 0}
+    for name in calls:
+        original = getattr(DistributedBackend, name)
+
+        def counted(self, *args, _original=original, _name=name):
+            calls[_name] += 1
+            return _original(self, *args)
+
+        monkeypatch.setattr(DistributedBackend, name, counted)
+    wires = 8
+    edges = [(0, 1), (1, 2), (0, 7), (3, 5), (6, 1), (4, 0)]  # (0, 1): both global on 4 ranks
+
+    def circuit(x, w):
+        for q in range(wires):
+            qml.Hadamard(q)
+        for layer in range(2):
+            for k, (a, b) in enumerate(edges):
+                qml.IsingZZ(x[layer, k], [a, b])
+            qml.MultiRZ(x[layer, -1], [0, 1, 5])
+            for q in range(wires):
+                qml.RX(x[layer, len(edges) + q], q)
+        qml.StronglyEntanglingLayers(w, wires=range(wires))
+        return qml.expval(qml.Z(0) @ qml.Z(1)), qml.expval(qml.X(7) @ qml.Y(0))
+
+    rng = np.random.default_rng(stable_seed("mpi-runs"))
+    x = qml.numpy.array(rng.uniform(0, 2, size=(2, len(edges) + wires + 1)), requires_grad=True)
+    w = qml.numpy.array(rng.uniform(0, 2, size=(1, wires, 3)), requires_grad=True)
+
+    def jacobian(dev, method):
+        node = qml.QNode(circuit, dev, diff_method=method)
+        return node(x, w), qml.jacobian(lambda x, w: qml.numpy.stack(node(x, w)))(x, w)
+
+    result = jacobian(split_device(wires), "adjoint")
+    expected = jacobian(qml.device("default.qubit", wires=wires), "backprop")
+    assert_allclose_nested(result, expected, atol=1e-10)
+    assert all(count > 0 for count in calls.values()), calls
