@@ -83,3 +83,20 @@ def test_mpi_gather_takes_booleans(value):
 def test_mpi_gather_false_needs_mpi():
     with pytest.raises(ValueError, match="mpi_gather=False needs mpi=True"):
         qml.device(DEVICE, wires=2, backend="cpu", mpi_gather=False)
+
+
+def test_whole_results_too_large_for_host_memory_are_refused(monkeypatch):
+    """Gathering whole vectors or distributions on every rank checks the host memory
+    first and names mpi_gather=False."""
+    from pennylane_custatevec.backends import distributed
+
+    backend = DistributedBackend(CPUBackend(), _Ranks(2))
+    monkeypatch.setattr(backend.local, "available_host_bytes", lambda: 1 << 10)
+    monkeypatch.setattr(distributed, "UNCHECKED_HOST_BYTES", 0)
+    state = distributed.DistributedState(
+        np.zeros((1, 1 << 15), np.complex128), [tuple(range(16))], 0, 1, 16, 1
+    )
+    with pytest.raises(distributed.ResultTooLargeError, match="mpi_gather=False"):
+        backend.to_host(state)
+    with pytest.raises(distributed.ResultTooLargeError, match="probabilities of 16 qubits"):
+        backend.probabilities(state, tuple(range(16)))

@@ -52,6 +52,15 @@ EXCHANGE_CHUNK_AMPLITUDES = 1 << 20
 receive buffers, whatever the slice size (and keeps counts far below 2**31)."""
 
 
+UNCHECKED_HOST_BYTES = 1 << 24
+"""Whole results up to this size (16 MiB) skip the free-memory query (as
+``simulate.UNCHECKED_BYTES`` does for states)."""
+
+
+class ResultTooLargeError(MemoryError):
+    """Whole results gathered on every rank would not fit in a rank's host memory."""
+
+
 @dataclasses.dataclass(eq=False)
 class DistributedState:
     """A batch of vectors split over the ranks: this rank's slices (a local backend's
@@ -283,8 +292,10 @@ class DistributedBackend(Backend):
     def to_host(self, state: DistributedState) -> np.ndarray:
         if not state.global_bits:
             return self.local.to_host(state.local)
-        layout = self._uniform_layout(state)
         n, rows = state.num_qubits, state.rows
+        # the gathered slices and their reordered copy, complex128
+        self._require_host(2 * rows * 16 << n, f"gathering {rows} whole vector(s) of {n} qubits")
+        layout = self._uniform_layout(state)
         slices = self.sums.gather_slices(self.local.to_host(state.local))  # (P, B, 2**L)
         physical = np.moveaxis(slices, 0, 1).reshape((rows,) + (2,) * n)
         # axis 1 + (n - 1 - p) holds physical bit p; logical bit q is at p = layout[q]
@@ -494,6 +505,9 @@ class DistributedBackend(Backend):
         outcomes = np.full(1 << len(local_js), fixed, dtype=np.int64)
         for i, j in enumerate(local_js):
             outcomes |= ((np.arange(outcomes.size) >> i) & 1) << j
+        self._require_host(
+            2 * state.rows * 8 << len(bits), f"the probabilities of {len(bits)} qubits"
+        )
         spread = np.zeros((state.rows, 1 << len(bits)))
         spread[:, outcomes] = local
         return self.sums.sum(spread)
@@ -521,6 +535,19 @@ class DistributedBackend(Backend):
             return self._share(self.local.probabilities(state.local, bits))
         self._align(state, identity_layout(state.num_qubits))
         return self.local.probabilities(state.local, identity_layout(state.local_bits))
+
+    def _require_host(self, needed: int, what: str) -> None:
+        """Refuse, before allocating, whole results that would not fit in this rank's
+        host memory (every rank holds them), naming ``mpi_gather=False``."""
+        if needed <= UNCHECKED_HOST_BYTES:
+            return
+        available = self.local.available_host_bytes()
+        if needed > available:
+            raise ResultTooLargeError(
+                f"{what[0].upper()}{what[1:]} needs {needed:,} bytes of host memory on every "
+                f"rank; {available:,} bytes are available. Use mpi_gather=False (state() and "
+                "probs() as each rank's share), fewer measured wires, or expectation values."
+            )
 
     def _share(self, whole: np.ndarray) -> np.ndarray:
         """This rank's share of whole results (B, 2**n): its range of 2**(n - log2 P)."""
