@@ -1,13 +1,13 @@
 """Strong and weak scaling of a VJP step over MPI ranks (``mpi=True``), with the bytes
 each rank sends, against a model of lightning.gpu's MPI scheme.
 
-    python benchmarks/mpi_scaling.py [--strong 22] [--weak 20] [--ranks 1,2,4]
+    python benchmarks/mpi_scaling.py [--strong 22,24] [--weak 22] [--ranks 1,2,4]
                                      [--layers 2] [--repeat 3] [--out benchmarks/results]
 
 launches ``mpiexec -n P`` of this script (``--rank-run``) for every P and size, and writes
 ``mpi_scaling.md`` under ``--out``. The step: StronglyEntanglingLayers on n wires,
 expval(Z_0 Z_{n-1}), forward and torch backward (adjoint, ``device_vjp=True``, deferred).
-Strong scaling: n fixed at ``--strong``; weak: n = ``--weak`` + log2 P (the same amplitudes
+Strong scaling: n fixed at each of ``--strong``; weak: n = ``--weak`` + log2 P (the same amplitudes
 per rank). Each rank runs with one numba thread and one torch thread when P > 1 (so that
 P ranks use P cores; P = 1 uses every core), timings are rank 0's medians after a warm-up
 step. Ranks beyond the machine's cores oversubscribe it: their times measure the
@@ -74,6 +74,10 @@ def rank_run(n_wires: int, layers: int, repeat: int) -> None:
     step()  # warm-up: compilation, numba dispatch
     traffic = dev._backend.sums.traffic
     before = dict(vars(traffic))
+    with torch.no_grad():
+        circuit(torch.tensor(weights))
+    forward = {k: v - before[k] for k, v in vars(traffic).items()}
+    before = dict(vars(traffic))
     times = []
     for _ in range(repeat):
         comm.Barrier()
@@ -84,6 +88,8 @@ def rank_run(n_wires: int, layers: int, repeat: int) -> None:
     slowest = comm.reduce(sorted(times)[len(times) // 2], op=MPI.MAX, root=0)
     tape = qml.workflow.construct_tape(circuit)(torch.tensor(weights, requires_grad=True))
     [tape], _ = qml.transforms.decompose(tape, gate_set={"Rot", "CNOT"})
+    per_step["forward_swap_bytes"] = forward["swap_bytes"]
+    per_step["gates"] = len(tape.operations)
     tape.trainable_params = list(range(len(tape.get_parameters(trainable_only=False))))
     if comm.Get_rank() == 0:
         rank_bits = comm.Get_size().bit_length() - 1
@@ -121,16 +127,22 @@ def mib(value: int) -> str:
 
 def table(rows: list[dict]) -> list[str]:
     lines = [
-        "| ranks | qubits | step (s) | our swaps | our MiB sent | our sums | lightning swaps "
-        "(model) | lightning MiB (model) | lightning sums (model) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| ranks | qubits | step (s) | our swaps | our MiB sent (forward + sweep) | our KiB "
+        "per gate | our sums | lightning swaps (model) | lightning MiB (model) | lightning "
+        "KiB per gate (model) | lightning sums (model) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ours, model = r["ours"], r["lightning"]
+        forward = ours["forward_swap_bytes"]
+        sweep = ours["swap_bytes"] - forward
+        gates = ours["gates"]
         lines.append(
             f"| {r['ranks']} | {r['qubits']} | {r['seconds']:.3f} | {ours['swaps']} | "
-            f"{mib(ours['swap_bytes'])} | {ours['sums']} | {model['swaps']} | "
-            f"{mib(model['swap_bytes'])} | {model['sums']} |"
+            f"{mib(ours['swap_bytes'])} ({mib(forward)} + {mib(sweep)}) | "
+            f"{ours['swap_bytes'] / gates / 1024:,.0f} | {ours['sums']} | {model['swaps']} | "
+            f"{mib(model['swap_bytes'])} | {model['swap_bytes'] / gates / 1024:,.0f} | "
+            f"{model['sums']} |"
         )
     return lines
 
@@ -138,8 +150,8 @@ def table(rows: list[dict]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rank-run", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--strong", type=int, default=22)
-    parser.add_argument("--weak", type=int, default=20)
+    parser.add_argument("--strong", default="22,24", help="qubits, comma-separated")
+    parser.add_argument("--weak", type=int, default=22)
     parser.add_argument("--ranks", default="1,2,4")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3)
@@ -148,7 +160,8 @@ def main() -> None:
     if args.rank_run is not None:
         return rank_run(args.rank_run, args.layers, args.repeat)
     ranks = [int(p) for p in args.ranks.split(",")]
-    strong = [launch(p, args.strong, args.layers, args.repeat) for p in ranks]
+    sizes = [int(n) for n in args.strong.split(",")]
+    strong = [launch(p, n, args.layers, args.repeat) for n in sizes for p in ranks]
     weak = [launch(p, args.weak + p.bit_length() - 1, args.layers, args.repeat) for p in ranks]
     lines = [
         "# MPI scaling (benchmarks/mpi_scaling.py)",
@@ -159,6 +172,8 @@ def main() -> None:
         "it. Bytes are what one rank sends per step (it receives as many).",
         "",
         f"## Strong scaling (n = {args.strong})",
+        "",
+        "Per-gate figures divide a step's bytes by the decomposed tape's gates (Rot, CNOT).",
         "",
         *table(strong),
         "",
