@@ -167,9 +167,10 @@ class CuStateVecDevice(Device):
         backend ("auto", "cpu", "custatevec"): where state vectors live; "auto" is
             "custatevec" when cupy, cuQuantum and a GPU are usable, else "cpu" (with a
             warning saying why).
-        device_id (int, None): the GPU of the custatevec backend; ``None`` takes
-            $LOCAL_RANK when set (one process per GPU under torch.distributed), else the
-            current CUDA device. Ignored by the CPU backend.
+        device_id (int, None): the GPU of the custatevec backend; ``None`` takes, with
+            ``mpi``, the rank's index among the ranks of its node, else $LOCAL_RANK when
+            set (one process per GPU under torch.distributed), else the current CUDA
+            device. Ignored by the CPU backend.
         grad_accumulation ("deferred", "eager"): how the adjoint method accumulates
             gradient contributions: "deferred" (fused blocks, one reduction per block,
             batched tapes, one transfer per batch) or "eager" (the textbook sweep).
@@ -228,23 +229,25 @@ class CuStateVecDevice(Device):
                 f"device_id={device_id!r} is not valid; use a GPU index (0, 1, ...) or None "
                 "(LOCAL_RANK if set, else the current CUDA device)."
             )
-        super().__init__(wires=wires, shots=shots)
-        self._rng = _rng_from_seed(seed)
-        self._backend = select_backend(
-            backend, dtype, None if device_id is None else int(device_id)
-        )
         if not isinstance(mpi_gather, (bool, np.bool_)):
             raise ValueError(
                 f"mpi_gather={mpi_gather!r} is not valid; use True (state() and probs() "
                 "whole on every rank) or False (each rank's share)."
             )
-        if mpi is not False:
-            comm = distributed.communicator(mpi)
+        if mpi is False and not mpi_gather:
+            raise ValueError("mpi_gather=False needs mpi=True (it says what each rank returns).")
+        comm = None if mpi is False else distributed.communicator(mpi)
+        if comm is not None and device_id is None:
+            device_id = distributed.node_rank(comm)  # one GPU per rank of a node
+        super().__init__(wires=wires, shots=shots)
+        self._rng = _rng_from_seed(seed)
+        self._backend = select_backend(
+            backend, dtype, None if device_id is None else int(device_id)
+        )
+        if comm is not None:
             self._backend = distributed.DistributedBackend(self._backend, comm)
             self._backend.gather_results = bool(mpi_gather)
             self._rng = distributed.shared_generator(self._rng, comm)
-        elif not mpi_gather:
-            raise ValueError("mpi_gather=False needs mpi=True (it says what each rank returns).")
         self._kept = _KeptStates()
         self._structures = StructureCache(self.wires)
         self._options = settings.DifferentiationOptions(

@@ -929,6 +929,18 @@ def communicator(mpi: Any):
     )
 
 
+def node_rank(comm) -> int:
+    """This rank's index among the ranks of ``comm`` that share its node (its memory):
+    the GPU it takes, one GPU per rank."""
+    from mpi4py import MPI
+
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_rank()
+    finally:
+        node.Free()
+
+
 def shared_generator(generator: np.random.Generator, comm) -> np.random.Generator:
     """Rank 0's generator on every rank (a copy of its state), so that every rank draws
     the same samples and mid-circuit outcomes, whatever seed each rank was given."""

@@ -437,3 +437,21 @@ def test_fused_runs_on_split_vectors(monkeypatch):
     expected = jacobian(qml.device("default.qubit", wires=wires), "backprop")
     assert_allclose_nested(result, expected, atol=1e-10)
     assert all(count > 0 for count in calls.values()), calls
+
+
+def test_each_rank_of_a_node_takes_its_own_gpu(monkeypatch):
+    """With mpi and no device_id, the backend gets the rank's index on its node (every
+    rank here shares one node); an explicit device_id is kept."""
+    from pennylane_custatevec import device as device_module
+
+    chosen = []
+    plain = device_module.select_backend
+
+    def recording(name, dtype, device_id=None):
+        chosen.append(device_id)
+        return plain(name, dtype, device_id)
+
+    monkeypatch.setattr(device_module, "select_backend", recording)
+    qml.device(DEVICE, wires=4, backend="cpu", mpi=True)
+    qml.device(DEVICE, wires=4, backend="cpu", mpi=True, device_id=0)
+    assert chosen == [COMM.Get_rank(), 0]
