@@ -1,7 +1,7 @@
 """Strong and weak scaling of a VJP step over MPI ranks (``mpi=True``), with the bytes
 each rank sends, against a model of lightning.gpu's MPI scheme.
 
-    python benchmarks/mpi_scaling.py [--strong 22,24] [--weak 22] [--ranks 1,2,4]
+    python benchmarks/mpi_scaling.py [--strong 22,24,26] [--weak 22] [--ranks 1,2,4]
                                      [--layers 2] [--repeat 3] [--out benchmarks/results]
 
 launches ``mpiexec -n P`` of this script (``--rank-run``) for every P and size, and writes
@@ -167,7 +167,7 @@ def table(rows: list[dict]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rank-run", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--strong", default="22,24", help="qubits, comma-separated")
+    parser.add_argument("--strong", default="22,24,26", help="qubits, comma-separated")
     parser.add_argument("--weak", type=int, default=22)
     parser.add_argument("--ranks", default="1,2,4")
     parser.add_argument("--layers", type=int, default=2)
