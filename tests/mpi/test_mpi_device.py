@@ -27,9 +27,9 @@ COMM = MPI.COMM_WORLD
 RANK_BITS = COMM.Get_size().bit_length() - 1
 
 
-def split_device(wires, **kwargs):
+def split_device(wires, backend="cpu", **kwargs):
     """custatevec.qubit over the job's ranks, splitting vectors of >= 2 local bits."""
-    dev = qml.device(DEVICE, wires=wires, backend="cpu", mpi=True, **kwargs)
+    dev = qml.device(DEVICE, wires=wires, backend=backend, mpi=True, **kwargs)
     assert isinstance(dev._backend, DistributedBackend)
     dev._backend.min_local_qubits = 2
     return dev
@@ -455,3 +455,52 @@ def test_each_rank_of_a_node_takes_its_own_gpu(monkeypatch):
     qml.device(DEVICE, wires=4, backend="cpu", mpi=True)
     qml.device(DEVICE, wires=4, backend="cpu", mpi=True, device_id=0)
     assert chosen == [COMM.Get_rank(), 0]
+
+
+@pytest.mark.parametrize("grad_accumulation", ["deferred", "eager"])
+def test_gpu_backend_on_its_double(monkeypatch, grad_accumulation):
+    """The cuStateVec backend (on its NumPy double, 4 GPUs visible) as each rank's local
+    backend: each rank on the GPU of its node index; values, probabilities, the state and
+    a torch VJP of a broadcast minibatch against default.qubit."""
+    from custatevec_double import make_libraries
+
+    from pennylane_custatevec.backends import custatevec
+
+    libraries = make_libraries(gpus=4)
+    monkeypatch.setattr(custatevec, "import_libraries", lambda: libraries)
+    custatevec.unavailable_reason.cache_clear()
+    try:
+        dev = split_device(WIRES, backend="custatevec", grad_accumulation=grad_accumulation)
+        assert dev._backend.local.name == "custatevec"
+        assert dev._backend.local.device_id == COMM.Get_rank()
+        rng = np.random.default_rng(stable_seed("mpi-double", grad_accumulation))
+        inputs = torch.tensor(rng.uniform(0, np.pi, size=(3, WIRES)))
+        weights = rng.uniform(0, 2 * np.pi, size=(2, WIRES, 3))
+
+        def circuit(x, w):
+            qml.AngleEmbedding(x, wires=range(WIRES))
+            qml.StronglyEntanglingLayers(w, wires=range(WIRES))
+            return qml.expval(qml.X(5) @ qml.Z(0)), qml.probs(wires=[5, 4, 1])
+
+        def run(device, method, **kwargs):
+            w = torch.tensor(weights, requires_grad=True)
+            node = qml.QNode(circuit, device, interface="torch", diff_method=method, **kwargs)
+            value, probs = node(inputs, w)
+            (value.sum() + (probs * torch.arange(8.0, dtype=probs.dtype)).sum()).backward()
+            return value.detach().numpy(), probs.detach().numpy(), w.grad.numpy()
+
+        result = run(dev, "adjoint", device_vjp=True)
+        expected = run(qml.device("default.qubit", wires=WIRES), "backprop")
+        assert_allclose_nested(result, expected, atol=1e-10)
+
+        def state():
+            qml.StronglyEntanglingLayers(weights, wires=range(WIRES))
+            return qml.state()
+
+        np.testing.assert_allclose(
+            qml.QNode(state, dev)(),
+            qml.QNode(state, qml.device("default.qubit", wires=WIRES))(),
+            atol=1e-10,
+        )
+    finally:
+        custatevec.unavailable_reason.cache_clear()
