@@ -144,6 +144,27 @@ def test_state_management(make, dtype):
 
 
 @DTYPES
+def test_read_and_write_blocks(make, dtype):
+    """read_block / write_block on a strided view of a batch (what a bit swap sends and
+    receives): the values, in the batch's dtype, and the write lands in the batch only
+    there. Split backends: on their local backend."""
+    backend = make(dtype)
+    local = getattr(backend, "local", backend)
+    rng = np.random.default_rng(stable_seed("blocks", np.dtype(dtype).name))
+    psi = random_states(5, 2, rng).astype(dtype)
+    state = local.from_host(psi)
+    block = state[:, 1::2]  # the amplitudes whose bit 0 is 1
+    read = local.read_block(block)
+    assert isinstance(read, np.ndarray) and read.dtype == dtype
+    np.testing.assert_array_equal(read, psi[:, 1::2])
+    values = random_states(4, 2, rng).astype(dtype)
+    local.write_block(block, values)
+    expected = psi.copy()
+    expected[:, 1::2] = values
+    np.testing.assert_array_equal(local.to_host(state), expected.astype(np.complex128))
+
+
+@DTYPES
 def test_concatenate(make, dtype):
     check_concatenate(make(dtype))
 

@@ -210,6 +210,16 @@ class Backend(abc.ABC):
     def concatenate(self, states: Sequence[StateBatch]) -> StateBatch:
         """A new batch holding the vectors of ``states`` one batch after the other."""
 
+    def read_block(self, block: Any) -> np.ndarray:
+        """A host copy of ``block``, a (strided) view of a batch's memory, in its dtype and
+        in order with the backend's pending work (the distributed backend's bit swaps
+        send it). The default: numpy memory."""
+        return np.array(block, copy=True)
+
+    def write_block(self, block: Any, values: np.ndarray) -> None:
+        """``block[...] = values`` (host values), in order with the backend's work."""
+        block[...] = values
+
     # --- primitives: gates ---------------------------------------------------------------
 
     @abc.abstractmethod

@@ -303,6 +303,15 @@ class CuStateVecBackend(Backend):
     def copy(self, state: StateBatch) -> StateBatch:
         return state.copy()
 
+    @_on_device
+    def read_block(self, block) -> np.ndarray:
+        # on the backend's stream (non-blocking: the null stream would not wait for it)
+        return self._cp.asnumpy(block)
+
+    @_on_device
+    def write_block(self, block, values: np.ndarray) -> None:
+        block[...] = self._cp.asarray(values)
+
     def vectors(self, state: StateBatch, start: int, stop: int) -> StateBatch:
         return state[start:stop]
 

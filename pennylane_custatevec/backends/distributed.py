@@ -151,10 +151,11 @@ class RankSums:
         self.comm.Allgather(local, out)
         return out
 
-    def exchange(self, block, partner: int) -> None:
-        """``block`` (a 2-D view of a slice) <- the partner's block of the same shape, the
-        partner receiving ours; in messages of at most ``EXCHANGE_CHUNK_AMPLITUDES``.
-        Device (cupy) blocks travel through host buffers."""
+    def exchange(self, backend: Backend, block, partner: int) -> None:
+        """``block`` (a 2-D view of a slice of ``backend``'s memory) <- the partner's block
+        of the same shape, the partner receiving ours; in messages of at most
+        ``EXCHANGE_CHUNK_AMPLITUDES``, each read and written back through the backend
+        (``read_block``, ``write_block``: in order with its pending work)."""
         rows, cols = block.shape
         self.traffic.swaps += 1
         self.traffic.swap_bytes += rows * cols * block.dtype.itemsize
@@ -163,25 +164,10 @@ class RankSums:
         for r in range(0, rows, rows_per):
             for c in range(0, cols, cols_per):
                 part = block[r : r + rows_per, c : c + cols_per]
-                send = _host_copy(part)
+                send = np.ascontiguousarray(backend.read_block(part))
                 received = np.empty_like(send)
                 self.comm.Sendrecv(send, dest=partner, recvbuf=received, source=partner)
-                part[...] = received if isinstance(part, np.ndarray) else _like(part, received)
-
-
-def _host_copy(array) -> np.ndarray:
-    """A contiguous host copy of a numpy or cupy array."""
-    get = getattr(array, "get", None)
-    return np.ascontiguousarray(get() if callable(get) else array)
-
-
-def _like(device_array, host: np.ndarray):
-    """``host`` as an array of ``device_array``'s kind (cupy's ``asarray`` through its
-    module), for writing back into a device slice."""
-    import importlib
-
-    module = importlib.import_module(type(device_array).__module__.split(".")[0])
-    return module.asarray(host)
+                backend.write_block(part, received)
 
 
 def identity_layout(num_qubits: int) -> Layout:
@@ -748,7 +734,7 @@ class DistributedBackend(Backend):
         outer = 1 << (low - 1 - local_position)
         inner = 1 << local_position
         halves = _view(state.local, (state.rows, outer, 2, inner))[:, :, 1 - value, :]
-        self.sums.exchange(_view(halves, (state.rows * outer, inner)), partner)
+        self.sums.exchange(self.local, _view(halves, (state.rows * outer, inner)), partner)
 
     def _swap_two_global(self, state: DistributedState, first: int, second: int) -> None:
         """Two global bits swapped: ranks whose two bits differ trade whole slices."""
@@ -756,7 +742,7 @@ class DistributedBackend(Backend):
         if self._rank_bit(first, low) == self._rank_bit(second, low):
             return
         partner = self.rank ^ (1 << (first - low)) ^ (1 << (second - low))
-        self.sums.exchange(state.local, partner)
+        self.sums.exchange(self.local, state.local, partner)
 
     def _controls(
         self,
