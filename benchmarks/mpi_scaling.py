@@ -75,7 +75,7 @@ def rank_run(n_wires: int, layers: int, repeat: int) -> None:
         return w.grad
 
     step()  # warm-up: compilation, numba dispatch
-    traffic = dev._backend.sums.traffic
+    traffic = dev._backend.messages.traffic
     before = dict(vars(traffic))
     with torch.no_grad():
         circuit(torch.tensor(weights))

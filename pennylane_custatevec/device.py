@@ -410,7 +410,7 @@ class CuStateVecDevice(Device):
             validate_observables, stopping_condition=self._observable_supported, name=self.name
         )
         if differentiating:
-            if not getattr(self._backend, "gather_results", True):
+            if not self._backend.gather_results:
                 pipeline.add_transform(refuse_differentiated_shares, self.wires)
             batched = self.options_in_force(config).grad_accumulation == "deferred"
             pipeline.add_transform(expand_broadcasts, trainable_only=batched)

@@ -162,15 +162,14 @@ def refuse_differentiated_shares(tape: QuantumScript, device_wires: Wires | None
     ``qml.state()`` or ``qml.probs()`` of every wire on a device with ``mpi_gather=False``:
     those results are each rank's share, and the cotangents of a share do not make a
     vector-Jacobian product of the whole."""
+    every_wire = (0, len(device_wires or tape.wires))  # no wires: every wire
     shares = [
         mp
         for mp in tape.measurements
-        if (isinstance(mp, StateMP) and len(mp.wires) in (0, len(device_wires or tape.wires)))
-        or (
-            isinstance(mp, ProbabilityMP)
-            and mp.obs is None
-            and mp.mv is None
-            and len(mp.wires) in (0, len(device_wires or tape.wires))
+        if len(mp.wires) in every_wire
+        and (
+            isinstance(mp, StateMP)
+            or (isinstance(mp, ProbabilityMP) and mp.obs is None and mp.mv is None)
         )
     ]
     if shares and tape.trainable_params:

@@ -342,6 +342,11 @@ class Backend(abc.ABC):
 
     # --- compositions: results ----------------------------------------------------------
 
+    gather_results: bool = True
+    """Whether ``state_result`` and ``probabilities_result`` return whole results; False
+    (a backend split over processes, the device's ``mpi_gather=False``): this process's
+    share, which the adjoint method does not differentiate."""
+
     def state_result(self, state: StateBatch) -> np.ndarray:
         """What ``qml.state()`` returns for the batch: its amplitudes, complex128 (B, 2**n).
         A backend split over processes may return this process's share instead (a

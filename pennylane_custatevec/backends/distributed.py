@@ -7,7 +7,7 @@ physical bit is a per-vector *layout*, ``layout[q] = p``, changed lazily:
 
 * a gate whose targets sit on global physical bits (``p >= L``) first swaps each of them
   with a free local bit, and leaves them there (a *bit swap*: every rank exchanges half
-  of its slice with the rank that differs in that global bit, ``RankSums.exchange``);
+  of its slice with the rank that differs in that global bit, ``RankMessages.exchange``);
 * a control on a global bit costs nothing: a rank whose bit does not match skips the gate;
 * Z letters and diagonals on global bits cost nothing: on a rank the global bits are
   constants, so Z_g is the sign (-1)**bit and a diagonal is its restriction;
@@ -15,10 +15,11 @@ physical bit is a per-vector *layout*, ``layout[q] = p``, changed lazily:
   are first brought to one layout; readout (``to_host``) reorders what it gathers.
 
 Reductions (inner products, probabilities, expectation values) are summed over ranks
-(``RankSums``); the deferred sweep's reductions stay rank-local until ``gather``, which
+(``RankMessages``); the deferred sweep's reductions stay rank-local until ``gather``, which
 sums all of them in one collective per sweep. Sums are reduced to rank 0 and broadcast,
 so that every rank holds bit-identical results (ranks that drew different outcomes of a
-mid-circuit measurement would run different circuits).
+mid-circuit measurement would run different circuits); sampling is the base class's,
+from the summed marginal with the generator the device gives every rank (rank 0's).
 
 Vectors too small to be worth splitting (fewer than ``min_local_qubits`` local bits) are
 *replicated*: every rank holds and computes the whole vector, and nothing is summed. An
@@ -123,9 +124,10 @@ class Traffic:
     """Bytes of this rank's contributions to them."""
 
 
-class RankSums:
-    """Sums over ranks, the same bits on every rank (reduce to rank 0, then broadcast),
-    and the exchanges of bit swaps; counts what it sends (``traffic``)."""
+class RankMessages:
+    """What ranks send each other: sums over ranks, the same bits on every rank (reduce to
+    rank 0, then broadcast), gathers, and the exchanges of bit swaps; counts what it
+    sends (``traffic``)."""
 
     def __init__(self, comm):
         from mpi4py import MPI
@@ -193,10 +195,8 @@ class DistributedBackend(Backend):
         self.ranks = size
         self.rank_bits = size.bit_length() - 1
         self.min_local_qubits = MIN_LOCAL_QUBITS
-        self.gather_results = True
-        """False: ``qml.state()`` and ``qml.probs()`` of every wire return this rank's
-        share (``state_result``), not the whole vector (the device's ``mpi_gather``)."""
-        self.sums = RankSums(comm)
+        self.gather_results = True  # the device's mpi_gather (see Backend.gather_results)
+        self.messages = RankMessages(comm)
         self.dtype = local.dtype
         self.min_product_state_amplitudes = local.min_product_state_amplitudes
         self.sample_host_bytes = local.sample_host_bytes
@@ -268,7 +268,8 @@ class DistributedBackend(Backend):
         for j, bit in enumerate(bits):
             if bit >= low:
                 weight = weight * factors[:, j, self._rank_bit(bit, low)]
-        if any(self._rank_bit(p, low) for p in range(low, n_qubits) if p not in set(bits)):
+        prepared = set(bits)
+        if any(self._rank_bit(p, low) for p in range(low, n_qubits) if p not in prepared):
             weight = weight * 0  # a bit left |0> reads 1 on this rank
         if local_js:
             local = self.local.product_state(low, factors[:, local_js], [bits[j] for j in local_js])
@@ -284,7 +285,7 @@ class DistributedBackend(Backend):
         # the gathered slices and their reordered copy, complex128
         self._require_host(2 * rows * 16 << n, f"gathering {rows} whole vector(s) of {n} qubits")
         layout = self._uniform_layout(state)
-        slices = self.sums.gather_slices(self.local.to_host(state.local))  # (P, B, 2**L)
+        slices = self.messages.gather_slices(self.local.to_host(state.local))  # (P, B, 2**L)
         physical = np.moveaxis(slices, 0, 1).reshape((rows,) + (2,) * n)
         # axis 1 + (n - 1 - p) holds physical bit p; logical bit q is at p = layout[q]
         order = [1 + (n - 1 - layout[q]) for q in reversed(range(n))]
@@ -353,15 +354,15 @@ class DistributedBackend(Backend):
         return self.local.apply_diagonal(state.local, restricted, local_targets[::-1], *where)
 
     def apply_pauli(self, state, paulis, targets, controls=(), control_values=()) -> None:
-        if _moved_bits(paulis, targets, state) is None:
+        moved = _moved_bits(paulis, targets, state)
+        if moved is None:
             return self._on_whole_vectors(
                 state, lambda b, s: b.apply_pauli(s, paulis, targets, controls, control_values)
             )
-        layout = self._make_local(state, _moved_bits(paulis, targets, state))
-        where = self._controls(state, layout, controls, control_values)
-        if where is None:
+        on_slice = self._pauli_on_slice(state, moved, paulis, targets, controls, control_values)
+        if on_slice is None:
             return None
-        sign, word, bits = self._local_word(state, layout, paulis, targets)
+        where, sign, word, bits = on_slice
         if word:
             self.local.apply_pauli(state.local, word, bits, *where)
         if sign < 0:
@@ -371,18 +372,18 @@ class DistributedBackend(Backend):
     def apply_pauli_rotation(
         self, state, angles, paulis, targets, controls=(), control_values=()
     ) -> None:
-        if _moved_bits(paulis, targets, state) is None:
+        moved = _moved_bits(paulis, targets, state)
+        if moved is None:
             return self._on_whole_vectors(
                 state,
                 lambda b, s: b.apply_pauli_rotation(
                     s, angles, paulis, targets, controls, control_values
                 ),
             )
-        layout = self._make_local(state, _moved_bits(paulis, targets, state))
-        where = self._controls(state, layout, controls, control_values)
-        if where is None:
+        on_slice = self._pauli_on_slice(state, moved, paulis, targets, controls, control_values)
+        if on_slice is None:
             return None
-        sign, word, bits = self._local_word(state, layout, paulis, targets)
+        where, sign, word, bits = on_slice
         angles = sign * np.asarray(angles, dtype=np.float64)
         if not word:  # exp(-i s angle/2) on this rank: a phase
             return self._scale_where(state, np.exp(-0.5j * angles), *where)
@@ -498,7 +499,7 @@ class DistributedBackend(Backend):
         )
         spread = np.zeros((state.rows, 1 << len(bits)))
         spread[:, outcomes] = local
-        return self.sums.sum(spread)
+        return self.messages.sum(spread)
 
     def state_result(self, state) -> np.ndarray:
         """The whole amplitudes, or with ``gather_results`` off this rank's share: the
@@ -553,12 +554,14 @@ class DistributedBackend(Backend):
         layout = self._uniform_layout(state)
         # the words whose X and Y letters are local now, in one local call; then the
         # others one by one, each after its swaps
-        ready = [k for k, w in enumerate(words) if not self._global_flips(layout, state, *w)]
+        ready = [
+            k
+            for k, (paulis, targets) in enumerate(words)
+            if all(layout[t] < state.local_bits for t in _flipped_bits(paulis, targets))
+        ]
         if ready:
             self._local_expvals(state, layout, words, ready, partial)
-        for k in range(len(words)):
-            if k in ready:
-                continue
+        for k in sorted(set(range(len(words))) - set(ready)):
             moved = _moved_bits(*words[k], state)
             if moved is None:
                 full = self.local.from_host(self.to_host(state))
@@ -566,12 +569,7 @@ class DistributedBackend(Backend):
                 continue
             layout = self._make_local(state, moved)
             self._local_expvals(state, layout, words, [k], partial)
-        return self.sums.sum(partial) + whole
-
-    def sample(self, state, bits, shots, rng) -> np.ndarray:
-        # the default draws from the summed marginal, the same on every rank; the device
-        # gives every rank the same generator (rank 0's seed), so the samples agree
-        return super().sample(state, bits, shots, rng)
+        return self.messages.sum(partial) + whole
 
     # --- the adjoint sweeps' steps -------------------------------------------------------
 
@@ -586,7 +584,7 @@ class DistributedBackend(Backend):
             ),
         )
         if isinstance(products, RankPartial):  # this step's products are wanted now
-            return self.sums.sum(np.asarray(products.value, dtype=np.complex128))
+            return self.messages.sum(np.asarray(products.value, dtype=np.complex128))
         return products
 
     def adjoint_block_step(self, phi, bras, matrices, targets) -> Any:
@@ -649,7 +647,7 @@ class DistributedBackend(Backend):
             np.asarray(v, dtype=np.complex128) for v, p in zip(values, partial, strict=True) if p
         ]
         if summed:
-            flat = self.sums.sum(np.concatenate([v.ravel() for v in summed]))
+            flat = self.messages.sum(np.concatenate([v.ravel() for v in summed]))
             start = 0
             for i, p in enumerate(partial):
                 if p:
@@ -660,13 +658,9 @@ class DistributedBackend(Backend):
 
     # --- layouts and swaps ---------------------------------------------------------------
 
-    @staticmethod
-    def _rank_bit_of(rank: int, position: int, low: int) -> int:
-        return (rank >> (position - low)) & 1
-
     def _rank_bit(self, position: int, low: int) -> int:
         """This rank's value of the global physical bit ``position`` (>= ``low``)."""
-        return self._rank_bit_of(self.rank, position, low)
+        return (self.rank >> (position - low)) & 1
 
     def _uniform_layout(self, state: DistributedState) -> Layout:
         """The layout of every vector of ``state`` (first brought to that of its first
@@ -734,7 +728,7 @@ class DistributedBackend(Backend):
         outer = 1 << (low - 1 - local_position)
         inner = 1 << local_position
         halves = _view(state.local, (state.rows, outer, 2, inner))[:, :, 1 - value, :]
-        self.sums.exchange(self.local, _view(halves, (state.rows * outer, inner)), partner)
+        self.messages.exchange(self.local, _view(halves, (state.rows * outer, inner)), partner)
 
     def _swap_two_global(self, state: DistributedState, first: int, second: int) -> None:
         """Two global bits swapped: ranks whose two bits differ trade whole slices."""
@@ -742,7 +736,7 @@ class DistributedBackend(Backend):
         if self._rank_bit(first, low) == self._rank_bit(second, low):
             return
         partner = self.rank ^ (1 << (first - low)) ^ (1 << (second - low))
-        self.sums.exchange(self.local, state.local, partner)
+        self.messages.exchange(self.local, state.local, partner)
 
     def _controls(
         self,
@@ -774,6 +768,17 @@ class DistributedBackend(Backend):
         diagonal = np.ones((factors.size, 1 << len(bits)), dtype=np.complex128)
         diagonal[:, sum(v << i for i, v in enumerate(values))] = factors
         return self.local.apply_diagonal(state.local, diagonal, bits)
+
+    def _pauli_on_slice(self, state, moved, paulis, targets, controls, control_values):
+        """A controlled Pauli word made ready for this rank's slice: its ``moved`` bits
+        made local, then (local controls, the sign of its Z letters on global bits, its
+        local letters, their physical bits), or None where a global control does not hold
+        on this rank (it skips the gate)."""
+        layout = self._make_local(state, moved)
+        where = self._controls(state, layout, controls, control_values)
+        if where is None:
+            return None
+        return (where, *self._local_word(state, layout, paulis, targets))
 
     def _local_word(
         self, state: DistributedState, layout: Layout, paulis: str, targets: Sequence[int]
@@ -816,12 +821,6 @@ class DistributedBackend(Backend):
                 phases.append(j)
         return _LocalZWords(signs, kept, masks, phases)
 
-    def _global_flips(self, layout: Layout, state: DistributedState, paulis, targets) -> bool:
-        low = state.local_bits
-        return any(
-            letter in "XY" and layout[t] >= low for letter, t in zip(paulis, targets, strict=True)
-        )
-
     def _local_expvals(self, state, layout, words, which, partial) -> None:
         local_words, signs = [], []
         for k in which:
@@ -833,7 +832,7 @@ class DistributedBackend(Backend):
 
     def _summed(self, state: DistributedState, values) -> np.ndarray:
         values = np.asarray(values, dtype=np.complex128)
-        return self.sums.sum(values) if state.global_bits else values
+        return self.messages.sum(values) if state.global_bits else values
 
     def _on_whole_vectors(
         self, state: DistributedState, apply: Callable[[Backend, StateBatch], None]
@@ -842,13 +841,9 @@ class DistributedBackend(Backend):
         an operation on more bits than a slice spans; then each rank keeps its slice."""
         whole = self.local.from_host(self.to_host(state))
         apply(self.local, whole)
-        vectors = self.local.to_host(whole)
-        rows = vectors.shape[0]
-        own = vectors.reshape(rows, 1 << state.global_bits, -1)[
-            :, self.rank if state.global_bits else 0
-        ]
+        own = self.from_host(self.local.to_host(whole))  # this rank's slices, identity layout
         self.local.scale(state.local, np.zeros(1))
-        self.local.add_scaled(state.local, self.local.from_host(own), np.ones(1))
+        self.local.add_scaled(state.local, own.local, np.ones(1))
         self._set_layout(state, identity_layout(state.num_qubits))
 
 
@@ -885,10 +880,15 @@ def _view(array, shape: tuple[int, ...]):
     return array.reshape(shape)  # cupy: its slices of a batch stay contiguous
 
 
+def _flipped_bits(paulis: str, targets: Sequence[int]) -> list[int]:
+    """The bits of a Pauli word's X and Y letters (Z letters on global bits are signs)."""
+    return [t for letter, t in zip(paulis, targets, strict=True) if letter in "XY"]
+
+
 def _moved_bits(paulis: str, targets: Sequence[int], state: DistributedState) -> list | None:
-    """The bits of a Pauli word that must be local (its X and Y letters: Z letters on
-    global bits are signs), or None where they outnumber the local bits."""
-    bits = [t for letter, t in zip(paulis, targets, strict=True) if letter in "XY"]
+    """The bits of a Pauli word that must be local (``_flipped_bits``), or None where they
+    outnumber the local bits."""
+    bits = _flipped_bits(paulis, targets)
     return bits if len(bits) <= state.local_bits else None
 
 
