@@ -1,6 +1,8 @@
-"""Passes over the state per training step, counted at the CPU backend, per workload:
-with the CNOT rings as permutation runs (the CPU's ``FusionTraits.permutation_bits``) and
-without them (0: every CNOT its own pass).
+"""Passes over the state per training step, counted at the CPU backend, per workload, in
+three configurations: neither permutation runs nor tiled runs (every CNOT and every
+one-bit block its own pass), with the CNOT rings as permutation runs (the CPU's
+``FusionTraits.permutation_bits``), and with tiled runs as well (``tile_bits``, from
+``min_tiled_qubits``: the default).
 
 A *pass* here is one backend call on one state-sized vector: a call that takes a batch of
 B vectors (and, for an adjoint step, its R bras per vector) counts B (+ B*R), each array
@@ -37,6 +39,7 @@ COUNTED = (
     "apply_one_qubit_rotations",
     "apply_z_rotations",
     "apply_bit_permutation",
+    "apply_tiled_matrices",
     "scale",
     "product_state",
     "expval_pauli_words",
@@ -47,6 +50,7 @@ COUNTED = (
     "adjoint_z_rotations_step",
     "adjoint_one_qubit_rotations_step",
     "adjoint_block_step",
+    "adjoint_tiled_matrices_step",
     "add_pauli_sum",
     "add_scaled",
     "probabilities",
@@ -84,10 +88,18 @@ def _counting(name: str, method: Callable) -> Callable:
     return wrapper
 
 
-def passes_per_step(workload: str, sizes: dict, permutation_bits: int) -> collections.Counter:
+CONFIGURATIONS = {
+    "neither": {"permutation_bits": 0, "tile_bits": 0},
+    "permutation runs": {"tile_bits": 0},
+    "permutation and tiled runs": {},
+}
+"""The CPU's fusion traits changed for each configuration (the last: the default)."""
+
+
+def passes_per_step(workload: str, sizes: dict, changes: dict) -> collections.Counter:
     """The passes of one warm step of ``workload`` (our QNode, adjoint + device_vjp), with
-    the CPU's permutation runs limited to ``permutation_bits`` moved bits (0: none)."""
-    traits = dataclasses.replace(cpu.CPU_FUSION_TRAITS, permutation_bits=permutation_bits)
+    the CPU's fusion traits changed by ``changes``."""
+    traits = dataclasses.replace(cpu.CPU_FUSION_TRAITS, **changes)
     with mock.patch.object(CPUBackend, "fusion_traits", traits):
         step = BUILDERS[workload](Setup("custatevec.qubit", "adjoint", True), **sizes).step
         step()  # warm-up: plans and compiles
@@ -105,17 +117,20 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(2)
     for name in COUNTED:
         setattr(CPUBackend, name, _counting(name, getattr(CPUBackend, name)))
-    runs = cpu.CPU_FUSION_TRAITS.permutation_bits
-    print("| workload | passes, CNOTs one by one | passes, permutation runs | ratio | runs |")
-    print("|---|---|---|---|---|")
+    names = list(CONFIGURATIONS)
+    print(f"| workload | passes: {' | '.join(names)} | ratio, first / last | permutation "
+          "runs | tiled runs (forward + sweep) |")  # fmt: skip
+    print("|---|" + "---|" * (len(names) + 3))
     for workload in args.workloads.split(","):
         sizes = QUICK_SIZES[workload] if args.quick else {}
-        before = passes_per_step(workload, sizes, 0)
-        after = passes_per_step(workload, sizes, runs)
-        total_before, total_after = sum(before.values()), sum(after.values())
+        counts = [passes_per_step(workload, sizes, CONFIGURATIONS[name]) for name in names]
+        totals = [sum(count.values()) for count in counts]
+        last = counts[-1]
+        tiled = last["apply_tiled_matrices"] + last["adjoint_tiled_matrices_step"]
         print(
-            f"| {workload} | {total_before} | {total_after} | "
-            f"{total_before / max(total_after, 1):.2f}x | {after['apply_bit_permutation']} |"
+            f"| {workload} | {' | '.join(str(t) for t in totals)} | "
+            f"{totals[0] / max(totals[-1], 1):.2f}x | {last['apply_bit_permutation']} | "
+            f"{tiled} |"
         )
 
 

@@ -25,7 +25,10 @@ gathers commuting Z-word rotations (QAOA cost layers), and OneQubitRotations pai
 one-qubit rotations on distinct bits that would each be a block of their own (QAOA mixers),
 as many as the traits' ``rotations_per_pass``. A BitPermutationRun applies adjacent bit
 flips (the CNOT ring of an entangling layer) as one permutation of the amplitudes, where
-the traits' ``permutation_bits`` allow it.
+the traits' ``permutation_bits`` allow it. A TiledRun applies adjacent blocks of one bit each,
+on bits below the traits' ``tile_bits``, as one TILED_MATRICES instruction, tile by tile
+(each tile in cache while it takes every gate of the run), on registers of at least
+``min_tiled_qubits`` qubits: one pass over the state for the run instead of one per block.
 
 Matrices follow the backends' conventions: a block's ``targets`` are its bits in ascending
 order and ``targets[j]`` is bit ``j`` of the block's matrix index; batched data has a
@@ -88,7 +91,21 @@ class BitPermutationRun:
     moved: tuple[int, ...]
 
 
-Unit = Block | Single | ZRun | OneQubitRotations | BitPermutationRun
+@dataclasses.dataclass(frozen=True)
+class TiledRun:
+    """Adjacent blocks of one bit each, on low bits (a layer of Rot or RX gates on the
+    wires whose bits lie below the traits' ``tile_bits``), applied as one TILED_MATRICES
+    instruction: tile by tile, so that the run costs one pass over the state."""
+
+    blocks: tuple[Block, ...]
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        """Every operation of the run, in circuit order."""
+        return tuple(member for block in self.blocks for member in block.members)
+
+
+Unit = Block | Single | ZRun | OneQubitRotations | BitPermutationRun | TiledRun
 
 
 def step_bits(
@@ -122,6 +139,7 @@ def plan(
     z_rotations: Sequence[bool] | None = None,
     one_qubit_rotations: Sequence[bool] | None = None,
     flipped_bits: Sequence[tuple[int, ...] | None] | None = None,
+    num_qubits: int = 0,
 ) -> tuple[Unit, ...]:
     """The units of a circuit whose operations touch ``bits_per_step`` (module docstring),
     priced by ``traits.block_costs``. ``z_rotations`` flags the operations that are
@@ -133,12 +151,17 @@ def plan(
     ``flipped_bits`` gives, for each operation that is a bit flip (an X word with at most
     one control), the bits it flips (None for the others): with fusion on, runs of at least
     ``traits.min_permutation_run`` adjacent flips, each a unit of its own, that flip at
-    most ``traits.permutation_bits`` bits together become BitPermutationRuns."""
+    most ``traits.permutation_bits`` bits together become BitPermutationRuns. With fusion
+    on, a register of at least ``traits.min_tiled_qubits`` qubits (``num_qubits``) has its
+    runs of adjacent blocks of one bit each below ``traits.tile_bits`` made TiledRuns,
+    before rotations are paired."""
     count = len(bits_per_step)
     z_flags = tuple(z_rotations) if z_rotations is not None else (False,) * count
     units = _cached_plan(tuple(bits_per_step), max_qubits, traits.block_costs, z_flags)
     if max_qubits <= 1:
         return units
+    if traits.tile_bits > 0 and num_qubits >= max(traits.min_tiled_qubits, 1):
+        units = _tiled_runs(units, traits.tile_bits)
     per_pass = traits.rotations_per_pass
     if per_pass >= 2 and one_qubit_rotations is not None:
         units = _paired_rotations(units, tuple(one_qubit_rotations), per_pass)
@@ -181,6 +204,31 @@ def _permutation_runs(
             close()
         run.append(unit)
         moved.update(bits)
+    close()
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=256)
+def _tiled_runs(units: tuple[Unit, ...], tile_bits: int) -> tuple[Unit, ...]:
+    """``units`` with each run of at least two adjacent blocks of one bit below
+    ``tile_bits`` made a TiledRun (adjacent units run back to back, so nothing moves
+    across another operation)."""
+    out: list[Unit] = []
+    run: list[Block] = []
+
+    def close() -> None:
+        if len(run) > 1:
+            out.append(TiledRun(tuple(run)))
+        else:
+            out.extend(run)
+        run.clear()
+
+    for unit in units:
+        if isinstance(unit, Block) and len(unit.targets) == 1 and unit.targets[0] < tile_bits:
+            run.append(unit)
+            continue
+        close()
+        out.append(unit)
     close()
     return tuple(out)
 
@@ -312,11 +360,14 @@ def _choose_block(units: list, bits: tuple, earliest: int, width: int, costs) ->
 class Fused:
     """A unit with the instructions that run it forward: a block of several operations
     as one MATRIX instruction, anything else as its operations' own instructions.
-    ``member_matrices``: each operation's matrix on the block's bits (blocks only)."""
+    ``member_matrices``: each operation's matrix on the block's bits (blocks only).
+    ``parts``: a tiled run's blocks, each as ``realize`` makes a block of its own (their
+    member matrices give the sweep each block's gradients)."""
 
     unit: Unit
     instructions: list[Instruction]
     member_matrices: list[np.ndarray] | None = None
+    parts: tuple[Fused, ...] = ()
 
 
 def block_width(register: Register, max_qubits: int, traits: FusionTraits) -> int:
@@ -355,7 +406,10 @@ def plan_units(
         ]
         if traits.permutation_bits > 0:
             flipped = [flipped_bits(s.instructions) for s in steps]
-    units = plan(bits, max_qubits, traits, z_flags, rotation_flags, flipped)
+    units = plan(
+        bits, max_qubits, traits, z_flags, rotation_flags, flipped,
+        compilation.register.num_qubits,
+    )  # fmt: skip
     if memo is not None:
         memo[key] = units
     return units
@@ -377,6 +431,9 @@ def realize(compilation: Compilation, units: Sequence[Unit]) -> list[Fused]:
         if isinstance(unit, OneQubitRotations):
             fused.append(Fused(unit, [_one_qubit_rotations(steps, unit)]))
             continue
+        if isinstance(unit, TiledRun):
+            fused.append(_tiled_run(compilation, unit))
+            continue
         if isinstance(unit, Single) or len(unit.members) == 1:
             member = unit.member if isinstance(unit, Single) else unit.members[0]
             fused.append(Fused(unit, list(steps[member].instructions)))
@@ -388,6 +445,24 @@ def realize(compilation: Compilation, units: Sequence[Unit]) -> list[Fused]:
         instruction = Instruction(Kind.MATRIX, targets=unit.targets, data=matrix)
         fused.append(Fused(unit, [instruction], matrices))
     return fused
+
+
+def _tiled_run(compilation: Compilation, unit: TiledRun) -> Fused:
+    """The run as one TILED_MATRICES instruction, with its blocks realized one by one as
+    its ``parts``: gate j is block j's 2x2 matrix (the product of its operations')."""
+    parts = tuple(realize(compilation, unit.blocks))
+    matrices = []
+    for block, part in zip(unit.blocks, parts, strict=True):
+        if part.member_matrices:
+            matrices.append(np.asarray(part.instructions[0].data, dtype=np.complex128))
+        else:
+            (member,) = block.members
+            matrices.append(step_matrix(compilation.steps[member].instructions, block.targets))
+    batch = max(matrix.shape[0] for matrix in matrices)
+    data = np.stack([np.broadcast_to(matrix, (batch, 2, 2)) for matrix in matrices], axis=1)
+    targets = tuple(block.targets[0] for block in unit.blocks)
+    instruction = Instruction(Kind.TILED_MATRICES, targets=targets, data=data)
+    return Fused(unit, [instruction], parts=parts)
 
 
 def is_z_rotation(rotation: Instruction | None) -> bool:

@@ -49,6 +49,7 @@ class Kind(enum.Enum):
     Z_ROTATIONS = "z_rotations"
     ONE_QUBIT_ROTATIONS = "one_qubit_rotations"
     BIT_PERMUTATION = "bit_permutation"
+    TILED_MATRICES = "tiled_matrices"
     PHASE = "phase"
     MID_MEASURE = "mid_measure"
     POSTSELECT = "postselect"
@@ -65,7 +66,9 @@ class Instruction:
     exp(-i angle_j/2 P_j) on the distinct bits ``targets[j]``, P_j the letter
     ``paulis[j]``; BIT_PERMUTATION (1, 2, n + 1) int64: row 0 the source map of an affine
     permutation of the index bits (``Backend.apply_bit_permutation``), row 1 its inverse's,
-    ``targets`` the bits it moves; PHASE (1 or B,) factors;
+    ``targets`` the bits it moves; TILED_MATRICES (1 or B, m, 2, 2) the matrices of m
+    one-bit gates applied in order, gate j on bit ``targets[j]`` (a tiled run of fusion,
+    ``Backend.apply_tiled_matrices``); PHASE (1 or B,) factors;
     POSTSELECT (1, 2**k, 2**k) the projector; PAULI and MID_MEASURE nothing.
     ``condition`` makes the instruction act only on the state vectors (shots) whose
     mid-circuit measurements satisfy it.
@@ -160,6 +163,9 @@ APPLY: dict[Kind, Apply | Unsupported] = {
     Kind.BIT_PERMUTATION: lambda backend, state, ins: backend.apply_bit_permutation(
         state, ins.data[0, 0]
     ),
+    Kind.TILED_MATRICES: lambda backend, state, ins: backend.apply_tiled_matrices(
+        state, ins.data, ins.targets
+    ),
     Kind.PHASE: lambda backend, state, ins: backend.scale(state, ins.data),
     Kind.MID_MEASURE: _SAMPLED,
     Kind.POSTSELECT: _RENORMALISED,
@@ -191,6 +197,7 @@ DENSE_MATRIX: dict[Kind, Matrix | Unsupported] = {
     Kind.Z_ROTATIONS: _MADE_BY_FUSION,
     Kind.ONE_QUBIT_ROTATIONS: _MADE_BY_FUSION,
     Kind.BIT_PERMUTATION: _MADE_BY_FUSION,
+    Kind.TILED_MATRICES: _MADE_BY_FUSION,
     Kind.PHASE: lambda ins: np.asarray(ins.data, dtype=np.complex128).reshape(-1, 1, 1),
     Kind.MID_MEASURE: Unsupported("is no linear map of the state"),
     Kind.POSTSELECT: Unsupported("renormalises the state after its projector"),
@@ -209,6 +216,13 @@ def _with_data(transform: Callable[[np.ndarray], np.ndarray]) -> Inverse:
 _NEGATED_ANGLES = _with_data(np.negative)
 """exp(-i theta/2 P)^-1 = exp(+i theta/2 P), per rotation."""
 
+
+def _reversed_gates(instruction: Instruction) -> Instruction:
+    """A run of one-bit gates undone: their inverses M_j^dagger in reverse order."""
+    inverses = np.conj(np.swapaxes(instruction.data[:, ::-1], -1, -2))
+    return dataclasses.replace(instruction, targets=instruction.targets[::-1], data=inverses)
+
+
 INVERSE: dict[Kind, Inverse | Unsupported] = {
     Kind.MATRIX: _with_data(lambda data: np.conj(np.swapaxes(data, -1, -2))),
     Kind.DIAGONAL: _with_data(np.conj),
@@ -217,6 +231,7 @@ INVERSE: dict[Kind, Inverse | Unsupported] = {
     Kind.Z_ROTATIONS: _NEGATED_ANGLES,
     Kind.ONE_QUBIT_ROTATIONS: _NEGATED_ANGLES,
     Kind.BIT_PERMUTATION: _with_data(lambda data: data[:, ::-1].copy()),  # the maps swap
+    Kind.TILED_MATRICES: _reversed_gates,
     Kind.PHASE: _with_data(np.conj),
     Kind.MID_MEASURE: Unsupported("cannot be undone (the adjoint method refuses it)"),
     Kind.POSTSELECT: Unsupported("cannot be undone (the adjoint method refuses it)"),
@@ -262,6 +277,9 @@ MASKED: dict[Kind, Masked | Unsupported] = {
     Kind.Z_ROTATIONS: _ZERO_ANGLES,
     Kind.ONE_QUBIT_ROTATIONS: _ZERO_ANGLES,
     Kind.BIT_PERMUTATION: Unsupported(
+        "is made by fusion from unconditioned gates only; it is never conditioned"
+    ),
+    Kind.TILED_MATRICES: Unsupported(
         "is made by fusion from unconditioned gates only; it is never conditioned"
     ),
     Kind.PHASE: _masked_data(lambda data: 1.0),

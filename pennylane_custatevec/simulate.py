@@ -231,10 +231,11 @@ _ZERO_KET = np.array([[1.0, 0.0]], dtype=np.complex128)
 
 def _is_one_qubit_gate(instruction: Instruction) -> bool:
     """Whether the instruction is made of one-qubit gates: a gate with a matrix on one
-    target, or ONE_QUBIT_ROTATIONS (one-qubit rotations on distinct bits)."""
+    target, ONE_QUBIT_ROTATIONS (one-qubit rotations on distinct bits) or TILED_MATRICES
+    (one-bit gates in order)."""
     return (
         (
-            instruction.kind is Kind.ONE_QUBIT_ROTATIONS
+            instruction.kind in (Kind.ONE_QUBIT_ROTATIONS, Kind.TILED_MATRICES)
             or (has_matrix(instruction.kind) and len(instruction.targets) == 1)
         )
         and not instruction.controls
@@ -243,7 +244,12 @@ def _is_one_qubit_gate(instruction: Instruction) -> bool:
 
 
 def _one_qubit_gates(instruction: Instruction) -> list[Instruction]:
-    """The one-qubit gates of a ``_is_one_qubit_gate`` instruction."""
+    """The one-qubit gates of a ``_is_one_qubit_gate`` instruction, in order."""
+    if instruction.kind is Kind.TILED_MATRICES:
+        return [
+            Instruction(Kind.MATRIX, targets=(bit,), data=instruction.data[:, j])
+            for j, bit in enumerate(instruction.targets)
+        ]
     if instruction.kind is not Kind.ONE_QUBIT_ROTATIONS:
         return [instruction]
     return [

@@ -481,6 +481,60 @@ def check_adjoint_block_step(backend):
         np.testing.assert_allclose(backend.to_host(bras_state), bras_after, atol=tol)
 
 
+TILED_RUN_CASES = [(0, 1), (1, 0, 1, 0), (0, 1, 0), (3, 0, 5, 1), (2, 1, 0, 4, 3, 5), (5,)]
+"""Gate bits of tiled runs: repeated, unsorted; within the CPU's test tiles (bits 0 and 1,
+see conftest) and above them (its gate-by-gate fallback)."""
+
+
+def check_tiled_matrices(backend):
+    """apply_tiled_matrices equals its gates one by one, and adjoint_tiled_matrices_step
+    returns each gate's adjoint_block_step reduction (T_j of the bra after gate j with phi
+    before it) and undoes the run on phi and its R bras, for B of 1 and 3, R of 1 and 4,
+    shared and per-vector matrices, against the einsum references."""
+    dtype = backend.dtype.type
+    tol = BACKEND_TOL[dtype]
+    for targets, batch, rows, shared in itertools.product(
+        TILED_RUN_CASES, (1, 3), (1, 4), (True, False)
+    ):
+        case = (targets, batch, rows, shared)
+        rng = np.random.default_rng(stable_seed("tiled run", *case))
+        m = len(targets)
+        phi = random_states(N, batch, rng).astype(dtype)
+        bras = random_states(N, batch * rows, rng).astype(dtype)
+        gates = np.stack(
+            [
+                np.stack([random_unitary(2, rng) for _ in range(m)])
+                for _ in range(1 if shared else batch)
+            ]
+        )  # (1 or B, m, 2, 2)
+        per_vector = np.broadcast_to(gates, (batch, m, 2, 2))
+        expected = phi.astype(complex)
+        for j, bit in enumerate(targets):
+            expected = ref_block_apply(expected, per_vector[:, j], (bit,))
+        state = backend_state(backend, phi)
+        backend.apply_tiled_matrices(state, gates, targets)
+        np.testing.assert_allclose(backend.to_host(state), expected, atol=tol, err_msg=str(case))
+
+        ket, lam = expected, bras.astype(complex)
+        reductions = [None] * m
+        for j in reversed(range(m)):
+            adjoint = per_vector[:, j].conj().transpose(0, 2, 1)
+            ket = ref_block_apply(ket, adjoint, (targets[j],))
+            reductions[j] = ref_block_reduction(lam, np.repeat(ket, rows, axis=0), (targets[j],))
+            lam = ref_block_apply(lam, np.repeat(adjoint, rows, axis=0), (targets[j],))
+        bras_state = backend_state(backend, bras)
+        out = backend.adjoint_tiled_matrices_step(state, bras_state, gates, targets)
+        (t,) = backend.gather([out])
+        assert isinstance(t, np.ndarray), case
+        assert t.shape == (batch, rows, m, 2, 2) and t.dtype == np.complex128, case
+        np.testing.assert_allclose(
+            t, np.stack(reductions, axis=1).reshape(batch, rows, m, 2, 2), atol=tol * 10,
+            err_msg=str(case),
+        )  # fmt: skip
+        np.testing.assert_allclose(backend.to_host(state), ket, atol=tol, err_msg=str(case))
+        np.testing.assert_allclose(backend.to_host(bras_state), lam, atol=tol, err_msg=str(case))
+
+
 def check_gather(backend):
     """Backend arrays of several shapes and dtypes come back as numpy arrays, unchanged."""
     assert backend.gather([]) == []

@@ -32,6 +32,7 @@ from reference import (
     check_one_qubit_rotations,
     check_product_state,
     check_state_management,
+    check_tiled_matrices,
     check_z_rotations,
     dense_operator,
     pauli_case_id,
@@ -321,12 +322,20 @@ def test_probabilities(make, bits, batch, dtype):
 @DTYPES
 @pytest.mark.parametrize(
     "check",
-    [check_product_state, check_z_rotations, check_one_qubit_rotations, check_bit_permutation],
+    [
+        check_product_state,
+        check_z_rotations,
+        check_one_qubit_rotations,
+        check_bit_permutation,
+        check_tiled_matrices,
+    ],
     ids=lambda check: check.__name__.removeprefix("check_"),
 )
 def test_preparation_and_rotation_runs(make, dtype, check):
     """product_state, apply_z_rotations / apply_one_qubit_rotations and their sweep steps,
-    apply_bit_permutation (the CPU kernel; the base class's gather on the double)."""
+    apply_bit_permutation (the CPU kernel; the base class's gather on the double),
+    apply_tiled_matrices and its sweep step (tiled on the CPU, the base class's gate by gate
+    elsewhere)."""
     check(make(dtype))
 
 

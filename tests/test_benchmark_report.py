@@ -571,13 +571,33 @@ def test_permutation_runs_times_a_ring_both_ways():
         assert low - 0.005 <= ratio <= high + 0.005
 
 
-def test_pass_counts_counts_passes_with_and_without_permutation_runs():
+def test_pass_counts_counts_passes_in_each_configuration():
     """benchmarks/pass_counts.py on W2 at its quick size (6 wires: one gate sequence per
-    pass, so no runs), in its own process: a row with positive counts and their ratio."""
+    pass, so no runs), in its own process: a row with positive counts for its three
+    configurations, their ratio, and no runs."""
     lines = _run_script("pass_counts.py", "--quick", "--workloads", "W2")
     rows = [line for line in lines if line.startswith("| W2 |")]
     assert len(rows) == 1
     cells = rows[0].strip("| ").split(" | ")
-    before, after, runs = int(cells[1]), int(cells[2]), int(cells[4])
-    assert before > 0 and after > 0 and runs >= 0
-    assert float(cells[3].rstrip("x")) == pytest.approx(before / after, abs=0.01)
+    neither, permutations, both = (int(cell) for cell in cells[1:4])
+    assert neither > 0 and permutations > 0 and both > 0
+    assert float(cells[4].rstrip("x")) == pytest.approx(neither / both, abs=0.01)
+    assert (int(cells[5]), int(cells[6])) == (0, 0)
+
+
+def test_tiled_runs_times_kernels_and_circuits_both_ways():
+    """benchmarks/tiled_runs.py on small registers (its own checks that tiled and untiled
+    give the same states, reductions, values and gradients run first): a kernel row per
+    size and bras, a circuit row per template and size, positive times."""
+    lines = _run_script(
+        "tiled_runs.py", "--qubits", "8,10", "--rounds", "1", "--tables", "kernels,circuits"
+    )
+    kernels = [line for line in lines if re.match(r"\| \d+ \| [14] \|", line)]
+    circuits = [line for line in lines if re.match(r"\| (SEL|BEL-RY) \|", line)]
+    assert len(kernels) == 4 and len(circuits) == 4
+    for row in kernels:
+        times = [float(cell.removesuffix(" ms")) for cell in row.strip("| ").split(" | ")[3:]]
+        assert len(times) == 4 and all(t > 0 for t in times)
+    for row in circuits:
+        cells = row.strip("| ").split(" | ")
+        assert float(cells[2].removesuffix(" ms")) > 0 and float(cells[3].removesuffix(" ms")) > 0

@@ -10,10 +10,12 @@ equals its control value; batched data has a leading axis of length 1 (shared) o
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import types
 
 import numpy as np
+import pennylane as qml
 import pytest
 from conftest import stable_seed
 from reference import (
@@ -424,6 +426,15 @@ def _kernel_args(name, state, rng):
         groups = _permutation_groups(tuple(int(s) for s in sources), n)
         buffers = np.empty((2, 1 << len(groups.group_bits)), dtype=complex)
         return (sources, *groups, buffers)
+    if name == "apply_tiled_2x2":  # a run on the low bits, repeated, in tiles of 2**6
+        targets = np.array([0, 5, 1, 2, 3, 0, 4])
+        return (np.stack([np.stack([random_unitary(2, rng) for _ in targets])] * batch), targets, 6)
+    if name == "tiled_2x2_step":  # the state is phi; then bras, the adjoints, tiles, sums
+        rows, targets = 2, np.array([0, 5, 1, 2, 3, 0, 4])
+        bras = np.repeat(state[::-1], rows, axis=0) * (1 - 0.5j)
+        adjoints = np.stack([np.stack([random_unitary(2, rng) for _ in targets])] * batch)
+        out = np.empty((batch * (state.shape[1] >> 6), rows, len(targets), 4), dtype=complex)
+        return (bras, adjoints, targets, 6, out)
     if name == "product_state":  # the state is overwritten; tables of the set bits
         zero_bits = sort([2, n - 1])
         low_count = (n - 2) // 2
@@ -499,6 +510,7 @@ def test_threaded_kernel_equals_serial_kernel(kernel, shape, big_states):
         if name.startswith(("block_step", "sweep_sequence")) or name in (
             "z_rotations_step",
             "rotation_pair_step",
+            "tiled_2x2_step",
         ):
             extras.append((fn_args[0], fn_args[-1]))
     np.testing.assert_allclose(outputs[0], outputs[1], atol=1e-12)
@@ -620,3 +632,49 @@ def test_z_word_rotation_steps_on_small_registers_match_the_composition(n_qubits
             np.testing.assert_allclose(got, want, atol=1e-12)
             np.testing.assert_allclose(phi, want_phi, atol=1e-12)
             np.testing.assert_allclose(bras, want_bras, atol=1e-12)
+
+
+# --- tiled runs at their real size ----------------------------------------------------------
+
+
+@pytest.mark.real_size_thresholds
+@pytest.mark.parametrize("template", ["SEL", "BEL-RY"])
+@pytest.mark.parametrize("batch", [None, 2])
+def test_tiled_runs_at_their_real_size(template, batch, mocker):
+    """At 18 qubits (the CPU's min_tiled_qubits) the one-bit blocks on bits 0..13 run as
+    tiled runs in tiles of 2**14 amplitudes, forward and in the deferred sweep; values and
+    the Jacobian of two outputs (two bras) equal those of the same device with tiled runs
+    off, to 1e-10, broadcast or not."""
+    n = 18
+    traits = CPUBackend.fusion_traits
+    assert (traits.tile_bits, traits.min_tiled_qubits) == (14, 18)
+    rng = np.random.default_rng(stable_seed("tiled real size", template, batch))
+    weights = rng.uniform(-np.pi, np.pi, size=(2, n, 3) if template == "SEL" else (2, n))
+    x = rng.uniform(-1, 1, size=(batch, n) if batch else (n,))
+
+    def circuit(x, weights):
+        qml.AngleEmbedding(x, wires=range(n), rotation="Y")
+        if template == "SEL":
+            qml.StronglyEntanglingLayers(weights, wires=range(n))
+        else:
+            qml.BasicEntanglerLayers(weights, wires=range(n), rotation=qml.RY)
+        return qml.expval(qml.Z(0) @ qml.Z(n - 1)), qml.expval(qml.X(n - 2))
+
+    device = qml.device("custatevec.qubit", wires=n, backend="cpu")
+    qnode = qml.QNode(circuit, device, diff_method="adjoint")
+    forward = mocker.spy(CPUBackend, "apply_tiled_matrices")
+    step = mocker.spy(CPUBackend, "adjoint_tiled_matrices_step")
+    weights = qml.numpy.array(weights, requires_grad=True)
+
+    def run():
+        jacobian = qml.jacobian(lambda w: qml.math.stack(qnode(x, w)))(weights)
+        return np.asarray(qml.math.stack(qnode(x, weights))), np.asarray(jacobian)
+
+    tiled = run()
+    assert forward.call_count > 0 and step.call_count > 0
+    device._backend.fusion_traits = dataclasses.replace(traits, tile_bits=0)
+    calls = forward.call_count + step.call_count
+    untiled = run()
+    assert forward.call_count + step.call_count == calls  # tiled runs off
+    np.testing.assert_allclose(tiled[0], untiled[0], atol=1e-10, rtol=0)
+    np.testing.assert_allclose(tiled[1], untiled[1], atol=1e-10, rtol=0)

@@ -643,19 +643,81 @@ def test_a_permutation_run_undoes_with_its_inverse_and_equals_its_gates():
     plan = fusion.fused_plan(compilation, 2, CPUBackend.fusion_traits)
     runs = [u for u in plan.units if isinstance(u.unit, fusion.BitPermutationRun)]
     assert len(runs) == 2  # the ring of 16 CNOTs cut at 10 moved bits; the X gates join
-    backend = CPUBackend()
     psi = random_state(n, np.random.default_rng(6)).reshape(1, -1)
     for fused in runs:
+        _assert_equals_its_gates_and_undoes(compilation, fused, psi, atol=0.0)
+
+
+def _assert_equals_its_gates_and_undoes(compilation, fused, psi, atol) -> None:
+    """The unit's one instruction on ``psi`` equals its operations' own instructions one by
+    one (CPU backend), and its inverse brings ``psi`` back (within ``atol``)."""
+    backend = CPUBackend()
+    (instruction,) = fused.instructions
+    expected = backend.from_host(psi)
+    for member in fused.unit.members:
+        for gate in compilation.steps[member].instructions:
+            apply_instruction(backend, expected, gate)
+    state = backend.from_host(psi)
+    apply_instruction(backend, state, instruction)
+    np.testing.assert_allclose(state, expected, atol=atol, rtol=0)
+    apply_instruction(backend, state, inverse(instruction))
+    np.testing.assert_allclose(state, psi, atol=atol, rtol=0)
+
+
+def test_adjacent_low_one_bit_blocks_become_tiled_runs():
+    """On registers of at least min_tiled_qubits, runs of at least two adjacent blocks of
+    one bit each below tile_bits become TiledRuns (bits may repeat); a block on a higher
+    bit, a wider block or a lone block ends or breaks a run; rotations in a run are not
+    paired; with fusion, the trait or the register size off nothing changes."""
+    costs = CPUBackend.fusion_traits.block_costs
+    traits = FusionTraits(block_costs=costs, rotations_per_pass=2, tile_bits=3, min_tiled_qubits=6)
+    bits = [(0,), (1,), (2,), (5,), (1,), (2,), (0, 4), (0,), (3,), (4,)]
+    flags = [len(b) == 1 for b in bits]  # one-qubit rotations
+    Run = fusion.TiledRun
+    units = fusion.plan(bits, 2, traits, None, flags, None, 6)
+    assert units == (
+        Run((Block((0,), (0,)), Block((1,), (1, 4)), Block((2,), (2, 5)))),
+        Block((5,), (3,)),  # above tile_bits
+        Block((0, 4), (6,)),
+        fusion.OneQubitRotations((7, 8)),  # a lone low block, then one above: paired
+        Block((4,), (9,)),
+    )
+    assert units[0].members == (0, 1, 4, 2, 5)
+    untiled = dataclasses.replace(traits, tile_bits=0)
+    assert fusion.plan(bits, 2, traits, None, flags, None, 5) == fusion.plan(
+        bits, 2, untiled, None, flags, None, 5
+    )  # a register under min_tiled_qubits
+    assert not any(isinstance(u, Run) for u in fusion.plan(bits, 1, traits, None, flags, None, 6))
+    assert not any(isinstance(u, Run) for u in fusion.plan(bits, 2, untiled, None, flags, None, 6))
+
+
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_a_tiled_run_equals_its_blocks_and_undoes_with_its_inverse(broadcast):
+    """The realized TILED_MATRICES equals the run's blocks one by one (each its operations'
+    own instructions), on a layer of Rot and RX gates with a block of two operations and
+    broadcast angles; its inverse undoes it; its parts are the blocks as realized alone."""
+    n = 6
+    rng = np.random.default_rng(stable_seed("tiled-run", broadcast))
+    angles = rng.uniform(-np.pi, np.pi, size=(3, 4) if broadcast else (4,))
+    ops = [qml.Rot(*rng.uniform(-1, 1, 3), wires=w) for w in range(n)]
+    ops += [qml.RX(angles[..., 0], wires=5), qml.RY(angles[..., 1], wires=4), qml.CNOT([4, 5])]
+    ops += [qml.RX(angles[..., 2], wires=5), qml.RY(angles[..., 1], wires=4)]
+    ops += [qml.PhaseShift(angles[..., 3], wires=3)]
+    compilation = compile_steps(qml.tape.QuantumScript(ops), Wires(range(n)))
+    traits = FusionTraits(block_costs=CPUBackend.fusion_traits.block_costs, tile_bits=4)
+    plan = fusion.fused_plan(compilation, 2, traits)
+    runs = [u for u in plan.units if isinstance(u.unit, fusion.TiledRun)]
+    assert [u.instructions[0].targets for u in runs] == [(3, 2, 1, 0), (0, 1)]
+    # Rot; Rot and the PhaseShift after the CNOT (on other bits); Rot and RY; Rot and RX
+    assert [len(block.members) for block in runs[0].unit.blocks] == [1, 2, 2, 2]
+    batch = 3 if broadcast else 1
+    psi = random_state(n, np.random.default_rng(6), batch).reshape(batch, -1)
+    for fused in runs:
         (instruction,) = fused.instructions
-        expected = backend.from_host(psi)
-        for member in fused.unit.members:
-            for gate in compilation.steps[member].instructions:
-                apply_instruction(backend, expected, gate)
-        state = backend.from_host(psi)
-        apply_instruction(backend, state, instruction)
-        np.testing.assert_array_equal(state, expected)
-        apply_instruction(backend, state, inverse(instruction))
-        np.testing.assert_array_equal(state, psi)
+        assert instruction.kind is Kind.TILED_MATRICES
+        assert instruction.data.shape == (batch, len(fused.unit.blocks), 2, 2)
+        assert [part.unit for part in fused.parts] == list(fused.unit.blocks)
+        _assert_equals_its_gates_and_undoes(compilation, fused, psi, atol=ATOL)
 
 
 @pytest.mark.parametrize("broadcast", [False, True])

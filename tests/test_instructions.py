@@ -35,11 +35,12 @@ WITHOUT = {
         Kind.Z_ROTATIONS,
         Kind.ONE_QUBIT_ROTATIONS,
         Kind.BIT_PERMUTATION,
+        Kind.TILED_MATRICES,
         Kind.MID_MEASURE,
         Kind.POSTSELECT,
     },
     "inverse": {Kind.MID_MEASURE, Kind.POSTSELECT},
-    "masked": {Kind.BIT_PERMUTATION, Kind.MID_MEASURE, Kind.POSTSELECT},
+    "masked": {Kind.BIT_PERMUTATION, Kind.TILED_MATRICES, Kind.MID_MEASURE, Kind.POSTSELECT},
 }
 """The kinds that do not have each operation (pinned: a change here is a decision)."""
 

@@ -1615,6 +1615,60 @@ def apply_bit_permutation(state, sources, group_bits, outside_bits, chunk_bits, 
                     vec[start + low : start + low + run] = buffer[source : source + run]
 
 
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _tile_start(job, tiles):
+    """(vector, tile index) of parallel job ``job`` over ``tiles`` tiles per vector."""
+    b = job // tiles
+    return b, job - b * tiles
+
+
+@Kernel.compile
+def apply_tiled_2x2(state, matrices, targets, tile_bits):
+    """psi <- M_{m-1} ... M_1 M_0 psi for 2x2 gates M_j (``matrices`` (1 or B, m, 2, 2)) on
+    the bits ``targets[j]``, all below ``tile_bits``, tile by tile: each tile of
+    2**tile_bits consecutive amplitudes takes every gate while it is in cache (one read and
+    one write per amplitude for the run)."""
+    size, tiles = 1 << tile_bits, state.shape[1] >> tile_bits
+    for job in numba.prange(state.shape[0] * tiles):
+        b, t = _tile_start(job, tiles)
+        tile = state[b, t * size : (t + 1) * size]
+        gates = matrices[0] if matrices.shape[0] == 1 else matrices[b]
+        for j in range(gates.shape[0]):
+            g = gates[j]
+            _pairs_2x2(tile, tile, targets[j], 0, size >> 1, g[0, 0], g[0, 1], g[1, 0], g[1, 1])
+
+
+@Kernel.compile
+def tiled_2x2_step(phi, bras, adjoints, targets, tile_bits, out):
+    """The deferred sweep back through the gates of ``apply_tiled_2x2`` (``adjoints``: their
+    inverses A_j, (1 or B, m, 2, 2)), tile by tile: for j = m-1 .. 0, phi <- A_j phi, then
+    for each of its R bras T_j[a, c] += sum over the tile's pairs on the gate's bit of
+    conj(bra[a]) phi[c] (``_pairs_step``) and bra <- A_j bra. ``out`` (B * tiles, R, m, 4):
+    each tile's sums."""
+    rows = bras.shape[0] // phi.shape[0]
+    size, tiles = 1 << tile_bits, phi.shape[1] >> tile_bits
+    half = size >> 1
+    for job in numba.prange(phi.shape[0] * tiles):
+        b, t = _tile_start(job, tiles)
+        start = t * size
+        ket = phi[b, start : start + size]
+        gates = adjoints[0] if adjoints.shape[0] == 1 else adjoints[b]
+        for j in range(gates.shape[0] - 1, -1, -1):
+            g = gates[j]
+            m00, m01, m10, m11 = g[0, 0], g[0, 1], g[1, 0], g[1, 1]
+            bit = targets[j]
+            _pairs_2x2(ket, ket, bit, 0, half, m00, m01, m10, m11)
+            for r in range(rows):
+                bra = bras[b * rows + r, start : start + size]
+                t00, t01, t10, t11 = _pairs_step(
+                    ket, ket, bra, bra, bit, 0, half, m00, m01, m10, m11, True
+                )
+                out[job, r, j, 0] = t00
+                out[job, r, j, 1] = t01
+                out[job, r, j, 2] = t10
+                out[job, r, j, 3] = t11
+
+
 def chunks_per_vector(batch: int, items: int) -> int:
     """How many parallel jobs a kernel cuts each of ``batch`` vectors of ``items`` work
     items into: the first axis of a kernel's per-job partial sums is batch times this."""
@@ -2207,6 +2261,8 @@ ALL_KERNELS = (
     apply_1q_rotation,
     apply_2q,
     apply_bit_permutation,
+    apply_tiled_2x2,
+    tiled_2x2_step,
     apply_kq,
     block_step,
     block_step_1q,

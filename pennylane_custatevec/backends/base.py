@@ -125,6 +125,15 @@ class FusionTraits:
     min_permutation_run: int = 2
     """The fewest bit flips that make such a run (where one pass of the permutation costs
     as much as that many flips one by one)."""
+    tile_bits: int = 0
+    """Fusion gathers adjacent blocks of one bit, each on a bit below ``tile_bits``, into
+    tiled runs: TILED_MATRICES instructions (``apply_tiled_matrices``) that a backend
+    applies tile by tile, each tile of 2**tile_bits consecutive amplitudes taking every gate
+    of the run while it is in cache: one pass over the state for the run instead of one
+    per block; 0: no tiled runs."""
+    min_tiled_qubits: int = 0
+    """Registers of fewer qubits keep their one-bit blocks one by one (their vectors sit
+    in cache already)."""
     pauli_rotation_step_for_lone_rotations: bool = False
     """Whether the deferred sweep takes a block of one Pauli rotation, on one state
     vector, through ``adjoint_pauli_rotation_step`` (one pass, real arithmetic) instead of
@@ -326,6 +335,19 @@ class Backend(abc.ABC):
         for j, (letter, bit) in enumerate(zip(paulis, targets, strict=True)):
             self.apply_pauli_rotation(state, angles[:, j], letter, (bit,))
 
+    def apply_tiled_matrices(
+        self, state: StateBatch, matrices: np.ndarray, targets: Sequence[int]
+    ) -> None:
+        """psi <- M_{m-1} ... M_1 M_0 psi for 2x2 gates M_j (``matrices`` of shape
+        (1 or B, m, 2, 2)) on the bits ``targets[j]`` (a bit may repeat): a tiled run of
+        fusion, which makes it for backends whose ``fusion_traits.tile_bits`` is positive. A
+        backend may apply it tile by tile, each tile taking every gate while it is in cache
+        (one pass over the state for the run); the default applies one gate after the
+        other."""
+        matrices = np.asarray(matrices)
+        for j, bit in enumerate(targets):
+            self.apply_matrix(state, matrices[:, j], (bit,))
+
     def apply_bit_permutation(self, state: StateBatch, sources: np.ndarray) -> None:
         """psi(y) <- psi(src(y)) on every vector, where src(y) is the XOR of ``sources[j]``
         over the set bits j of y, XORed with ``sources[n]`` (int64, shape (n + 1,)): an
@@ -512,6 +534,21 @@ class Backend(abc.ABC):
             words,
             lambda s, a: self.apply_one_qubit_rotations(s, a, paulis, targets),
         )
+
+    def adjoint_tiled_matrices_step(
+        self, phi: StateBatch, bras: StateBatch, matrices: np.ndarray, targets: Sequence[int]
+    ) -> Any:
+        """One step of the deferred sweep back through the gates of ``apply_tiled_matrices``:
+        for j = m-1 .. 0, the ``adjoint_block_step`` of gate j, whose reductions T_j are
+        returned as one array (B, R, m, 2, 2), complex128 (bras as there; a backend array:
+        see ``gather``). A backend may take the whole run tile by tile in one pass; the
+        default takes one block step after the other and gathers their reductions at once."""
+        matrices = np.asarray(matrices)
+        reductions = [
+            self.adjoint_block_step(phi, bras, matrices[:, j], (targets[j],))
+            for j in reversed(range(len(targets)))
+        ]
+        return np.stack(self.gather(reductions)[::-1], axis=2)
 
     # --- optional: a whole gate sequence in one call -------------------------------------
 

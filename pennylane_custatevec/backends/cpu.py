@@ -26,6 +26,7 @@ from ._cpu_kernels import (
     apply_pauli,
     apply_pauli_rotation,
     apply_rotation_pair,
+    apply_tiled_2x2,
     apply_z_phases,
     block_step,
     block_step_1q,
@@ -44,6 +45,7 @@ from ._cpu_kernels import (
     run_sequence_measured,
     sweep_sequence,
     sweep_sequence_from_words,
+    tiled_2x2_step,
     z_rotations_step,
 )
 from .base import (
@@ -152,6 +154,14 @@ def _z_rotation_diagonals(angles: np.ndarray, paulis: str) -> np.ndarray:
     return np.cos(half) - 1j * np.sin(half) * signs
 
 
+_TILE_BITS = 14
+"""A tile of a tiled run: 2**14 consecutive amplitudes, 256 KiB in complex128, within a
+core's share of the L2 cache (2 MiB; the sweep's tile of a ket and its bras stays within it
+up to 7 bras); a probe of 13 and 15 bits measured alike. Tiles that also take high bits
+(chunks gathered into a buffer) were not kept: ``benchmarks/tiled_runs.py``, "gathered",
+six high bits 1.1-1.25x slower than one by one at 20-22 qubits, 1.4-1.6x faster at 24 (a
+candidate from 24 qubits on)."""
+
 CPU_FUSION_TRAITS = FusionTraits(
     # What the benchmarks chose (doc/options.md).
     default_width=2,
@@ -177,6 +187,14 @@ CPU_FUSION_TRAITS = FusionTraits(
     # vector of 20 qubits against 0.13 ms per CNOT, 0.89 ms on 17 vectors of 16 qubits
     # against 0.15 ms per CNOT: a run pays from about 6 flips.
     min_permutation_run=6,
+    # benchmarks/tiled_runs.py (2 cores, 2026-12-02): a run of 14 gates on bits 13..0,
+    # forward 1.1-1.2x faster tiled at 16-22 qubits, 2.6x at 24; the sweep's step 1.1x at
+    # 16-18, 1.0-1.5x at 20, 1.8-2.0x at 22-24. A VJP step of two layers, tiled / untiled:
+    # StronglyEntanglingLayers 0.93-0.95 at 16-20 qubits, 0.86 at 22, 0.80 at 24;
+    # BasicEntanglerLayers(RY) 1.05 at 16 (its rotation pairs and one-pass rotation steps
+    # win there), 0.97-1.0 at 18-20, 0.87 at 22-24: tiled from 18 qubits.
+    tile_bits=_TILE_BITS,
+    min_tiled_qubits=18,
 )
 """How fusion plans for the CPU backend (see FusionTraits)."""
 
@@ -192,6 +210,14 @@ in contiguous chunks of at least 2**6."""
 
 _SCRATCH = threading.local()
 """Each thread's buffers of ``apply_bit_permutation``, by dtype (``CPUBackend._buffers``)."""
+
+
+def _tile_bits(state: StateBatch, targets: Sequence[int], traits: FusionTraits) -> int | None:
+    """The bits of a tile of ``apply_tiled_2x2`` for gates on ``targets``: the traits'
+    ``tile_bits`` (the whole vector if smaller); None where a target lies above them (then
+    the gates run one by one)."""
+    tile_bits = min(traits.tile_bits, state.shape[1].bit_length() - 1)
+    return tile_bits if max(targets) < tile_bits else None
 
 
 class _PermutationGroups(NamedTuple):
@@ -549,6 +575,25 @@ class CPUBackend(Backend):
             state, sources, groups.group_bits, groups.outside_bits, groups.chunk_bits,
             groups.run_bits, buffers,
         )  # fmt: skip
+
+    def apply_tiled_matrices(self, state, matrices, targets) -> None:
+        tile_bits = _tile_bits(state, targets, self.fusion_traits)
+        if tile_bits is None:
+            super().apply_tiled_matrices(state, matrices, targets)
+            return
+        matrices = np.ascontiguousarray(matrices, dtype=self.dtype)
+        apply_tiled_2x2.for_size(state)(state, matrices, _bits(targets), tile_bits)
+
+    def adjoint_tiled_matrices_step(self, phi, bras, matrices, targets) -> np.ndarray:
+        tile_bits = _tile_bits(phi, targets, self.fusion_traits)
+        if tile_bits is None:
+            return super().adjoint_tiled_matrices_step(phi, bras, matrices, targets)
+        adjoints = np.ascontiguousarray(np.conj(np.swapaxes(matrices, -1, -2)), dtype=self.dtype)
+        batch, dim = phi.shape
+        rows, tiles = bras.shape[0] // batch, dim >> tile_bits
+        out = np.empty((batch * tiles, rows, len(targets), 4), dtype=np.complex128)
+        tiled_2x2_step.for_size(bras)(phi, bras, adjoints, _bits(targets), tile_bits, out)
+        return out.reshape(batch, tiles, rows, len(targets), 2, 2).sum(axis=1)
 
     def _buffers(self, rows: int, amplitudes: int) -> np.ndarray:
         """Scratch rows of this backend's dtype, kept per calling thread and dtype (reused,

@@ -205,6 +205,8 @@ class DistributedBackend(Backend):
             # the lone rotation step sums its products at once (a collective per
             # rotation); the block step's sums wait for gather (one per sweep)
             pauli_rotation_step_for_lone_rotations=False,
+            # a tiled run's gates may meet global bits (each its own swap): gate by gate
+            tile_bits=0,
         )
 
     @property

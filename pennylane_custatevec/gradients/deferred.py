@@ -737,6 +737,30 @@ def _add_block_gradients(
         context.gradients[:, :, context.columns[member]] += np.real(contribution)
 
 
+def _tiled_run_step(context: SweepContext, fused: fusion.Fused) -> PendingReduction:
+    """A tiled run of one-bit blocks, undone tile by tile in one pass that takes every
+    block's 2x2 reduction T_j (block j's bra after it, phi before it: the T of
+    ``adjoint_block_step`` for each block in turn)."""
+    (instruction,) = fused.instructions
+    reduction = context.backend.adjoint_tiled_matrices_step(
+        context.phi, context.bras, instruction.data, instruction.targets
+    )
+    return PendingReduction(
+        fused.unit, functools.partial(_add_tiled_run_gradients, fused), reduction
+    )
+
+
+def _add_tiled_run_gradients(fused: fusion.Fused, context: SweepContext, t: np.ndarray) -> None:
+    """Each block j of the run adds its gradients from its reduction t[:, :, j]
+    (``_add_block_gradients``, with the matrices of its operations: a block of one
+    operation has the run's gate j)."""
+    gates = fused.instructions[0].data
+    for j, (block, part) in enumerate(zip(fused.unit.blocks, fused.parts, strict=True)):
+        if context.trainable(block):
+            matrices = part.member_matrices or [gates[:, j]]
+            _add_block_gradients(block, matrices, context, t[:, :, j])
+
+
 def _single_step(context: SweepContext, fused: fusion.Fused) -> None:
     """An operation wider than the blocks, run as its own instructions: the eager step
     (``_operation_step``); nothing pending."""
@@ -758,6 +782,7 @@ _UNIT_STEPS: dict[type, UnitStep] = {
     fusion.ZRun: _z_run_step,
     fusion.OneQubitRotations: _one_qubit_rotations_step,
     fusion.BitPermutationRun: _permutation_run_step,
+    fusion.TiledRun: _tiled_run_step,
 }
 """The step of each kind of ``fusion.Unit`` (complete over the kinds: a test checks)."""
 
