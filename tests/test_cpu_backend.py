@@ -433,7 +433,8 @@ def _kernel_args(name, state, rng):
         rows, targets = 2, np.array([0, 5, 1, 2, 3, 0, 4])
         bras = np.repeat(state[::-1], rows, axis=0) * (1 - 0.5j)
         adjoints = np.stack([np.stack([random_unitary(2, rng) for _ in targets])] * batch)
-        out = np.empty((batch * (state.shape[1] >> 6), rows, len(targets), 4), dtype=complex)
+        per = _cpu_kernels.chunks_per_vector(batch, state.shape[1] >> 6)
+        out = np.empty((batch * per, rows, len(targets), 4), dtype=complex)
         return (bras, adjoints, targets, 6, out)
     if name == "product_state":  # the state is overwritten; tables of the set bits
         zero_bits = sort([2, n - 1])

@@ -1643,30 +1643,34 @@ def tiled_2x2_step(phi, bras, adjoints, targets, tile_bits, out):
     """The deferred sweep back through the gates of ``apply_tiled_2x2`` (``adjoints``: their
     inverses A_j, (1 or B, m, 2, 2)), tile by tile: for j = m-1 .. 0, phi <- A_j phi, then
     for each of its R bras T_j[a, c] += sum over the tile's pairs on the gate's bit of
-    conj(bra[a]) phi[c] (``_pairs_step``) and bra <- A_j bra. ``out`` (B * tiles, R, m, 4):
-    each tile's sums."""
+    conj(bra[a]) phi[c] (``_pairs_step``) and bra <- A_j bra. Each vector's tiles are cut
+    into ``chunks_per_vector`` ranges, one parallel job each; ``out`` (B * ranges, R, m, 4):
+    each job's sums."""
     rows = bras.shape[0] // phi.shape[0]
     size, tiles = 1 << tile_bits, phi.shape[1] >> tile_bits
     half = size >> 1
-    for job in numba.prange(phi.shape[0] * tiles):
-        b, t = _tile_start(job, tiles)
-        start = t * size
-        ket = phi[b, start : start + size]
+    per = _chunks_per_vector(phi.shape[0], tiles)
+    for job in numba.prange(phi.shape[0] * per):
+        b, first, end = _job_range(job, per, tiles)
         gates = adjoints[0] if adjoints.shape[0] == 1 else adjoints[b]
-        for j in range(gates.shape[0] - 1, -1, -1):
-            g = gates[j]
-            m00, m01, m10, m11 = g[0, 0], g[0, 1], g[1, 0], g[1, 1]
-            bit = targets[j]
-            _pairs_2x2(ket, ket, bit, 0, half, m00, m01, m10, m11)
-            for r in range(rows):
-                bra = bras[b * rows + r, start : start + size]
-                t00, t01, t10, t11 = _pairs_step(
-                    ket, ket, bra, bra, bit, 0, half, m00, m01, m10, m11, True
-                )
-                out[job, r, j, 0] = t00
-                out[job, r, j, 1] = t01
-                out[job, r, j, 2] = t10
-                out[job, r, j, 3] = t11
+        sums = np.zeros((rows, gates.shape[0], 4), dtype=np.complex128)
+        for t in range(first, end):
+            ket = phi[b, t * size : (t + 1) * size]
+            for j in range(gates.shape[0] - 1, -1, -1):
+                g = gates[j]
+                m00, m01, m10, m11 = g[0, 0], g[0, 1], g[1, 0], g[1, 1]
+                bit = targets[j]
+                _pairs_2x2(ket, ket, bit, 0, half, m00, m01, m10, m11)
+                for r in range(rows):
+                    bra = bras[b * rows + r, t * size : (t + 1) * size]
+                    t00, t01, t10, t11 = _pairs_step(
+                        ket, ket, bra, bra, bit, 0, half, m00, m01, m10, m11, True
+                    )
+                    sums[r, j, 0] += t00
+                    sums[r, j, 1] += t01
+                    sums[r, j, 2] += t10
+                    sums[r, j, 3] += t11
+        out[job] = sums
 
 
 def chunks_per_vector(batch: int, items: int) -> int:

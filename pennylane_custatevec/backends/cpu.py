@@ -217,7 +217,7 @@ def _tile_bits(state: StateBatch, targets: Sequence[int], traits: FusionTraits) 
     ``tile_bits`` (the whole vector if smaller); None where a target lies above them (then
     the gates run one by one)."""
     tile_bits = min(traits.tile_bits, state.shape[1].bit_length() - 1)
-    return tile_bits if max(targets) < tile_bits else None
+    return tile_bits if max(targets, default=0) < tile_bits else None
 
 
 class _PermutationGroups(NamedTuple):
@@ -590,10 +590,11 @@ class CPUBackend(Backend):
             return super().adjoint_tiled_matrices_step(phi, bras, matrices, targets)
         adjoints = np.ascontiguousarray(np.conj(np.swapaxes(matrices, -1, -2)), dtype=self.dtype)
         batch, dim = phi.shape
-        rows, tiles = bras.shape[0] // batch, dim >> tile_bits
-        out = np.empty((batch * tiles, rows, len(targets), 4), dtype=np.complex128)
+        rows = bras.shape[0] // batch
+        per = chunks_per_vector(batch, dim >> tile_bits)
+        out = np.empty((batch * per, rows, len(targets), 4), dtype=np.complex128)
         tiled_2x2_step.for_size(bras)(phi, bras, adjoints, _bits(targets), tile_bits, out)
-        return out.reshape(batch, tiles, rows, len(targets), 2, 2).sum(axis=1)
+        return out.reshape(batch, per, rows, len(targets), 2, 2).sum(axis=1)
 
     def _buffers(self, rows: int, amplitudes: int) -> np.ndarray:
         """Scratch rows of this backend's dtype, kept per calling thread and dtype (reused,
