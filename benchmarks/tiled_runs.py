@@ -9,7 +9,8 @@
    gates one by one;
 3. circuits: a VJP step (adjoint, device VJP, torch) of StronglyEntanglingLayers and of
    BasicEntanglerLayers with RY, with tiled runs on and off (the backend's
-   ``fusion_traits`` swapped between steps), where ``min_tiled_qubits`` comes from.
+   ``fusion_traits`` swapped between steps), where ``min_tiled_qubits`` and
+   ``min_tiled_rotation_qubits`` come from.
 
     python benchmarks/tiled_runs.py [--qubits 16,18,20,22,24] [--rounds 7]
 
@@ -189,7 +190,9 @@ def circuits_table(sizes: list[int], rounds: int) -> None:
     for template in ("SEL", "BEL-RY"):
         for n in sizes:
             step, backend = circuit_step(n, template)
-            tiled = dataclasses.replace(backend.fusion_traits, min_tiled_qubits=0)
+            tiled = dataclasses.replace(
+                backend.fusion_traits, min_tiled_qubits=0, min_tiled_rotation_qubits=0
+            )
             untiled = dataclasses.replace(backend.fusion_traits, tile_bits=0)
             times: dict[str, list[float]] = {"tiled": [], "untiled": []}
             results = {}

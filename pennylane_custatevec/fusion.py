@@ -154,14 +154,18 @@ def plan(
     most ``traits.permutation_bits`` bits together become BitPermutationRuns. With fusion
     on, a register of at least ``traits.min_tiled_qubits`` qubits (``num_qubits``) has its
     runs of adjacent blocks of one bit each below ``traits.tile_bits`` made TiledRuns,
-    before rotations are paired."""
+    before rotations are paired; a block of one flagged rotation joins them only from
+    ``traits.min_tiled_rotation_qubits``."""
     count = len(bits_per_step)
     z_flags = tuple(z_rotations) if z_rotations is not None else (False,) * count
     units = _cached_plan(tuple(bits_per_step), max_qubits, traits.block_costs, z_flags)
     if max_qubits <= 1:
         return units
     if traits.tile_bits > 0 and num_qubits >= max(traits.min_tiled_qubits, 1):
-        units = _tiled_runs(units, traits.tile_bits)
+        kept_apart = None  # lone rotations kept out of the runs (to be paired)
+        if one_qubit_rotations is not None and num_qubits < traits.min_tiled_rotation_qubits:
+            kept_apart = tuple(one_qubit_rotations)
+        units = _tiled_runs(units, traits.tile_bits, kept_apart)
     per_pass = traits.rotations_per_pass
     if per_pass >= 2 and one_qubit_rotations is not None:
         units = _paired_rotations(units, tuple(one_qubit_rotations), per_pass)
@@ -209,10 +213,13 @@ def _permutation_runs(
 
 
 @functools.lru_cache(maxsize=256)
-def _tiled_runs(units: tuple[Unit, ...], tile_bits: int) -> tuple[Unit, ...]:
+def _tiled_runs(
+    units: tuple[Unit, ...], tile_bits: int, kept_apart: tuple | None
+) -> tuple[Unit, ...]:
     """``units`` with each run of at least two adjacent blocks of one bit below
     ``tile_bits`` made a TiledRun (adjacent units run back to back, so nothing moves
-    across another operation)."""
+    across another operation); ``kept_apart`` flags operations whose block of their own
+    stays out of the runs."""
     out: list[Unit] = []
     run: list[Block] = []
 
@@ -224,7 +231,12 @@ def _tiled_runs(units: tuple[Unit, ...], tile_bits: int) -> tuple[Unit, ...]:
         run.clear()
 
     for unit in units:
-        if isinstance(unit, Block) and len(unit.targets) == 1 and unit.targets[0] < tile_bits:
+        if (
+            isinstance(unit, Block)
+            and len(unit.targets) == 1
+            and unit.targets[0] < tile_bits
+            and not (kept_apart and len(unit.members) == 1 and kept_apart[unit.members[0]])
+        ):
             run.append(unit)
             continue
         close()

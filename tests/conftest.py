@@ -37,7 +37,8 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers",
         "real_size_thresholds: keep the CPU backend's fusion_traits.min_fused_amplitudes, "
-        "tile_bits and min_tiled_qubits, and its min_product_state_amplitudes",
+        "tile_bits, min_tiled_qubits and min_tiled_rotation_qubits, and its "
+        "min_product_state_amplitudes",
     )
 
 
@@ -55,13 +56,18 @@ def no_size_thresholds(request, monkeypatch):
     """The CPU backend fuses every batch and prepares every product state, however small:
     the tests' circuits are far below the sizes where these start to pay
     (``fusion_traits.min_fused_amplitudes``, ``min_product_state_amplitudes``), and both
-    paths must be exercised on them. Tiled runs likewise (``min_tiled_qubits``), in tiles of
+    paths must be exercised on them. Tiled runs likewise (``min_tiled_qubits``,
+    ``min_tiled_rotation_qubits``), in tiles of
     4 amplitudes (``tile_bits`` 2): the one-bit blocks on the two lowest bits run tiled,
     the others as before, so that every circuit takes both paths. Tests marked
     ``real_size_thresholds`` keep the thresholds."""
     if request.node.get_closest_marker("real_size_thresholds") is None:
         unthresholded = dataclasses.replace(
-            CPUBackend.fusion_traits, min_fused_amplitudes=0, min_tiled_qubits=0, tile_bits=2
+            CPUBackend.fusion_traits,
+            min_fused_amplitudes=0,
+            min_tiled_qubits=0,
+            min_tiled_rotation_qubits=0,
+            tile_bits=2,
         )
         monkeypatch.setattr(CPUBackend, "fusion_traits", unthresholded)
         monkeypatch.setattr(CPUBackend, "min_product_state_amplitudes", 0)

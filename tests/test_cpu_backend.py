@@ -639,17 +639,21 @@ def test_z_word_rotation_steps_on_small_registers_match_the_composition(n_qubits
 
 
 @pytest.mark.real_size_thresholds
-@pytest.mark.parametrize("template", ["SEL", "BEL-RY"])
+@pytest.mark.parametrize("template, n", [("SEL", 16), ("SEL", 18), ("BEL-RY", 18)])
 @pytest.mark.parametrize("batch", [None, 2])
-def test_tiled_runs_at_their_real_size(template, batch, mocker):
-    """At 18 qubits (the CPU's min_tiled_qubits) the one-bit blocks on bits 0..13 run as
-    tiled runs in tiles of 2**14 amplitudes, forward and in the deferred sweep; values and
-    the Jacobian of two outputs (two bras) equal those of the same device with tiled runs
-    off, to 1e-10, broadcast or not."""
-    n = 18
+def test_tiled_runs_at_their_real_size(template, n, batch, mocker):
+    """From 16 qubits (the CPU's min_tiled_qubits) the one-bit blocks on bits 0..13 run as
+    tiled runs in tiles of 2**14 amplitudes, forward and in the deferred sweep (lone
+    rotations, as BasicEntanglerLayers' RY after a CNOT ring, from 18: the planner's test).
+    Values and the Jacobian of two outputs (two bras) equal those of the same device with
+    tiled runs off, to 1e-10, broadcast or not."""
     traits = CPUBackend.fusion_traits
-    assert (traits.tile_bits, traits.min_tiled_qubits) == (14, 18)
-    rng = np.random.default_rng(stable_seed("tiled real size", template, batch))
+    assert (traits.tile_bits, traits.min_tiled_qubits, traits.min_tiled_rotation_qubits) == (
+        14,
+        16,
+        18,
+    )
+    rng = np.random.default_rng(stable_seed("tiled real size", template, n, batch))
     weights = rng.uniform(-np.pi, np.pi, size=(2, n, 3) if template == "SEL" else (2, n))
     x = rng.uniform(-1, 1, size=(batch, n) if batch else (n,))
 

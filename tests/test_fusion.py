@@ -683,6 +683,20 @@ def test_adjacent_low_one_bit_blocks_become_tiled_runs():
         Block((4,), (9,)),
     )
     assert units[0].members == (0, 1, 4, 2, 5)
+    # under min_tiled_rotation_qubits, a block of one flagged rotation stays out of runs
+    apart = dataclasses.replace(traits, min_tiled_rotation_qubits=7)
+    flags = [b == (1,) for b in bits]  # operations 1 and 4 on bit 1: one block of two
+    assert fusion.plan(bits, 2, apart, None, flags, None, 6)[0] == units[0]
+    flags = [i == 2 for i in range(len(bits))]  # operation 2, alone in its block...
+    assert fusion.plan(bits, 2, apart, None, flags, None, 6)[0] == Run(
+        (Block((0,), (0,)), Block((1,), (1, 4)), Block((2,), (2, 5)))
+    )  # ...is not alone: operation 5 joined it
+    flags = [i == 0 for i in range(len(bits))]
+    assert fusion.plan(bits, 2, apart, None, flags, None, 6)[:2] == (
+        Block((0,), (0,)),
+        Run((Block((1,), (1, 4)), Block((2,), (2, 5)))),
+    )
+    assert fusion.plan(bits, 2, apart, None, flags, None, 7)[0] == units[0]
     untiled = dataclasses.replace(traits, tile_bits=0)
     assert fusion.plan(bits, 2, traits, None, flags, None, 5) == fusion.plan(
         bits, 2, untiled, None, flags, None, 5

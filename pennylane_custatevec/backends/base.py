@@ -134,6 +134,11 @@ class FusionTraits:
     min_tiled_qubits: int = 0
     """Registers of fewer qubits keep their one-bit blocks one by one (their vectors sit
     in cache already)."""
+    min_tiled_rotation_qubits: int = 0
+    """A block of one lone one-qubit rotation (which fusion may pair, see
+    ``rotations_per_pass``) joins tiled runs only on registers of at least this many
+    qubits (at least ``min_tiled_qubits``): below, its own one-pass kernels beat a tile's
+    dense 2x2 product."""
     pauli_rotation_step_for_lone_rotations: bool = False
     """Whether the deferred sweep takes a block of one Pauli rotation, on one state
     vector, through ``adjoint_pauli_rotation_step`` (one pass, real arithmetic) instead of

@@ -192,9 +192,12 @@ CPU_FUSION_TRAITS = FusionTraits(
     # 16-18, 1.0-1.5x at 20, 1.8-2.0x at 22-24. A VJP step of two layers, tiled / untiled:
     # StronglyEntanglingLayers 0.93-0.95 at 16-20 qubits, 0.86 at 22, 0.80 at 24;
     # BasicEntanglerLayers(RY) 1.05 at 16 (its rotation pairs and one-pass rotation steps
-    # win there), 0.97-1.0 at 18-20, 0.87 at 22-24: tiled from 18 qubits.
+    # win there), 0.97-1.0 at 18-20, 0.87 at 22-24: lone rotations tiled from 18 qubits,
+    # other one-bit blocks from 16 (SEL 0.93 at 16; W2's Jacobian on forward 0.97, W2jr
+    # compiled 0.95; W5, whose mixers are rotations, 1.05 with them tiled).
     tile_bits=_TILE_BITS,
-    min_tiled_qubits=18,
+    min_tiled_qubits=16,
+    min_tiled_rotation_qubits=18,
 )
 """How fusion plans for the CPU backend (see FusionTraits)."""
 
