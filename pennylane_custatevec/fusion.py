@@ -230,13 +230,14 @@ def _tiled_runs(
             out.extend(run)
         run.clear()
 
+    def joins(unit: Unit) -> bool:
+        if not (isinstance(unit, Block) and len(unit.targets) == 1):
+            return False
+        kept = kept_apart is not None and len(unit.members) == 1 and kept_apart[unit.members[0]]
+        return unit.targets[0] < tile_bits and not kept
+
     for unit in units:
-        if (
-            isinstance(unit, Block)
-            and len(unit.targets) == 1
-            and unit.targets[0] < tile_bits
-            and not (kept_apart and len(unit.members) == 1 and kept_apart[unit.members[0]])
-        ):
+        if joins(unit):
             run.append(unit)
             continue
         close()
@@ -463,18 +464,23 @@ def _tiled_run(compilation: Compilation, unit: TiledRun) -> Fused:
     """The run as one TILED_MATRICES instruction, with its blocks realized one by one as
     its ``parts``: gate j is block j's 2x2 matrix (the product of its operations')."""
     parts = tuple(realize(compilation, unit.blocks))
-    matrices = []
-    for block, part in zip(unit.blocks, parts, strict=True):
-        if part.member_matrices:
-            matrices.append(np.asarray(part.instructions[0].data, dtype=np.complex128))
-        else:
-            (member,) = block.members
-            matrices.append(step_matrix(compilation.steps[member].instructions, block.targets))
+    matrices = [block_matrices(compilation.steps, part)[0] for part in parts]
     batch = max(matrix.shape[0] for matrix in matrices)
     data = np.stack([np.broadcast_to(matrix, (batch, 2, 2)) for matrix in matrices], axis=1)
     targets = tuple(block.targets[0] for block in unit.blocks)
     instruction = Instruction(Kind.TILED_MATRICES, targets=targets, data=data)
     return Fused(unit, [instruction], parts=parts)
+
+
+def block_matrices(steps: Sequence[Step], fused: Fused) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(the block's matrix, each of its operations' matrices on its bits) of a realized
+    Block: a block of several operations has both already, one of a single operation runs
+    as its own instructions, whose matrix is built here."""
+    if fused.member_matrices:
+        return fused.instructions[0].data, fused.member_matrices
+    (member,) = fused.unit.members
+    matrix = step_matrix(steps[member].instructions, fused.unit.targets)
+    return matrix, [matrix]
 
 
 def is_z_rotation(rotation: Instruction | None) -> bool:

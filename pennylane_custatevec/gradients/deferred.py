@@ -717,10 +717,7 @@ def _block_step(context: SweepContext, fused: fusion.Fused) -> PendingReduction 
         (member,) = unit.members
         _operation_step(context, member)
         return None
-    matrices = fused.member_matrices or [
-        fusion.step_matrix(context.steps[unit.members[0]].instructions, unit.targets)
-    ]
-    block = fused.instructions[0].data if fused.member_matrices else matrices[0]
+    block, matrices = fusion.block_matrices(context.steps, fused)
     reduction = context.backend.adjoint_block_step(context.phi, context.bras, block, unit.targets)
     return PendingReduction(
         unit, functools.partial(_add_block_gradients, unit, matrices), reduction
