@@ -5,8 +5,8 @@
 
 Every configuration runs each workload once (warm-up) and its values and gradients are
 compared with the first peer's; then each is timed, best of ``--repeat`` steps taken
-round-robin across the configurations (one step of each per round, each round starting
-one configuration later). W6 runs every
+round-robin across the configurations (one step of each per round, each round in another
+order, ``round_order``: a configuration follows another one each round). W6 runs every
 configuration in a fresh (spawned) process and reports its peak resident memory. Writes
 the markdown report (``--out``), the table and below it the same-run ratios of issue 16's
 targets (``TARGETS``), and a bar chart of our deferred and eager times per workload
@@ -19,12 +19,13 @@ import contextlib
 import dataclasses
 import datetime
 import inspect
+import math
 import multiprocessing
 import platform
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from importlib import metadata
@@ -352,22 +353,31 @@ def time_round_robin(
     progress(f"{tag}: timing {len(timed)} configurations, {repeat} rounds")
     times: list[list[float]] = [[] for _ in timed]
     for round_index in range(repeat):
-        for index in rotated(range(len(timed)), round_index):
+        for index in round_order(len(timed), round_index):
             times[index].append(best_time(timed[index][0].step, 1))
     for (_, cell), own in zip(timed, times, strict=True):
         cell.seconds = min(own)
     return cells
 
 
-def rotated(items: Sequence, shift: int) -> list:
-    """``items`` starting at position ``shift`` (mod their number), wrapping around. The
-    rounds start one configuration later each: a step that runs right after another
-    device's pays for that device's spinning OpenMP threads on 2 cores (W1 at 6 qubits:
-    our deferred step 8.4 ms right after lightning.qubit's, 7.0 ms right after our eager
-    one), and so no configuration always follows the same one."""
-    items = list(items)
-    shift %= max(len(items), 1)
-    return items[shift:] + items[:shift]
+def round_order(count: int, round_index: int) -> list[int]:
+    """The order in which round ``round_index`` times ``count`` configurations: from
+    position ``round_index`` on, with stride k, the round's entry of the integers in
+    [1, count) coprime to ``count`` (taken in turn), modulo ``count``.
+
+    A step that runs right after another configuration's pays for that configuration's
+    spinning threads (lightning.qubit's and torch's OpenMP pools, jax's thread pool) on 2
+    cores: W5 at 16 qubits, our step 17 ms alone, 25-28 ms right after jax.jit's or
+    default.qubit's step. Within a round, configuration a follows a - k; the strides
+    change from round to round, so a configuration follows a different one each round
+    (as far as ``count`` allows: with two there is only one other), and its best time is
+    not that of one neighbour. (Rotating one fixed order, as this script did before,
+    keeps every configuration behind the same neighbour in every round.)"""
+    if count <= 2:
+        return [(round_index + position) % max(count, 1) for position in range(count)]
+    strides = [k for k in range(1, count) if math.gcd(k, count) == 1]
+    stride = strides[round_index % len(strides)]
+    return [(round_index + position * stride) % count for position in range(count)]
 
 
 def _prepare(
@@ -565,7 +575,7 @@ def environment_lines(repeat: int) -> list[str]:
         f"- pennylane_custatevec imported from {Path(pennylane_custatevec.__file__).parent}",
         f"- command: `python {' '.join(sys.argv)}`",
         f"- times: best of {repeat} after one warm-up, configurations round-robin "
-        "(each round starting one configuration later)",
+        "(each round in another order: a configuration follows another one each round)",
     ]
 
 

@@ -6,6 +6,7 @@ series.
 """
 
 import argparse
+import math
 import re
 import subprocess
 import sys
@@ -261,12 +262,21 @@ def test_w2_profile_runs():
     assert "CNOTs, forward and sweep" not in parts
 
 
-def test_rounds_start_one_configuration_later():
-    """Round r times the configurations from position r on, wrapping around."""
-    assert run_workloads.rotated("abcd", 0) == list("abcd")
-    assert run_workloads.rotated("abcd", 1) == list("bcda")
-    assert run_workloads.rotated("abcd", 5) == list("bcda")
-    assert run_workloads.rotated([], 3) == []
+def test_each_round_puts_another_configuration_before_each():
+    """Every round is a permutation of the configurations; over the rounds of all strides,
+    no configuration follows the same one twice (cyclically, within a round)."""
+    for count in range(3, 10):
+        strides = [k for k in range(1, count) if math.gcd(k, count) == 1]
+        predecessors: dict[int, set] = {c: set() for c in range(count)}
+        for round_index in range(len(strides)):
+            order = run_workloads.round_order(count, round_index)
+            assert sorted(order) == list(range(count))
+            for position, config in enumerate(order):
+                predecessors[config].add(order[position - 1])
+        assert all(len(seen) == len(strides) for seen in predecessors.values()), count
+    assert run_workloads.round_order(2, 1) == [1, 0]
+    assert run_workloads.round_order(1, 4) == [0]
+    assert run_workloads.round_order(0, 3) == []
 
 
 # --- compare_revisions.py ----------------------------------------------------------------
