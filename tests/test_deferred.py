@@ -961,7 +961,7 @@ def test_a_wide_operation_of_a_broadcast_takes_its_own_step(mocker):
     the sweep took it as a dense 4096 x 4096 block (a minute per gradient, from a
     reduction of 4**12 entries per vector and host products of 4096 x 4096 matrices); it
     takes the operation's own step, and the Jacobian equals the eager mode's."""
-    derivatives = mocker.spy(pennylane_custatevec.gradients.deferred, "_derivatives")
+    derivatives = mocker.spy(pennylane_custatevec.gradients.deferred, "_block_derivatives")
     wide_steps = mocker.spy(pennylane_custatevec.gradients.deferred, "_operation_step")
     n = 12
 
@@ -979,6 +979,8 @@ def test_a_wide_operation_of_a_broadcast_takes_its_own_step(mocker):
         device = qml.device("custatevec.qubit", wires=n, backend="cpu", grad_accumulation=mode)
         jacobians[mode] = qml.jacobian(qml.QNode(circuit, device, diff_method="adjoint"))(w)
     np.testing.assert_allclose(jacobians["deferred"], jacobians["eager"], atol=1e-12)
-    widths = [len(call.args[1].targets) for call in derivatives.call_args_list]
-    assert all(width <= 6 for width in widths)  # no dense derivative of the wide block
+    widths = [
+        len(term.block.targets) for call in derivatives.call_args_list for term in call.args[1]
+    ]
+    assert widths and all(width <= 6 for width in widths)  # no dense derivative of the wide block
     assert wide_steps.call_count >= 1

@@ -14,7 +14,8 @@ in its gate U_j of the block's gates U_1 .. U_L, then contributes
     d/dtheta Re <lambda|psi> = Re sum_ac D[a, c] T[a, c],
     D = dB/dtheta = (U_L ... U_{j+1}) (i G_j U_j) (U_{j-1} ... U_1),
 
-from small matrices on the host (prefix and suffix products of the block). The reductions
+from small matrices on the host (prefix and suffix products of the block, taken for every
+block of the sweep together: ``_add_block_terms``). The reductions
 stay in the backend's memory until the sweep ends and reach the host in one transfer.
 An operation on more bits than k runs as in the eager sweep (its inner products do reach
 the host at once).
@@ -570,6 +571,9 @@ class SweepContext:
     bras: StateBatch
     rows: int
     gradients: np.ndarray
+    block_terms: list[_BlockTerm] = dataclasses.field(default_factory=list)
+    """The blocks' gathered reductions, whose gradients ``_add_block_terms`` adds at the
+    sweep's end, all blocks together."""
 
     def trainable(self, unit: fusion.Unit) -> bool:
         """Whether one of the unit's operations is a trainable gate."""
@@ -651,6 +655,7 @@ def sweep(
     reduced = backend.gather([reduction.reduction for reduction in pending])
     for reduction, t in zip(pending, reduced, strict=True):
         reduction.add_gradients(context, t)
+    _add_block_terms(context)
     return context.gradients
 
 
@@ -702,9 +707,14 @@ def _add_rotation_gradients(
 ) -> None:
     """Every rotation of the unit commutes with the others, so each one's generator
     G_j = -P_j/2 acts at the unit's end: d/dtheta_j Re <bra|psi> = Re(-i/2 t[:, :, j])."""
-    for j, member in enumerate(unit.members):
-        if member in context.columns:
-            context.gradients[:, :, context.columns[member]] += np.real(-0.5j * t[:, :, j])
+    trainable = [
+        (j, context.columns[m]) for j, m in enumerate(unit.members) if m in context.columns
+    ]
+    if not trainable:
+        return
+    positions, columns = zip(*trainable, strict=True)
+    contributions = np.real(-0.5j * np.moveaxis(t[:, :, list(positions)], 2, 0))  # (n, B, R)
+    np.add.at(np.moveaxis(context.gradients, 2, 0), list(columns), contributions)
 
 
 def _block_step(context: SweepContext, fused: fusion.Fused) -> PendingReduction | None:
@@ -727,11 +737,93 @@ def _block_step(context: SweepContext, fused: fusion.Fused) -> PendingReduction 
 def _add_block_gradients(
     block: fusion.Block, matrices: list, context: SweepContext, t: np.ndarray
 ) -> None:
-    """d/dtheta Re <lambda|psi> = Re sum_ac D[a, c] T[a, c] for each trainable gate of the
-    block, D = dB/dtheta (``_derivatives``) from its operations' ``matrices``."""
-    for member, derivative in _derivatives(context, block, matrices):
-        contribution = (derivative[:, None] * t).sum(axis=(-2, -1))
-        context.gradients[:, :, context.columns[member]] += np.real(contribution)
+    """Keeps the block's reduction ``t`` (B, R, d, d) with its operations' ``matrices``
+    for ``_add_block_terms``, which adds the gradients of every block at the sweep's end."""
+    context.block_terms.append(_BlockTerm(block, matrices, t))
+
+
+@dataclasses.dataclass(frozen=True)
+class _BlockTerm:
+    """A block of the sweep with its gathered reduction: what its trainable gates'
+    gradients come from."""
+
+    block: fusion.Block
+    matrices: Sequence[np.ndarray]
+    """U_1 .. U_L, its operations' matrices on its bits, (1 or B, d, d) each."""
+    t: np.ndarray
+    """T (B, R, d, d), the block's reduction."""
+
+
+def _add_block_terms(context: SweepContext) -> None:
+    """d/dtheta Re <lambda|psi> = Re sum_ac D[a, c] T[a, c] for each trainable gate of
+    every block the sweep reduced, D = dB/dtheta (``_block_derivatives``). The blocks of
+    one width and one number of operations are taken together, a few array operations for
+    all of them: one block at a time, its products and contractions cost more host time
+    than the block's pass at 14 qubits (a VJP of 4 StronglyEntanglingLayers, 56 blocks:
+    2.1 ms of a 4.4 ms sweep)."""
+    groups: dict[tuple[int, int], list[_BlockTerm]] = {}
+    for term in context.block_terms:
+        groups.setdefault((term.t.shape[-1], len(term.matrices)), []).append(term)
+    gradients_by_column = np.moveaxis(context.gradients, 2, 0)  # a view: (columns, B, R)
+    for terms in groups.values():
+        differentiated = _block_derivatives(context, terms)
+        if differentiated is None:
+            continue
+        columns, derivatives, reductions = differentiated
+        batch = reductions.shape[1]
+        if derivatives.shape[1] == 1:  # the same matrices for every vector
+            contributions = np.einsum("nac,nbrac->nbr", derivatives[:, 0], reductions)
+        else:
+            contributions = np.einsum("nbac,nbrac->nbr", derivatives[:, :batch], reductions)
+        np.add.at(gradients_by_column, columns, np.real(contributions))
+    context.block_terms.clear()
+
+
+def _block_derivatives(
+    context: SweepContext, terms: Sequence[_BlockTerm]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(columns (n,), D (n, 1 or B, d, d), T (n, B, R, d, d)) for the n trainable gates of
+    ``terms`` (blocks of one width d and one number L of operations; None: no trainable
+    gate): D = (U_L ... U_{j+1}) (i G_j U_j) (U_{j-1} ... U_1) of gate j of its block, from
+    the prefix and suffix products of every block at once, and its block's T."""
+    selected = [
+        (position, k, context.columns[member])
+        for k, term in enumerate(terms)
+        for position, member in enumerate(term.block.members)
+        if member in context.columns
+    ]
+    if not selected:
+        return None
+    d, length = terms[0].t.shape[-1], len(terms[0].matrices)
+    lead = max(matrix.shape[0] for term in terms for matrix in term.matrices)
+    matrices = np.empty((length, len(terms), lead, d, d), dtype=np.complex128)
+    for k, term in enumerate(terms):
+        for position, matrix in enumerate(term.matrices):
+            matrices[position, k] = matrix  # a leading 1 repeated for every vector
+    prefixes = np.empty_like(matrices)  # U_{j-1} ... U_1
+    prefixes[0] = np.eye(d)
+    for position in range(1, length):
+        prefixes[position] = np.matmul(matrices[position - 1], prefixes[position - 1])
+    suffixes = np.empty_like(matrices)  # U_L ... U_{j+1}
+    suffixes[length - 1] = np.eye(d)
+    for position in range(length - 2, -1, -1):
+        suffixes[position] = np.matmul(suffixes[position + 1], matrices[position + 1])
+    positions, blocks, columns = (np.array(values) for values in zip(*selected, strict=True))
+    generators = np.stack(
+        [
+            _generator(
+                context.register, context.steps[terms[k].block.members[p]], terms[k].block.targets
+            )[0]
+            for p, k, _ in selected
+        ]
+    )  # (n, d, d)
+    at = (positions, blocks)
+    derivatives = np.matmul(
+        suffixes[at],
+        np.matmul(1j * generators[:, None], np.matmul(matrices[at], prefixes[at])),
+    )
+    reductions = np.stack([terms[k].t for k in blocks])
+    return columns, derivatives, reductions
 
 
 def _tiled_run_step(context: SweepContext, fused: fusion.Fused) -> PendingReduction:
@@ -867,36 +959,24 @@ def _entry(data: np.ndarray, b: int) -> np.ndarray:
     return data if data.shape[0] == 1 else data[b : b + 1]
 
 
-def _derivatives(context: SweepContext, block: fusion.Block, matrices: list):
-    """(step index, dB/dtheta (1 or B, d, d)) for each trainable operation of the block,
-    from its operations' ``matrices`` U_1 .. U_L on the block's bits:
-    D = (U_L ... U_{j+1}) (i G_j U_j) (U_{j-1} ... U_1), from prefix and suffix products."""
-    identity = np.eye(1 << len(block.targets))[None]
-    prefixes = [identity]
-    for matrix in matrices[:-1]:
-        prefixes.append(np.matmul(matrix, prefixes[-1]))
-    suffix = identity
-    derivatives = []
-    for member, matrix, prefix in reversed(
-        list(zip(block.members, matrices, prefixes, strict=True))
-    ):
-        if member in context.columns:
-            generator = _generator(context.register, context.steps[member], block.targets)
-            derivative = np.matmul(suffix, np.matmul(1j * generator, np.matmul(matrix, prefix)))
-            derivatives.append((member, derivative))
-        suffix = np.matmul(suffix, matrix)
-    return derivatives
-
-
 def _generator(register: Register, step: Step, targets: tuple[int, ...]) -> np.ndarray:
     """G of the operation, exp(i theta G) (PennyLane's convention), on the block's bits."""
     op = step.operation
     rotation = plain_rotation(op, step.instructions)
     if rotation is not None:
-        return fusion.embed(
-            -0.5 * pauli_word_matrix(rotation.paulis)[None], rotation.targets, targets
-        )
+        return _pauli_rotation_generator(rotation.paulis, tuple(rotation.targets), targets)
     return fusion.embed(_generator_matrix(op)[None], register.targets(op.wires), targets)
+
+
+@functools.lru_cache(maxsize=1024)
+def _pauli_rotation_generator(
+    paulis: str, bits: tuple[int, ...], targets: tuple[int, ...]
+) -> np.ndarray:
+    """-P/2 of a Pauli rotation on ``bits``, on the block's bits ``targets``, (1, d, d)
+    (cached, read-only: every call of a structure asks for the same ones)."""
+    matrix = fusion.embed(-0.5 * pauli_word_matrix(paulis)[None], bits, targets)
+    matrix.flags.writeable = False
+    return matrix
 
 
 def sequence_sweep_plan(
