@@ -734,6 +734,59 @@ def test_a_tiled_run_equals_its_blocks_and_undoes_with_its_inverse(broadcast):
         _assert_equals_its_gates_and_undoes(compilation, fused, psi, atol=ATOL)
 
 
+def _realized_blocks(fused_units) -> list:
+    """The realized blocks of several operations, those inside tiled runs too."""
+    found = []
+    for fused in fused_units:
+        found.extend(_realized_blocks(fused.parts))
+        if isinstance(fused.unit, Block) and fused.member_matrices:
+            found.append(fused)
+    return found
+
+
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_blocks_of_one_bit_rotations_realize_as_their_operations(broadcast):
+    """Blocks of one-letter Pauli rotations on one bit (StronglyEntanglingLayers' RZ RY RZ,
+    gathered rotations of one or several instructions, broadcast angles in some), realized
+    all together (``fusion._rotation_blocks``), are the products of their operations' own
+    matrices, member by member and whole; blocks with another gate take the general path
+    and agree too."""
+    rng = np.random.default_rng(stable_seed("rotation-blocks", broadcast))
+    batch = 3 if broadcast else 1
+    shape = (batch,) if broadcast else ()
+    n = 6
+    weights = rng.uniform(-np.pi, np.pi, size=(2, n, 3))
+    ops = [qml.StronglyEntanglingLayers(weights, wires=range(n))]
+    ops += [qml.RX(rng.uniform(-3, 3, shape), wires=1), qml.RY(0.4, wires=1)]
+    ops += [qml.RZ(0.2, wires=2), qml.RY(rng.uniform(-3, 3, shape), wires=2), qml.RX(0.3, 2)]
+    ops += [qml.Hadamard(3), qml.RY(0.7, wires=3)]  # a block with a gate that is no rotation
+    ops += [qml.Rot(0.1, 0.2, 0.3, wires=4), qml.RX(0.5, wires=4)]  # Rot: one MATRIX
+    tape = qml.tape.QuantumScript(ops)
+    compilation = compile_steps(tape, Wires(range(n)))
+    units = fusion.plan_units(compilation, 2, CPUBackend.fusion_traits)
+    runs = [unit.blocks for unit in units if isinstance(unit, fusion.TiledRun)]
+    fast = sum(len(fusion._rotation_blocks(compilation.steps, u)) for u in [units, *runs])
+    assert fast >= n  # most of the template's blocks (some take the gates after them)
+    blocks = _realized_blocks(fusion.realize(compilation, units))
+    assert len(blocks) > fast  # some took the general path (Hadamard, Rot)
+    for fused in blocks:
+        expected = [
+            fusion.step_matrix(compilation.steps[m].instructions, fused.unit.targets)
+            for m in fused.unit.members
+        ]
+        product = expected[0]
+        for matrix in expected[1:]:
+            product = np.matmul(matrix, product)
+        (instruction,) = fused.instructions
+        assert instruction.kind is Kind.MATRIX and instruction.targets == fused.unit.targets
+        assert instruction.data.shape == product.shape
+        np.testing.assert_allclose(instruction.data, product, atol=1e-14, rtol=0)
+        for got, want in zip(fused.member_matrices, expected, strict=True):
+            # one row, or the block's rows (a member's one row repeated)
+            assert got.shape in (want.shape, product.shape)
+            np.testing.assert_allclose(got, np.broadcast_to(want, got.shape), atol=1e-14, rtol=0)
+
+
 @pytest.mark.parametrize("broadcast", [False, True])
 def test_z_rotation_run_program_equals_unfused(broadcast):
     rng = np.random.default_rng(stable_seed("z-run-program", broadcast))
