@@ -984,3 +984,19 @@ def test_a_wide_operation_of_a_broadcast_takes_its_own_step(mocker):
     ]
     assert widths and all(width <= 6 for width in widths)  # no dense derivative of the wide block
     assert wide_steps.call_count >= 1
+
+
+def test_gradients_of_gates_that_share_a_column_add_up():
+    """The sweep adds its units' gradients column by column in one indexed add; where two
+    gates share a column, both values count (a plain indexed add would keep one)."""
+    rng = np.random.default_rng(stable_seed("shared-columns"))
+    values = rng.normal(size=(2, 3, 3))
+    gradients = np.ones((2, 3, 4))
+    deferred._add_to_columns(gradients, [1, 3, 1], values)
+    expected = np.ones((2, 3, 4))
+    expected[:, :, 1] += values[:, :, 0] + values[:, :, 2]
+    expected[:, :, 3] += values[:, :, 1]
+    np.testing.assert_array_equal(gradients, expected)
+    deferred._add_to_columns(gradients, [0, 2, 3], values)
+    expected[:, :, [0, 2, 3]] += values
+    np.testing.assert_array_equal(gradients, expected)

@@ -713,8 +713,16 @@ def _add_rotation_gradients(
     if not trainable:
         return
     positions, columns = zip(*trainable, strict=True)
-    contributions = np.real(-0.5j * np.moveaxis(t[:, :, list(positions)], 2, 0))  # (n, B, R)
-    np.add.at(np.moveaxis(context.gradients, 2, 0), list(columns), contributions)
+    _add_to_columns(context.gradients, list(columns), np.real(-0.5j * t[:, :, list(positions)]))
+
+
+def _add_to_columns(gradients: np.ndarray, columns: list[int], values: np.ndarray) -> None:
+    """gradients[:, :, columns[n]] += values[:, :, n] for every n, a column that repeats
+    adding every value it gets (``np.add.at``; a plain indexed add keeps one of them)."""
+    if len(set(columns)) == len(columns):
+        gradients[:, :, columns] += values
+    else:
+        np.add.at(np.moveaxis(gradients, 2, 0), columns, np.moveaxis(values, 2, 0))
 
 
 def _block_step(context: SweepContext, fused: fusion.Fused) -> PendingReduction | None:
@@ -764,25 +772,24 @@ def _add_block_terms(context: SweepContext) -> None:
     groups: dict[tuple[int, int], list[_BlockTerm]] = {}
     for term in context.block_terms:
         groups.setdefault((term.t.shape[-1], len(term.matrices)), []).append(term)
-    gradients_by_column = np.moveaxis(context.gradients, 2, 0)  # a view: (columns, B, R)
     for terms in groups.values():
         differentiated = _block_derivatives(context, terms)
         if differentiated is None:
             continue
         columns, derivatives, reductions = differentiated
-        batch = reductions.shape[1]
+        batch = reductions.shape[0]
         if derivatives.shape[1] == 1:  # the same matrices for every vector
-            contributions = np.einsum("nac,nbrac->nbr", derivatives[:, 0], reductions)
+            contributions = np.einsum("nac,brnac->brn", derivatives[:, 0], reductions)
         else:
-            contributions = np.einsum("nbac,nbrac->nbr", derivatives[:, :batch], reductions)
-        np.add.at(gradients_by_column, columns, np.real(contributions))
+            contributions = np.einsum("nbac,brnac->brn", derivatives[:, :batch], reductions)
+        _add_to_columns(context.gradients, list(columns), np.real(contributions))
     context.block_terms.clear()
 
 
 def _block_derivatives(
     context: SweepContext, terms: Sequence[_BlockTerm]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(columns (n,), D (n, 1 or B, d, d), T (n, B, R, d, d)) for the n trainable gates of
+    """(columns (n,), D (n, 1 or B, d, d), T (B, R, n, d, d)) for the n trainable gates of
     ``terms`` (blocks of one width d and one number L of operations; None: no trainable
     gate): D = (U_L ... U_{j+1}) (i G_j U_j) (U_{j-1} ... U_1) of gate j of its block, from
     the prefix and suffix products of every block at once, and its block's T."""
@@ -822,7 +829,7 @@ def _block_derivatives(
         suffixes[at],
         np.matmul(1j * generators[:, None], np.matmul(matrices[at], prefixes[at])),
     )
-    reductions = np.stack([terms[k].t for k in blocks])
+    reductions = np.stack([terms[k].t for k in blocks], axis=2)  # (B, R, n, d, d)
     return columns, derivatives, reductions
 
 
