@@ -467,7 +467,7 @@ def realize(compilation: Compilation, units: Sequence[Unit]) -> list[Fused]:
 def _rotation_blocks(steps: Sequence[Step], units: Sequence[Unit]) -> dict[int, Fused]:
     """{unit index: its realization} for the blocks on one bit of several operations that
     are one-letter Pauli rotations there (the RZ RY RZ of a StronglyEntanglingLayers
-    wire, a Rot, gathered rotations): every rotation's 2x2 matrix, each operation's product
+    wire, RX then RY, gathered rotations): every rotation's 2x2 matrix, each operation's product
     and each block's product built for all such blocks at once, per shape (the number of
     rotations of each operation, and 1 or B angle rows), instead of a few small array
     operations per rotation (at 14 qubits those took more host time than the blocks'

@@ -1000,3 +1000,32 @@ def test_gradients_of_gates_that_share_a_column_add_up():
     deferred._add_to_columns(gradients, [0, 2, 3], values)
     expected[:, :, [0, 2, 3]] += values
     np.testing.assert_array_equal(gradients, expected)
+
+
+def test_block_terms_taken_in_chunks_give_the_same_gradients(mocker, monkeypatch):
+    """The sweep takes its blocks' gradients in chunks under ``BLOCK_TERMS_BYTES``; one
+    block per chunk gives the gradients of all blocks at once (a broadcast minibatch
+    through StronglyEntanglingLayers, blocks of three rotations per wire)."""
+    n = 12
+    rng = np.random.default_rng(stable_seed("block-term-chunks"))
+    x = rng.uniform(0, np.pi, size=(2, n))
+    weights = qml.numpy.array(rng.uniform(-np.pi, np.pi, size=(2, n, 3)), requires_grad=True)
+
+    def circuit(w):
+        qml.AngleEmbedding(x, wires=range(n))
+        qml.StronglyEntanglingLayers(w, wires=range(n))
+        return qml.expval(qml.Z(0) @ qml.Z(n - 1))
+
+    device = qml.device("custatevec.qubit", wires=n, backend="cpu")
+    qnode = qml.QNode(circuit, device, diff_method="adjoint", device_vjp=True)
+    derivatives = mocker.spy(pennylane_custatevec.gradients.deferred, "_block_derivatives")
+    whole = qml.jacobian(qnode)(weights)
+    whole_calls = derivatives.call_count
+    monkeypatch.setattr(pennylane_custatevec.gradients.deferred, "BLOCK_TERMS_BYTES", 1)
+    chunked = qml.jacobian(qnode)(weights)
+    chunk_calls = derivatives.call_count - whole_calls
+    assert 0 < whole_calls < chunk_calls  # the same blocks, one call per block
+    np.testing.assert_allclose(chunked, whole, atol=1e-13, rtol=0)
+    eager = qml.device("custatevec.qubit", wires=n, backend="cpu", grad_accumulation="eager")
+    reference = qml.QNode(circuit, eager, diff_method="adjoint", device_vjp=True)
+    np.testing.assert_allclose(whole, qml.jacobian(reference)(weights), atol=1e-10, rtol=0)

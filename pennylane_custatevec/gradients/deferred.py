@@ -750,6 +750,13 @@ def _add_block_gradients(
     context.block_terms.append(_BlockTerm(block, matrices, t))
 
 
+BLOCK_TERMS_BYTES = 1 << 24
+"""The most bytes of one array of ``_block_derivatives`` (its operations' matrices, and as
+many prefix and suffix products): blocks of one shape are taken in chunks that stay under
+it (16 MiB: a minibatch of 1024 vectors through blocks of 4 qubits and 8 gates takes 32 MiB
+per block, and 50 such blocks at once would take 1.6 GiB per array)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class _BlockTerm:
     """A block of the sweep with its gathered reduction: what its trainable gates'
@@ -772,7 +779,13 @@ def _add_block_terms(context: SweepContext) -> None:
     groups: dict[tuple[int, int], list[_BlockTerm]] = {}
     for term in context.block_terms:
         groups.setdefault((term.t.shape[-1], len(term.matrices)), []).append(term)
-    for terms in groups.values():
+    chunks = []
+    for (d, length), terms in groups.items():
+        rows = max(matrix.shape[0] for term in terms for matrix in term.matrices)
+        per_block = length * rows * d * d * np.dtype(np.complex128).itemsize
+        size = max(1, BLOCK_TERMS_BYTES // per_block)
+        chunks.extend(terms[start : start + size] for start in range(0, len(terms), size))
+    for terms in chunks:
         differentiated = _block_derivatives(context, terms)
         if differentiated is None:
             continue
