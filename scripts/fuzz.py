@@ -1,0 +1,233 @@
+"""Random layered circuits on custatevec.qubit against default.qubit, at real sizes.
+
+The unit tests run every circuit small, with the tiling thresholds lowered (conftest); this
+script runs random circuits at the sizes where the device's real thresholds pick fused
+blocks, tiled runs, rotation pairs, Z runs, permutation runs and gate sequences (any
+number of wires, 14-19 for the tiled runs), and compares values and gradients with
+default.qubit (backprop):
+
+- layers of random one-qubit gates (Rot, RX, RY, RZ, PhaseShift, H, S, T, or none) on
+  every wire, each followed by an entangler (a CNOT ring, CZ pairs, random CNOTs, a few
+  IsingZZ, CRX or IsingXX, or nothing);
+- measured: expvals of Z on three wires, or a Hamiltonian of a Pauli word and an X with
+  an expval of Y, or probs of two wires;
+- with ``--broadcast``, an RY layer of a broadcast minibatch (2 or 3 rows) first.
+
+Each circuit runs on the device with its defaults, with ``grad_accumulation="eager"`` and
+with ``fusion_qubits=4`` (``--broadcast``: with ``c_dtype="complex64"``, to 1e-4), through
+the QNode (autograd's Jacobian; torch's VJP with ``--broadcast``) and through
+``pennylane_custatevec.compile`` (three calls, torch VJPs of seeded cotangents). A
+difference above the tolerance prints ``MISMATCH`` with the seed; the exit status is 1
+where one was seen.
+
+    python scripts/fuzz.py --first-seed 1000 --count 60 --min-wires 16 --max-wires 19
+    python scripts/fuzz.py --broadcast --count 40 --min-wires 3 --max-wires 17
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+import numpy as np
+import pennylane as qml
+import torch
+from pennylane import numpy as pnp
+
+import pennylane_custatevec
+
+ONE_QUBIT = ("Rot", "RX", "RY", "RZ", "PhaseShift", "H", "S", "T", "none", "none")
+PARAMETERS = {"Rot": 3, "RX": 1, "RY": 1, "RZ": 1, "PhaseShift": 1}
+PARAMETERS.update({"IsingZZ": 1, "CRX": 1, "IsingXX": 1})
+TOLERANCE = 1e-8
+
+
+def random_gates(rng: np.random.Generator, n: int, layers: int) -> list[tuple[str, tuple]]:
+    """(gate name, wires) of ``layers`` random layers on ``n`` wires (module docstring)."""
+    gates = []
+    for _ in range(layers):
+        for wire in range(n):
+            name = ONE_QUBIT[rng.integers(len(ONE_QUBIT))]
+            if name != "none":
+                gates.append((name, (wire,)))
+        pattern = rng.integers(5)
+        if pattern == 0:
+            gates += [("CNOT", (w, (w + 1) % n)) for w in range(n)]
+        elif pattern == 1:
+            gates += [("CZ", (w, w + 1)) for w in range(0, n - 1, 2)]
+        elif pattern == 2:
+            for _ in range(n // 2):
+                a, b = rng.choice(n, 2, replace=False)
+                gates.append(("CNOT", (int(a), int(b))))
+        elif pattern == 3:
+            for _ in range(3):
+                a, b = rng.choice(n, 2, replace=False)
+                gates.append((("IsingZZ", "CRX", "IsingXX")[rng.integers(3)], (int(a), int(b))))
+    return gates
+
+
+def random_measurements(rng: np.random.Generator, n: int):
+    """A function that queues one of the module docstring's measurements."""
+    kind = rng.integers(3)
+    wires = [int(w) for w in rng.choice(n, 3, replace=False)]
+    if kind == 0:
+        return lambda: [qml.expval(qml.Z(w)) for w in wires]
+    if kind == 1:
+        word = qml.X(wires[0]) @ qml.Y(wires[1]) @ qml.Z(wires[2])
+        hamiltonian = qml.Hamiltonian([0.3, -1.2], [word, qml.X(wires[1])])
+        return lambda: [qml.expval(hamiltonian), qml.expval(qml.Y(wires[2]))]
+    return lambda: qml.probs(wires=wires[:2])
+
+
+def quantum_function(gates, measurements, embedded: bool):
+    """The circuit of ``gates`` (parameters in order from ``params``), after an RY layer of
+    the rows ``x`` where ``embedded``."""
+
+    def apply_gates(params):
+        k = 0
+        for name, wires in gates:
+            count = PARAMETERS.get(name, 0)
+            if name == "Rot":
+                qml.Rot(*params[k : k + 3], wires=wires)
+            elif count:
+                getattr(qml, name)(params[k], wires=wires)
+            else:
+                {"H": qml.Hadamard, "S": qml.S, "T": qml.T}.get(name, getattr(qml, name))(wires)
+            k += count
+        return measurements()
+
+    if not embedded:
+        return apply_gates
+
+    def circuit(x, params):
+        for wire in range(x.shape[-1]):
+            qml.RY(x[..., wire], wires=wire)
+        return apply_gates(params)
+
+    return circuit
+
+
+def _stacked(result):
+    return torch.stack(result, -1) if isinstance(result, (list, tuple)) else result
+
+
+def check_plain(seed: int, n: int, layers: int) -> tuple[float, bool]:
+    """(the largest difference, whether one was above its tolerance) of one random circuit
+    (module docstring), without a batch."""
+    rng = np.random.default_rng(seed)
+    gates = random_gates(rng, n, layers)
+    fn = quantum_function(gates, random_measurements(rng, n), embedded=False)
+    params = rng.uniform(0, 2 * np.pi, sum(PARAMETERS.get(g, 0) for g, _ in gates))
+    reference = qml.QNode(fn, qml.device("default.qubit", wires=n), diff_method="backprop")
+
+    def flat(qnode):
+        return lambda p: pnp.hstack(qnode(p))
+
+    def value_and_jacobian(qnode, p):
+        p = pnp.array(p, requires_grad=True)
+        return flat(qnode)(p), qml.jacobian(flat(qnode))(p)
+
+    worst, mismatched = 0.0, False
+    want, want_jacobian = value_and_jacobian(reference, params)
+    for options in ({}, {"grad_accumulation": "eager"}, {"fusion_qubits": 4}):
+        device = qml.device("custatevec.qubit", wires=n, **options)
+        ours = qml.QNode(fn, device, diff_method="adjoint", device_vjp=True)
+        got, jacobian = value_and_jacobian(ours, params)
+        difference = max(np.max(np.abs(got - want)), np.max(np.abs(jacobian - want_jacobian)))
+        worst = max(worst, difference)
+        if difference > TOLERANCE:
+            mismatched = True
+            print(f"MISMATCH seed {seed} n {n} {options} QNode: {difference:.2e}", flush=True)
+    device = qml.device("custatevec.qubit", wires=n)
+    qnode = qml.QNode(fn, device, interface="torch", diff_method="adjoint", device_vjp=True)
+    compiled = pennylane_custatevec.compile(qnode)
+    for call in range(3):
+        values = params + 0.1 * call
+        p = torch.tensor(values, requires_grad=True)
+        out = _stacked(compiled(p))
+        cotangent = torch.tensor(np.random.default_rng(call).normal(size=tuple(out.shape)))
+        (out * cotangent).sum().backward()
+        want, want_jacobian = value_and_jacobian(reference, values)
+        difference = max(
+            np.max(np.abs(out.detach().numpy() - want)),
+            np.max(np.abs(p.grad.numpy() - cotangent.numpy() @ want_jacobian)),
+        )
+        worst = max(worst, difference)
+        if difference > TOLERANCE:
+            mismatched = True
+            print(f"MISMATCH seed {seed} n {n} compiled call {call}: {difference:.2e}", flush=True)
+    return worst, mismatched
+
+
+def check_broadcast(seed: int, n: int, layers: int) -> tuple[float, bool]:
+    """As ``check_plain``, after a broadcast RY layer (complex64 runs are checked to 1e-4
+    and left out of the largest difference)."""
+    rng = np.random.default_rng(seed)
+    gates = random_gates(rng, n, layers)
+    fn = quantum_function(gates, random_measurements(rng, n), embedded=True)
+    params = rng.uniform(0, 2 * np.pi, sum(PARAMETERS.get(g, 0) for g, _ in gates))
+    x = rng.uniform(0, np.pi, (int(rng.integers(2, 4)), n))
+
+    def run(qnode):
+        p = torch.tensor(params, requires_grad=True)
+        out = _stacked(qnode(torch.tensor(x), p))
+        cotangent = torch.tensor(np.random.default_rng(7).normal(size=tuple(out.shape)))
+        (out * cotangent).sum().backward()
+        return out.detach().numpy(), p.grad.numpy()
+
+    reference = qml.QNode(
+        fn, qml.device("default.qubit", wires=n), interface="torch", diff_method="backprop"
+    )
+    want, want_gradient = run(reference)
+    worst, mismatched = 0.0, False
+    for options in ({}, {"grad_accumulation": "eager"}, {"c_dtype": "complex64"}):
+        tolerance = 1e-4 if "c_dtype" in options else TOLERANCE
+        device = qml.device("custatevec.qubit", wires=n, **options)
+        qnode = qml.QNode(fn, device, interface="torch", diff_method="adjoint", device_vjp=True)
+        compiled = pennylane_custatevec.compile(qnode)
+        for label, calls in (("QNode", [qnode]), ("compiled", [compiled] * 3)):
+            for call, ours in enumerate(calls):
+                got, gradient = run(ours)
+                difference = max(
+                    np.max(np.abs(got - want)), np.max(np.abs(gradient - want_gradient))
+                )
+                if "c_dtype" not in options:
+                    worst = max(worst, difference)
+                if difference > tolerance:
+                    mismatched = True
+                    print(
+                        f"MISMATCH seed {seed} n {n} {options} {label} call {call}: "
+                        f"{difference:.2e}",
+                        flush=True,
+                    )
+    return worst, mismatched
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--count", type=int, default=10)
+    parser.add_argument("--min-wires", type=int, default=3)
+    parser.add_argument("--max-wires", type=int, default=13)
+    parser.add_argument("--broadcast", action="store_true")
+    args = parser.parse_args(argv)
+    if args.min_wires < 3 or args.max_wires < args.min_wires:
+        parser.error("--min-wires must be at least 3 and at most --max-wires")
+    check = check_broadcast if args.broadcast else check_plain
+    worst, mismatches = 0.0, 0
+    for seed in range(args.first_seed, args.first_seed + args.count):
+        rng = np.random.default_rng([seed, 1])
+        n = int(rng.integers(args.min_wires, args.max_wires + 1))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*runs on the CPU backend.*")
+            difference, mismatched = check(seed, n, int(rng.integers(2, 5)))
+        mismatches += mismatched
+        worst = max(worst, difference)
+        print(f"seed {seed}: {n} wires, worst difference so far {worst:.2e}", flush=True)
+    print(f"{args.count} circuits, {mismatches} with a mismatch; worst difference {worst:.2e}")
+    return 1 if mismatches else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
