@@ -45,6 +45,7 @@ import numpy as np
 
 from .backends.base import FusionTraits
 from .instructions import Instruction, Kind, has_matrix, instruction_matrix
+from .pauli import pauli_word_matrix
 from .program import Compilation, Program, Register, Step, plain_rotation, wire_labels
 
 
@@ -471,12 +472,7 @@ def _rotation_blocks(steps: Sequence[Step], units: Sequence[Unit]) -> dict[int, 
     and each block's product built for all such blocks at once, per shape (the number of
     rotations of each operation, and 1 or B angle rows), instead of a few small array
     operations per rotation (at 14 qubits those took more host time than the blocks'
-    passes):
-
-        R_X(t) = [[c, -is], [-is, c]],  R_Y(t) = [[c, -s], [s, c]],
-        R_Z(t) = [[c - is, 0], [0, c + is]],   c = cos(t/2), s = sin(t/2),
-
-    ``exp(-i t/2 P)`` as ``instructions.DENSE_MATRIX`` gives it."""
+    passes); each rotation is ``exp(-i t/2 P)`` as ``instructions.DENSE_MATRIX`` gives it."""
     groups: dict[tuple, list[tuple[int, list[Instruction]]]] = {}
     for index, unit in enumerate(units):
         if type(unit) is not Block or len(unit.members) < 2 or len(unit.targets) != 1:
@@ -525,23 +521,18 @@ def _is_rotation_on(instruction: Instruction, targets: tuple[int, ...]) -> bool:
 
 
 def _rotation_matrices(blocks: list[tuple[int, list[Instruction]]], rows: int) -> np.ndarray:
-    """(rotations, blocks, rows, 2, 2) complex128: the matrix of each block's rotations
-    (``_rotation_blocks``), their angles repeated over ``rows`` where they have one row."""
+    """(rotations, blocks, rows, 2, 2) complex128: the matrix cos(t/2) I - i sin(t/2) P of
+    each block's rotations (``_rotation_blocks``), their angles repeated over ``rows``
+    where they have one row."""
     count = len(blocks[0][1])
-    angles = np.empty((count, len(blocks), rows))
-    letters = np.empty((count, len(blocks), 1), dtype="<U1")
+    half = np.empty((count, len(blocks), rows))
+    words = np.empty((count, len(blocks), 1, 2, 2), dtype=np.complex128)
     for k, (_, rotations) in enumerate(blocks):
         for position, rotation in enumerate(rotations):
-            angles[position, k] = rotation.data
-            letters[position, k] = rotation.paulis
-    cos, sin = np.cos(0.5 * angles), np.sin(0.5 * angles)
-    is_x, is_y, is_z = (letters == letter for letter in "XYZ")
-    matrices = np.empty((count, len(blocks), rows, 2, 2), dtype=np.complex128)
-    matrices[..., 0, 0] = cos - 1j * sin * is_z
-    matrices[..., 1, 1] = cos + 1j * sin * is_z
-    matrices[..., 0, 1] = -1j * sin * is_x - sin * is_y
-    matrices[..., 1, 0] = -1j * sin * is_x + sin * is_y
-    return matrices
+            half[position, k] = 0.5 * rotation.data
+            words[position, k] = pauli_word_matrix(rotation.paulis)
+    half = half[..., None, None]
+    return np.cos(half) * np.eye(2) - 1j * np.sin(half) * words
 
 
 def _tiled_run(compilation: Compilation, unit: TiledRun) -> Fused:
