@@ -844,6 +844,18 @@ class CuStateVecDevice(Device):
         self._track_vjps(1)
         return direct.vjp(self._backend, run, 0, cotangent)
 
+    def run_direct_jacobian(self, plan: direct.DirectPlan, angles: np.ndarray) -> tuple:
+        """``run_direct`` with the Jacobian of the structure's M measurements by gradient
+        column, (M, columns), taken in the same backend call (``direct.forward_jacobian``;
+        the VJPs of the unit cotangents, counted as M VJPs): the result, the run (holding
+        no state: a VJP of it simulates again) and the Jacobian."""
+        result, run, jacobian = direct.forward_jacobian(
+            self._backend, plan, direct.CallData(None, angles, (), None)
+        )
+        self._track_structures((plan.structure.template,))
+        self._track_vjps(len(plan.pauli.terms))
+        return result, run, jacobian
+
     def _track_vjps(self, count: int) -> None:
         if self.tracker.active:
             self.tracker.update(vjp_batches=1, vjps=count)

@@ -362,30 +362,73 @@ def vjp(backend: Backend, run: DirectRun, index: int, cotangents) -> tuple | Non
         if circuit.n_params == 0:
             return ()
         coefficients = _bra_coefficients(plan, rows)
-    if not coefficients.any():
-        gradients = np.zeros((coefficients.shape[1], circuit.n_columns))
-    else:
-        call = run.calls[index]
-        phi = run.take_state(index)
-        if phi is None:  # taken by an earlier VJP of this run: simulated again
-            phi = _final_state(backend, plan, call)
-        register = plan.structure.compilation.register
-        rows_swept = register.batch_size * (coefficients.shape[1] + 1)  # bras, and a scratch
-        simulate.require_memory(backend, register.num_qubits, rows_swept)
-        swept = backend.sweep_sequence_from_words(
-            phi,
-            sweep.prepared,
-            call.angles,
-            call.matrices,
-            plan.pauli.words,
-            coefficients,
-            circuit.n_columns,
-        )
-        # (R, columns): summed over the vectors of a broadcast
-        gradients = swept[0] if swept.shape[0] == 1 else swept.sum(axis=0)
+    gradients = _swept(backend, run, index, sweep, coefficients)
     if batched:
         return stacked_gradients(circuit, gradients)
     return tuple(circuit.fold(gradients[0]))
+
+
+def forward_jacobian(
+    backend: Backend, plan: DirectPlan, call: CallData
+) -> tuple[object, DirectRun, np.ndarray]:
+    """``forward`` of one plan on one vector (no broadcast) and the Jacobian of its M
+    measurements by gradient column, (M, columns), in one backend call
+    (``Backend.run_sequence_jacobian``): the forward pass, then one deferred sweep of the
+    M bras of the unit cotangents (bra m: c_mk = 2 W[m, k]). The sweep consumes the final
+    state: the run holds none (a VJP of it simulates again). For a structure with
+    trainable parameters whose sweep is one gate sequence (``DirectPlan.sweep``)."""
+    sweep = plan.sweep(backend)
+    register = plan.structure.compilation.register
+    if sweep is None or not plan.circuit.n_params or register.broadcast:
+        raise ValueError("direct.forward_jacobian: the structure has no direct sweep")
+    state = _initial_state(backend, plan, call)
+    coefficients = (2.0 * plan.weights)[None, :, :]
+    simulate.require_memory(backend, register.num_qubits, coefficients.shape[1] + 2)
+    words, jacobian = backend.run_sequence_jacobian(
+        state,
+        plan.forward.prepared,
+        sweep.prepared,
+        call.angles,
+        call.matrices,
+        plan.pauli.words,
+        coefficients,
+        plan.circuit.n_columns,
+    )
+    result = _results(plan, measure.sentence_values(plan.pauli, words, len(words)))
+    return result, DirectRun((plan,), (call,), [None]), jacobian[0]
+
+
+def _swept(
+    backend: Backend,
+    run: DirectRun,
+    index: int,
+    sweep: sequences.SequencePlan,
+    coefficients: np.ndarray,
+) -> np.ndarray:
+    """(R, columns): the gradient columns of the R bras of ``coefficients`` (B, R, K)
+    (module docstring), summed over the vectors of a broadcast; structure ``index``'s
+    final state taken from ``run`` (simulated again where an earlier sweep took it)."""
+    plan = run.plans[index]
+    circuit = plan.circuit
+    if not coefficients.any():
+        return np.zeros((coefficients.shape[1], circuit.n_columns))
+    call = run.calls[index]
+    phi = run.take_state(index)
+    if phi is None:  # taken by an earlier VJP of this run: simulated again
+        phi = _final_state(backend, plan, call)
+    register = plan.structure.compilation.register
+    rows_swept = register.batch_size * (coefficients.shape[1] + 1)  # bras, and a scratch
+    simulate.require_memory(backend, register.num_qubits, rows_swept)
+    swept = backend.sweep_sequence_from_words(
+        phi,
+        sweep.prepared,
+        call.angles,
+        call.matrices,
+        plan.pauli.words,
+        coefficients,
+        circuit.n_columns,
+    )
+    return swept[0] if swept.shape[0] == 1 else swept.sum(axis=0)
 
 
 def _plain_cotangents(plan: DirectPlan, cotangents) -> np.ndarray | None:

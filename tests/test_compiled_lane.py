@@ -7,6 +7,8 @@ of a key, with a spy showing which path ran."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pennylane as qml
 import pytest
@@ -14,6 +16,7 @@ import torch
 
 import pennylane_custatevec
 from pennylane_custatevec import CuStateVecDevice
+from pennylane_custatevec.compiled import function
 
 ATOL = 1e-10
 
@@ -29,11 +32,44 @@ def _reference(func, wires):
     return qml.QNode(func, device, interface="torch", diff_method="backprop")
 
 
-@pytest.fixture
-def lane_calls(mocker):
-    """(run_direct spy, vjp_direct spy, vjp_structures spy) of the device class."""
-    return (
+@dataclasses.dataclass
+class LaneCalls:
+    """Spies of the device class's calls that show which path a call took, for one kind
+    of lane: ``"vjp"`` (the forward in ``run_direct``, a plain backward pass in
+    ``vjp_direct``) or ``"jacobian"`` (the forward and the Jacobian in
+    ``run_direct_jacobian``, the backward passes a product with it)."""
+
+    kind: str
+    run_direct: object
+    run_direct_jacobian: object
+    vjp_direct: object
+    vjp_structures: object
+
+    @property
+    def forwards(self) -> int:
+        """Forward passes in the lane."""
+        return self.run_direct.call_count + self.run_direct_jacobian.call_count
+
+    def assert_lane(self, forwards: int, plain_backwards: int) -> None:
+        """``forwards`` forward passes in the lane, each of the kind's, and
+        ``plain_backwards`` plain backward passes of them: direct VJPs in a VJP lane, none
+        in a Jacobian lane (its forward took the Jacobian)."""
+        jacobian = self.kind == "jacobian"
+        assert self.run_direct_jacobian.call_count == (forwards if jacobian else 0)
+        assert self.run_direct.call_count == (0 if jacobian else forwards)
+        assert self.vjp_direct.call_count == (0 if jacobian else plain_backwards)
+
+
+@pytest.fixture(params=["vjp", "jacobian"])
+def lane_calls(request, mocker, monkeypatch):
+    """The ``LaneCalls`` of both kinds of lane: the small circuits here take the Jacobian
+    on the forward pass; with ``JACOBIAN_ON_FORWARD_WORK`` 0 none does."""
+    if request.param == "vjp":
+        monkeypatch.setattr(function, "JACOBIAN_ON_FORWARD_WORK", 0)
+    return LaneCalls(
+        request.param,
         mocker.spy(CuStateVecDevice, "run_direct"),
+        mocker.spy(CuStateVecDevice, "run_direct_jacobian"),
         mocker.spy(CuStateVecDevice, "vjp_direct"),
         mocker.spy(CuStateVecDevice, "vjp_structures"),
     )
@@ -97,19 +133,33 @@ def _mixed(x, w, s):
 
 
 def test_a_small_circuit_of_trainable_angles_runs_in_the_lane(lane_calls):
-    run_direct, vjp_direct, vjp_structures = lane_calls
     compiled = _compiled(_chain, 4)
     _assert_calls_agree(compiled, _reference(_chain, 4), [(4,)], calls=5)
     # the first call records; the second traces and replays, as the others, in the lane
-    assert run_direct.call_count == 4 and vjp_direct.call_count == 4
-    assert vjp_structures.call_count == 1
+    lane_calls.assert_lane(forwards=4, plain_backwards=4)
+    assert lane_calls.vjp_structures.call_count == 1
 
 
 def test_views_of_several_inputs_in_any_order_run_in_the_lane(lane_calls):
-    run_direct, vjp_direct, _ = lane_calls
     compiled = _compiled(_mixed, 3)
     _assert_calls_agree(compiled, _reference(_mixed, 3), [(5,), (2, 2), ()], calls=5)
-    assert run_direct.call_count == 4 and vjp_direct.call_count == 4
+    lane_calls.assert_lane(forwards=4, plain_backwards=4)
+
+
+def test_a_backward_pass_through_one_output_of_several(lane_calls):
+    """The other output's cotangent is torch's zeros."""
+    compiled, reference = _compiled(_mixed, 3), _reference(_mixed, 3)
+    rng = np.random.default_rng(9)
+    for _ in range(4):
+        inputs = _inputs(rng, [(5,), (2, 2), ()])
+        got = torch.autograd.grad(2.5 * compiled(*inputs)[1], inputs, allow_unused=True)
+        ref_inputs = [t.detach().clone().requires_grad_(True) for t in inputs]
+        want = torch.autograd.grad(2.5 * reference(*ref_inputs)[1], ref_inputs, allow_unused=True)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_allclose(
+                a.numpy(), np.zeros(a.shape) if b is None else b.numpy(), atol=ATOL, rtol=0
+            )
+    lane_calls.assert_lane(forwards=3, plain_backwards=3)
 
 
 def _with_constant(angles):
@@ -142,11 +192,10 @@ def _broadcast(angles):
     ids=["eager", "broadcast"],
 )
 def test_what_the_lane_does_not_take_runs_the_general_path(lane_calls, func, shapes, device_kwargs):
-    run_direct, _, _ = lane_calls
     wires = 4 if func is _chain else 2
     compiled = _compiled(func, wires, **device_kwargs)
     _assert_calls_agree(compiled, _reference(func, wires), shapes, calls=4)
-    assert run_direct.call_count == 0
+    assert lane_calls.forwards == 0
 
 
 def _assert_agrees_on(compiled, reference, data: tuple, angles, atol):
@@ -162,23 +211,21 @@ def _assert_agrees_on(compiled, reference, data: tuple, angles, atol):
 
 
 def test_a_constant_angle_runs_in_the_lane(lane_calls):
-    run_direct, vjp_direct, _ = lane_calls
     compiled = _compiled(_with_constant, 2)
     _assert_calls_agree(compiled, _reference(_with_constant, 2), [(2,)], calls=4)
-    assert run_direct.call_count == 3 and vjp_direct.call_count == 3
+    lane_calls.assert_lane(forwards=3, plain_backwards=3)
 
 
 def test_data_without_grad_runs_in_the_lane_with_each_call_s_values(lane_calls):
     """An angle from an argument that does not require grad (a data sample) is read from
     each call's parameters; the general run built from such a call has that call's data."""
-    run_direct, vjp_direct, _ = lane_calls
     compiled, reference = _compiled(_with_data, 2), _reference(_with_data, 2)
     rng = np.random.default_rng(3)
     for _ in range(4):
         x = torch.tensor(rng.uniform(-3, 3, size=2))
         (angles,) = _inputs(rng, [(2,)])
         _assert_agrees_on(compiled, reference, (x,), angles, ATOL)
-    assert run_direct.call_count == 3 and vjp_direct.call_count == 3
+    lane_calls.assert_lane(forwards=3, plain_backwards=3)
     x = torch.tensor(rng.uniform(-3, 3, size=2))
     (angles,) = _inputs(rng, [(2,)])
     got = torch.autograd.functional.jacobian(
@@ -189,13 +236,12 @@ def test_data_without_grad_runs_in_the_lane_with_each_call_s_values(lane_calls):
 
 
 def test_float32_inputs_take_the_general_path(lane_calls):
-    run_direct, _, _ = lane_calls
     compiled, reference = _compiled(_chain, 4), _reference(_chain, 4)
     rng = np.random.default_rng(4)
     for _ in range(4):
         angles = torch.tensor(rng.uniform(-3, 3, 4), dtype=torch.float32, requires_grad=True)
         _assert_agrees_on(compiled, reference, (), angles, 1e-6)
-    assert run_direct.call_count == 0
+    assert lane_calls.forwards == 0
 
 
 def _warm(compiled, shapes, rng):
@@ -204,20 +250,19 @@ def _warm(compiled, shapes, rng):
 
 
 def test_a_second_backward_pass_over_one_lane_call(lane_calls):
-    run_direct, vjp_direct, _ = lane_calls
     compiled, reference = _compiled(_mixed, 3), _reference(_mixed, 3)
     rng = np.random.default_rng(5)
     _warm(compiled, [(5,), (2, 2), ()], rng)
     inputs = _inputs(rng, [(5,), (2, 2), ()])
     loss = _scalar_loss(compiled(*inputs))
     first = torch.autograd.grad(loss, inputs, retain_graph=True)
-    second = torch.autograd.grad(loss, inputs)  # the state was consumed: simulated again
+    second = torch.autograd.grad(loss, inputs)  # a VJP lane simulates again
     ref_inputs = [t.detach().clone().requires_grad_(True) for t in inputs]
     want = torch.autograd.grad(_scalar_loss(reference(*ref_inputs)), ref_inputs)
     for a, b, c in zip(first, second, want, strict=True):
         np.testing.assert_allclose(a.numpy(), c.numpy(), atol=ATOL, rtol=0)
         np.testing.assert_allclose(b.numpy(), c.numpy(), atol=ATOL, rtol=0)
-    assert run_direct.call_count == 2 and vjp_direct.call_count == 2  # one forward: two VJPs
+    lane_calls.assert_lane(forwards=2, plain_backwards=2)  # one forward: two backward passes
 
 
 def _jacobians(function, inputs):
@@ -227,10 +272,10 @@ def _jacobians(function, inputs):
     ]
 
 
-def test_batched_backward_passes_of_lane_calls_take_the_general_run(lane_calls):
+def test_batched_backward_passes_of_lane_calls(lane_calls):
     """Jacobians by torch's legacy vmap (vectorize=True) and by torch.func.jacrev: the
-    lane's forward, the general path's VJP of its run (one sweep for the batch)."""
-    run_direct, vjp_direct, vjp_structures = lane_calls
+    lane's forward; in a VJP lane the general path's VJP of its run (one sweep for the
+    batch), in a Jacobian lane the product with the forward's Jacobian."""
     compiled, reference = _compiled(_mixed, 3), _reference(_mixed, 3)
     rng = np.random.default_rng(6)
     _warm(compiled, [(5,), (2, 2), ()], rng)
@@ -244,11 +289,12 @@ def test_batched_backward_passes_of_lane_calls_take_the_general_run(lane_calls):
     for jacobian in got:
         for a, b in zip(jacobian, want, strict=True):
             np.testing.assert_allclose(a.numpy(), b.numpy(), atol=ATOL, rtol=0)
-    assert run_direct.call_count >= 1 and vjp_direct.call_count == 0
-    assert vjp_structures.call_count >= 1
+    assert lane_calls.forwards >= 1 and lane_calls.vjp_direct.call_count == 0
+    general = lane_calls.vjp_structures.call_count
+    assert general == 0 if lane_calls.kind == "jacobian" else general >= 1
 
 
-def test_create_graph_over_a_lane_call_refuses_the_second_derivative():
+def test_create_graph_over_a_lane_call_refuses_the_second_derivative(lane_calls):
     compiled = _compiled(_chain, 4)
     rng = np.random.default_rng(7)
     _warm(compiled, [(4,)], rng)
@@ -262,12 +308,56 @@ def test_create_graph_over_a_lane_call_refuses_the_second_derivative():
 
 
 def test_a_tracked_device_takes_the_general_path(lane_calls):
-    run_direct, _, _ = lane_calls
     compiled = _compiled(_chain, 4)
     rng = np.random.default_rng(8)
     with qml.Tracker(compiled.device) as tracker:
         for _ in range(4):
             (angles,) = _inputs(rng, [(4,)])
             compiled(angles).backward()
-    assert run_direct.call_count == 0
+    assert lane_calls.forwards == 0
     assert tracker.totals["executions"] == 4
+
+
+def _nine_wires(outputs: int):
+    def circuit(angles):
+        for w in range(9):
+            qml.RX(angles[w], wires=w)
+        for w in range(8):
+            qml.CNOT(wires=[w, w + 1])
+        return tuple(qml.expval(qml.Z(8 - m)) for m in range(outputs))
+
+    return circuit
+
+
+@pytest.mark.parametrize("outputs", [1, 2])
+def test_the_jacobian_is_taken_on_the_forward_pass_where_its_extra_bras_are_cheap(mocker, outputs):
+    """9 wires, 17 gates: a bra's sweep updates 2**9 * 17 = 8704 amplitudes, within
+    ``JACOBIAN_ON_FORWARD_WORK``; a second output's bra exceeds
+    ``JACOBIAN_ON_FORWARD_EXTRA_WORK`` (8192): the VJP lane."""
+    assert 2**9 * 17 <= function.JACOBIAN_ON_FORWARD_WORK
+    assert 2**9 * 17 > function.JACOBIAN_ON_FORWARD_EXTRA_WORK
+    run_direct = mocker.spy(CuStateVecDevice, "run_direct")
+    run_direct_jacobian = mocker.spy(CuStateVecDevice, "run_direct_jacobian")
+    circuit = _nine_wires(outputs)
+    _assert_calls_agree(_compiled(circuit, 9), _reference(circuit, 9), [(9,)], calls=3)
+    if outputs == 1:
+        assert (run_direct_jacobian.call_count, run_direct.call_count) == (2, 0)
+    else:
+        assert (run_direct_jacobian.call_count, run_direct.call_count) == (0, 2)
+
+
+def test_a_forward_pass_without_grad_takes_no_jacobian(lane_calls):
+    compiled, reference = _compiled(_chain, 4), _reference(_chain, 4)
+    rng = np.random.default_rng(10)
+    _warm(compiled, [(4,)], rng)
+    lane_calls.run_direct.reset_mock()
+    lane_calls.run_direct_jacobian.reset_mock()
+    for _ in range(4):  # grad mode is in the key: the first call records, the others replay
+        (angles,) = _inputs(rng, [(4,)])
+        with torch.no_grad():
+            got = compiled(angles)
+        assert not got.requires_grad
+        want = reference(angles.detach())
+        np.testing.assert_allclose(got.numpy(), want.numpy(), atol=ATOL, rtol=0)
+    assert lane_calls.run_direct_jacobian.call_count == 0
+    assert lane_calls.run_direct.call_count == 3

@@ -456,7 +456,12 @@ def _kernel_args(name, state, rng):
             bras = np.repeat(state[::-1], rows, axis=0) * (1 - 0.5j)
             return (bras, *base, np.zeros((batch, rows, n_columns)))
         coefficients = rng.normal(size=(batch, rows, len(words))) * (1 - 0.5j)
-        return (*base, words, coefficients, np.zeros((batch, rows, n_columns)))
+        out = np.zeros((batch, rows, n_columns))
+        if name == "run_sequence_jacobian":  # the sequence as its own sweep sequence
+            sequence = (prepared.ops, prepared.bits, prepared.matrices)
+            values = np.empty((batch, len(words)))
+            return (*sequence, *sequence, angles, words, coefficients, values, out)
+        return (*base, words, coefficients, out)
     raise AssertionError(f"no arguments for new kernel {name}; add them to this test")
 
 
@@ -465,6 +470,7 @@ _SEQUENCE_KERNELS = (
     "run_sequence_measured",
     "sweep_sequence",
     "sweep_sequence_from_words",
+    "run_sequence_jacobian",
 )
 
 
@@ -508,7 +514,9 @@ def test_threaded_kernel_equals_serial_kernel(kernel, shape, big_states):
         fn(state, *fn_args)
         out = fn_args[-1] if name.startswith(("inner", "marginal", "low_sign")) else state
         outputs.append(out)
-        if name.startswith(("block_step", "sweep_sequence")) or name in (
+        if name == "run_sequence_jacobian":  # the values and the gradient columns
+            extras.append((fn_args[-2], fn_args[-1]))
+        elif name.startswith(("block_step", "sweep_sequence")) or name in (
             "z_rotations_step",
             "rotation_pair_step",
             "tiled_2x2_step",

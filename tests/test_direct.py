@@ -356,3 +356,34 @@ def test_a_structure_with_gates_without_a_generator_runs_directly_for_parameter_
                 qml.grad(ours)(angles), qml.grad(reference)(angles), atol=1e-12
             )
     assert sum(forward_runs) > 0
+
+
+@pytest.mark.parametrize("calls", ["cpu", "base"])
+@pytest.mark.parametrize("name", sorted(_ROTATIONS))
+def test_the_forward_jacobian_is_the_vjps_of_unit_cotangents(name, calls, monkeypatch):
+    """``run_direct_jacobian`` (the compiled path's Jacobian lanes): its result is
+    ``execute``'s, its Jacobian's rows folded are ``compute_vjp`` of the unit cotangents,
+    on the CPU backend's one kernel and on the base class's composition of
+    ``run_sequence_measured`` and ``sweep_sequence_from_words``; its run holds no state
+    (a VJP of it simulates again)."""
+    if calls == "base":
+        monkeypatch.setattr(CPUBackend, "run_sequence_jacobian", Backend.run_sequence_jacobian)
+    device = qml.device("custatevec.qubit", wires=_WIRES, backend="cpu")
+    processed, config = _processed(device, _gate_tape(_gate(name, "plain", 0), 0))
+    plan = device.direct_plan(device.structure_of(processed), config)
+    assert plan is not None
+    for draw in (1, 2):
+        tape, _ = _processed(device, _gate_tape(_gate(name, "plain", draw), draw))
+        values = tape.get_parameters(trainable_only=False, operations_only=True)
+        angles = direct.call_data(plan, values).angles
+        result, run, jacobian = device.run_direct_jacobian(plan, angles)
+        np.testing.assert_allclose(result, device.execute([tape], config)[0], atol=1e-12, rtol=0)
+        assert jacobian.shape == (2, plan.circuit.n_columns)
+        for m, dy in enumerate([(1.0, 0.0), (0.0, 1.0)]):
+            want = device.compute_vjp([tape], [dy], config)[0]
+            _assert_gradients_close(plan.circuit.fold(jacobian[m]), want)
+        assert run.states == [None]
+        dy = (0.3, -0.7)
+        _assert_gradients_close(
+            device.vjp_direct(run, dy), device.compute_vjp([tape], [dy], config)[0]
+        )

@@ -2226,10 +2226,17 @@ def run_sequence_measured(state, ops, bits, matrices, angles, words, values):
     and i power set (no controls). Threads take whole vectors, as in ``run_sequence``."""
     stride = 1 if angles.shape[0] > 1 else 0
     for b in numba.prange(state.shape[0]):
-        vec = state[b]
-        _seq_run_vector(vec, ops, bits, matrices, angles, b * stride)
-        for k in range(words.shape[0]):
-            values[b, k] = _seq_word_braket(vec, vec, words[k]).real
+        _seq_run_measured_vector(
+            state[b], ops, bits, matrices, angles, b * stride, words, values[b]
+        )
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _seq_run_measured_vector(vec, ops, bits, matrices, angles, row, words, values):
+    """The sequence on one vector (angles of row ``row``), then values[k] = Re <vec|P_k|vec>."""
+    _seq_run_vector(vec, ops, bits, matrices, angles, row)
+    for k in range(words.shape[0]):
+        values[k] = _seq_word_braket(vec, vec, words[k]).real
 
 
 @numba.njit(cache=True, fastmath=_FASTMATH)
@@ -2249,15 +2256,43 @@ def sweep_sequence_from_words(phi, ops, bits, matrices, angles, words, coefficie
     ``phi`` (B, 2**n) consumed, ``out`` (B, R, columns). Threads take whole vectors (each
     its own bras), as in ``run_sequence``."""
     first = _first_derivative(ops)
-    rows = coefficients.shape[1]
     stride = 1 if angles.shape[0] > 1 else 0
     for b in numba.prange(phi.shape[0]):
-        bras = np.zeros((rows, phi.shape[1]), dtype=phi.dtype)
-        for r in range(rows):
-            for k in range(words.shape[0]):
-                if coefficients[b, r, k] != 0:
-                    _seq_add_pauli(bras[r], phi[b], words[k], coefficients[b, r, k])
+        bras = _seq_bras_from_words(phi[b], words, coefficients[b])
         _seq_sweep_vector(phi[b], bras, ops, bits, matrices, angles, b * stride, first, out[b])
+
+
+@numba.njit(cache=True, fastmath=_FASTMATH)
+def _seq_bras_from_words(vec, words, coefficients):
+    """(R, 2**n): bra r = sum_k coefficients[r, k] P_k vec (``words`` as in
+    ``run_sequence_measured``)."""
+    bras = np.zeros((coefficients.shape[0], vec.shape[0]), dtype=vec.dtype)
+    for r in range(coefficients.shape[0]):
+        for k in range(words.shape[0]):
+            if coefficients[r, k] != 0:
+                _seq_add_pauli(bras[r], vec, words[k], coefficients[r, k])
+    return bras
+
+
+@Kernel.compile
+def run_sequence_jacobian(
+    state, ops, bits, matrices, sweep_ops, sweep_bits, sweep_matrices, angles, words,
+    coefficients, values, out
+):  # fmt: skip
+    """``run_sequence_measured`` of the sequence (``ops``, ``bits``, ``matrices``) into
+    ``values`` (B, K), then ``sweep_sequence_from_words`` of the sweep sequence (its
+    derivative entries: ``sweep_ops``, ``sweep_bits``, ``sweep_matrices``, the same angle
+    slots) from the final states, consumed, into ``out`` (B, R, columns): a forward pass
+    and R VJPs in one call. Threads take whole vectors, as in ``run_sequence``."""
+    first = _first_derivative(sweep_ops)
+    stride = 1 if angles.shape[0] > 1 else 0
+    for b in numba.prange(state.shape[0]):
+        vec = state[b]
+        _seq_run_measured_vector(vec, ops, bits, matrices, angles, b * stride, words, values[b])
+        bras = _seq_bras_from_words(vec, words, coefficients[b])
+        _seq_sweep_vector(
+            vec, bras, sweep_ops, sweep_bits, sweep_matrices, angles, b * stride, first, out[b]
+        )
 
 
 ALL_KERNELS = (
@@ -2293,5 +2328,6 @@ ALL_KERNELS = (
     sweep_sequence,
     run_sequence_measured,
     sweep_sequence_from_words,
+    run_sequence_jacobian,
 )
 """Every kernel of this module (a test checks that none is left out)."""

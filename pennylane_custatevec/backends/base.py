@@ -649,6 +649,28 @@ class Backend(abc.ABC):
                         )
         return self.sweep_sequence(phi, bras, prepared, angles, matrices, n_columns)
 
+    def run_sequence_jacobian(
+        self,
+        state: StateBatch,
+        prepared: object,
+        sweep: object,
+        angles: np.ndarray,
+        matrices: Sequence,
+        words: Sequence[tuple[str, Sequence[int]]],
+        coefficients: np.ndarray,
+        n_columns: int,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """A forward pass and R VJPs at once: ``run_sequence_measured`` of ``prepared``
+        (the values <psi_b|P_k|psi_b>, float64 (B, K)), then ``sweep_sequence_from_words``
+        of ``sweep`` (a prepared sweep sequence with the same angle and matrix slots) from
+        the final states, which it consumes, with the bras of ``coefficients`` (B, R, K):
+        float64 (B, R, n_columns). The default: the two calls."""
+        values = self.run_sequence_measured(state, prepared, angles, matrices, words)
+        swept = self.sweep_sequence_from_words(
+            state, sweep, angles, matrices, words, coefficients, n_columns
+        )
+        return values, swept
+
     def gather(self, arrays: Sequence[Any]) -> list[np.ndarray]:
         """The reductions of a sweep (backend arrays, or host arrays from the default
         steps) as numpy arrays, in one transfer."""

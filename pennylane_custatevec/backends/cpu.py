@@ -42,6 +42,7 @@ from ._cpu_kernels import (
     rotation_pair_step,
     rotation_step_1q,
     run_sequence,
+    run_sequence_jacobian,
     run_sequence_measured,
     sweep_sequence,
     sweep_sequence_from_words,
@@ -466,6 +467,33 @@ class CPUBackend(Backend):
             out,
         )
         return out
+
+    def run_sequence_jacobian(
+        self, state, prepared, sweep, angles, matrices, words, coefficients, n_columns
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """One kernel call: the sequence, the words' values, the bras and the sweep."""
+        batch, rows, _ = coefficients.shape
+        values = np.empty((batch, len(words)))
+        out = np.zeros((batch, rows, n_columns))
+        ops, bits, pool, angles, word_rows = self._measured_sequence(
+            prepared, angles, matrices, words
+        )
+        _launch_sequence(
+            run_sequence_jacobian,
+            state,
+            ops,
+            bits,
+            pool,
+            sweep.ops,
+            sweep.bits,
+            self._sequence_matrices(sweep, matrices),
+            angles,
+            word_rows,
+            np.ascontiguousarray(coefficients, dtype=np.complex128),
+            values,
+            out,
+        )
+        return values, out
 
     def _measured_sequence(self, prepared: _PreparedSequence, angles, matrices, words) -> tuple:
         """The arguments that ``run_sequence_measured`` and ``sweep_sequence_from_words``

@@ -108,6 +108,23 @@ class CircuitCall:
     lane: DirectLane | None = None
     """Where set, the call runs through it (``DirectLane``; the CPU, ``parameters`` as
     ``bind`` gives them)."""
+    jacobian_on_forward: bool = False
+    """Whether the lane's forward pass takes the Jacobian (the lane's
+    ``jacobian_on_forward``, and the call records for a backward pass)."""
+
+
+JACOBIAN_ON_FORWARD_WORK = 2**16
+"""The most amplitude updates (2^n amplitudes x M measurements x gates) of a lane's
+Jacobian sweep for its forward pass to take the Jacobian (``DirectLane.
+jacobian_on_forward``): what a forward pass that is never followed by a backward pass
+may spend on it. Measured with ``benchmarks/lane_jacobian.py`` (2 cores): the sweep adds
+about 2 ns per update from 10 qubits on (7 at 8 qubits), so at most ~130 us."""
+
+JACOBIAN_ON_FORWARD_EXTRA_WORK = 2**13
+"""The most amplitude updates that the Jacobian's M - 1 bras beyond a VJP's one add
+(2^n x (M - 1) x gates): below it they cost less than the backward pass that the
+Jacobian saves (the forward's Jacobian made W4's forward + backward about 24 us
+shorter, 165 -> 141 us, measured with ``benchmarks/lane_jacobian.py``)."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -132,6 +149,21 @@ class DirectLane:
     per_call: tuple[tuple[int, int, object], ...]
     """``(slot, position, source)`` of each slot that reads a parameter the call gives
     (``varying`` in ``of``): read from the call's parameters (``direct.slot_angle``)."""
+    jacobian_on_forward: bool = False
+    """Whether a forward pass that records for a backward pass takes the Jacobian of the
+    outputs at once (``CuStateVecDevice.run_direct_jacobian``), so that the backward pass
+    is a product with it: for structures whose Jacobian sweep is cheaper than the
+    backward pass's own overhead (``JACOBIAN_ON_FORWARD_WORK``,
+    ``JACOBIAN_ON_FORWARD_EXTRA_WORK``). The sweep is the VJP's with M bras instead of
+    one, run in the forward's backend call; its Jacobian also serves batched cotangents
+    (jacobian with ``vectorize=True``, ``torch.func.jacrev``) and a second backward
+    pass."""
+    gradient_maps: tuple[np.ndarray, ...] = ()
+    """Where ``jacobian_on_forward``: per Function input, (gradient columns, input size):
+    how the gradient columns of the sweep make the input's gradient (``fold`` of the
+    columns into the trainable parameters, their gathers into the inputs: linear)."""
+    input_shapes: tuple = ()
+    """The shapes of the Function's inputs (of the calls the lane was built for)."""
 
     @classmethod
     def of(
@@ -175,7 +207,25 @@ class DirectLane:
             (k, np.array([s for s, _ in pairs]), np.array([p for _, p in pairs]))
             for k, pairs in sorted(per_input.items())
         )
-        return cls(direct_plan, gathers, constants, tuple(per_call))
+        circuit = direct_plan.circuit
+        compilation = direct_plan.structure.compilation
+        per_bra = 2**compilation.register.num_qubits * len(compilation.steps)
+        bras = len(direct_plan.pauli.terms)
+        if (
+            circuit.n_params == 0
+            or per_bra * bras > JACOBIAN_ON_FORWARD_WORK
+            or per_bra * (bras - 1) > JACOBIAN_ON_FORWARD_EXTRA_WORK
+        ):
+            return cls(direct_plan, gathers, constants, tuple(per_call))
+        return cls(
+            direct_plan,
+            gathers,
+            constants,
+            tuple(per_call),
+            True,
+            _gradient_maps(plan, circuit, input_shapes),
+            tuple(input_shapes),
+        )
 
     def angles(self, host: Sequence[np.ndarray], parameters: tuple) -> np.ndarray:
         """(1, slots): each rotation's angle for the inputs' data ``host`` and the call's
@@ -187,10 +237,34 @@ class DirectLane:
             angles[0, slot] = direct.slot_angle(parameters[0][position], source)
         return angles
 
+    def input_jacobians(self, jacobian: np.ndarray) -> tuple[torch.Tensor, ...]:
+        """Per Function input, (M, *its shape): the Jacobian of the M outputs by the
+        input's elements, from the sweep's (M, gradient columns) ``jacobian``."""
+        return tuple(
+            torch.from_numpy((jacobian @ gradient_map).reshape((jacobian.shape[0], *shape)))
+            for gradient_map, shape in zip(self.gradient_maps, self.input_shapes, strict=True)
+        )
+
     def serves(self, inputs: Sequence[torch.Tensor]) -> bool:
         """Whether the call's inputs are what the lane takes: real float64 CPU tensors (the
         angles' type; other dtypes take the general path, which converts them)."""
         return all(t.dtype is torch.float64 and t.is_cpu and not t.is_conj() for t in inputs)
+
+
+def _gradient_maps(plan: CircuitsPlan, circuit, input_shapes: tuple) -> tuple[np.ndarray, ...]:
+    """``DirectLane.gradient_maps``: each gradient column's unit vector taken through
+    ``fold`` and ``_input_gradients``, as a backward pass takes the columns."""
+    columns = circuit.n_columns
+    maps = [np.zeros((columns, int(np.prod(shape)))) for shape in input_shapes]
+    for column in range(columns):
+        unit = np.zeros(columns)
+        unit[column] = 1.0
+        parameters = [np.asarray(value) for value in circuit.fold(unit)]
+        for gradient_map, gradient in zip(
+            maps, _input_gradients(plan, parameters, input_shapes, False), strict=True
+        ):
+            gradient_map[column] = np.asarray(gradient).reshape(-1)
+    return tuple(maps)
 
 
 @dataclasses.dataclass(eq=False)
@@ -201,6 +275,34 @@ class LaneRun:
     direct_run: object
     host: list
     result: object
+    jacobians: tuple[torch.Tensor, ...] | None = None
+    """Where the forward pass took the Jacobian (``DirectLane.jacobian_on_forward``):
+    per Function input, (M, *its shape) float64 on the CPU, the Jacobian of the M
+    outputs by its elements; the backward passes contract the cotangents with it
+    (``torch_gradients``, ``gradients``)."""
+
+    def torch_gradients(self, cotangents: Sequence[torch.Tensor]) -> list | None:
+        """``gradients`` for one plain real CPU cotangent per output (a plain backward
+        pass, torch's usual case), in torch: sum_m dy_m J_m; None for any other
+        cotangents (``vjp`` reads them)."""
+        if not all(type(dy) is torch.Tensor and dy.is_cpu and dy.ndim == 0 for dy in cotangents):
+            return None
+        if any(
+            dy.dtype != torch.float64 or _functorch.is_legacy_batchedtensor(dy) for dy in cotangents
+        ):
+            return None
+        if len(cotangents) == 1:
+            (dy,) = cotangents
+            return [dy * jacobian[0] for jacobian in self.jacobians]
+        dy = torch.stack(cotangents)
+        return [torch.tensordot(dy, jacobian, dims=1) for jacobian in self.jacobians]
+
+    def gradients(self, cotangents: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Per input, its gradient for the M outputs' ``cotangents`` (each a scalar, or
+        (R,) for a batch of R rows: then the gradients have that leading axis):
+        sum_m dy_m J_m."""
+        rows = np.stack([np.asarray(dy, dtype=np.float64) for dy in cotangents], axis=-1)
+        return [np.tensordot(rows, jacobian.numpy(), axes=1) for jacobian in self.jacobians]
 
     def general(self, call: CircuitCall) -> StructureRun:
         """The general path's run of this call (the parameters bound now)."""
@@ -366,12 +468,18 @@ class Circuits(torch.autograd.Function):
         layout.input_shapes = tuple(tensor.shape for tensor in trainable)
         if call.lane is not None:
             host = [as_numpy(tensor) for tensor in trainable]
-            result, direct_run = plan.device.run_direct(
-                call.lane.direct_plan, call.lane.angles(host, call.parameters)
-            )
+            lane, angles = call.lane, call.lane.angles(host, call.parameters)
+            jacobians = None
+            if call.jacobian_on_forward:
+                result, direct_run, jacobian = plan.device.run_direct_jacobian(
+                    lane.direct_plan, angles
+                )
+                jacobians = lane.input_jacobians(jacobian)
+            else:
+                result, direct_run = plan.device.run_direct(lane.direct_plan, angles)
             leaves, nesting = flatten(result)
             layout.nesting = ((len(leaves), nesting),)
-            layout.run = LaneRun(direct_run, host, result)
+            layout.run = LaneRun(direct_run, host, result, jacobians)
             return tuple(_to_torch(leaf, None) for leaf in leaves)
         with without_queuing():  # the device may build operators: never into a recording
             run = plan.device.execute_structures(
@@ -414,7 +522,12 @@ class Circuits(torch.autograd.Function):
                     *ctx.saved_tensors,
                 ),
             )
-        return (None, None, *vjp(ctx.call, ctx.layout.run, ctx.layout, cotangents))
+        run = ctx.layout.run
+        if type(run) is LaneRun and run.jacobians is not None:
+            gradients = run.torch_gradients(cotangents)
+            if gradients is not None:
+                return (None, None, *gradients)
+        return (None, None, *vjp(ctx.call, run, ctx.layout, cotangents))
 
 
 class CircuitsVJP(torch.autograd.Function):
@@ -470,6 +583,8 @@ def vjp(
     (``unbatch_legacy``), and the gradients go back batched as they came."""
     cotangents, legacy = unbatch_legacy(cotangents)
     host = [_host_cotangent(dy) for dy in cotangents]
+    if isinstance(run, LaneRun) and run.jacobians is not None:  # the forward's Jacobian
+        return _torch_gradients(call, run.gradients(host), legacy)
     per_structure, start = [], 0
     for count, nesting in layout.nesting:
         per_structure.append(unflatten(host[start : start + count], nesting))
@@ -488,8 +603,14 @@ def vjp(
         for index in range(len(positions))
     ]
     flat = _input_gradients(plan, flat, layout.input_shapes, batched or legacy is not None)
+    return _torch_gradients(call, flat, legacy)
+
+
+def _torch_gradients(call: CircuitCall, gradients: list, legacy) -> list[torch.Tensor]:
+    """The inputs' ``gradients`` as torch tensors on the call's torch device, batched
+    again by torch's legacy vmap where the cotangents came so (``legacy``)."""
     out = []
-    for gradient in flat:
+    for gradient in gradients:
         gradient = _to_torch(gradient, call.torch_device)
         if legacy is not None:
             gradient = legacy.batched(gradient)

@@ -630,7 +630,10 @@ class CompiledQNode:
         in from ``tensors``, in order), the results on ``torch_device`` (None: the CPU);
         through ``lane`` where given."""
         layout = ResultsLayout()
-        call = CircuitCall(plan, parameters, torch_device, lane)
+        jacobian_on_forward = lane is not None and lane.jacobian_on_forward
+        call = CircuitCall(
+            plan, parameters, torch_device, lane, jacobian_on_forward and torch.is_grad_enabled()
+        )
         flat = apply(Circuits, call, layout, *tensors)
         results, start = [], 0
         for count, nesting in layout.nesting:
