@@ -6,11 +6,16 @@ blocks, tiled runs, rotation pairs, Z runs, permutation runs and gate sequences 
 number of wires, 14-19 for the tiled runs), and compares values and gradients with
 default.qubit (backprop):
 
-- layers of random one-qubit gates (Rot, RX, RY, RZ, PhaseShift, H, S, T, or none) on
-  every wire, each followed by an entangler (a CNOT ring, CZ pairs, random CNOTs, a few
-  IsingZZ, CRX or IsingXX, or nothing);
+- layers of random one-qubit gates (Rot, RX, RY, RZ, PhaseShift, U3, H, S, T, SX,
+  adjoint S, adjoint RX, or none) on every wire, each followed by an entangler (a CNOT
+  ring, CZ pairs, random CNOTs, a few IsingZZ, CRX or IsingXX, a few gates of the wide
+  pool on random wires, or nothing); the wide pool: SWAP, CY, CH, CRY, CRZ, CRot,
+  ControlledPhaseShift, IsingXY, IsingYY, SingleExcitation, MultiRZ, Toffoli, CSWAP,
+  MultiControlledX, RX with two controls (one on |0>), DoubleExcitation, PauliRot of a
+  random word;
 - measured: expvals of Z on three wires, or a Hamiltonian of a Pauli word and an X with
-  an expval of Y, or probs of two wires;
+  an expval of Y, or probs of two wires, or the variance of a Pauli word with the expval
+  of a random Hermitian on one wire;
 - with ``--broadcast``, an RY layer of a broadcast minibatch (2 or 3 rows) first.
 
 Each circuit runs on the device with its defaults, with ``grad_accumulation="eager"`` and
@@ -37,10 +42,25 @@ from pennylane import numpy as pnp
 
 import pennylane_custatevec
 
-ONE_QUBIT = ("Rot", "RX", "RY", "RZ", "PhaseShift", "H", "S", "T", "none", "none")
-PARAMETERS = {"Rot": 3, "RX": 1, "RY": 1, "RZ": 1, "PhaseShift": 1}
-PARAMETERS.update({"IsingZZ": 1, "CRX": 1, "IsingXX": 1})
+ONE_QUBIT = ("Rot", "RX", "RY", "RZ", "PhaseShift", "U3", "H", "S", "T", "SX", "AdjS", "AdjRX")
+ONE_QUBIT += ("none",) * 4
+PARAMETERS = {"Rot": 3, "RX": 1, "RY": 1, "RZ": 1, "PhaseShift": 1, "U3": 3, "AdjRX": 1}
+PARAMETERS.update({"IsingZZ": 1, "CRX": 1, "IsingXX": 1, "IsingXY": 1, "IsingYY": 1})
+PARAMETERS.update({"CRY": 1, "CRZ": 1, "CRot": 3, "ControlledPhaseShift": 1, "MultiRZ": 1})
+PARAMETERS.update({"SingleExcitation": 1, "DoubleExcitation": 1, "CtrlRX": 1})
+WIDE = {  # the other gates of the wide pool, by their number of wires
+    2: ("SWAP", "CY", "CH", "CRY", "CRZ", "CRot", "ControlledPhaseShift", "IsingXY", "IsingYY"),
+    3: ("Toffoli", "CSWAP", "CtrlRX", "MultiControlledX"),
+}
+WIDE[2] += ("SingleExcitation", "MultiRZ")
+WIDE[4] = ("DoubleExcitation", "MultiRZ")
+FIXED = {"H": qml.Hadamard, "S": qml.S, "T": qml.T, "SX": qml.SX}
 TOLERANCE = 1e-8
+
+
+def n_parameters(name: str) -> int:
+    """The number of parameters of gate ``name`` (a PauliRot's name carries its word)."""
+    return 1 if name.startswith("PauliRot:") else PARAMETERS.get(name, 0)
 
 
 def random_gates(rng: np.random.Generator, n: int, layers: int) -> list[tuple[str, tuple]]:
@@ -51,7 +71,7 @@ def random_gates(rng: np.random.Generator, n: int, layers: int) -> list[tuple[st
             name = ONE_QUBIT[rng.integers(len(ONE_QUBIT))]
             if name != "none":
                 gates.append((name, (wire,)))
-        pattern = rng.integers(5)
+        pattern = rng.integers(6)
         if pattern == 0:
             gates += [("CNOT", (w, (w + 1) % n)) for w in range(n)]
         elif pattern == 1:
@@ -64,13 +84,51 @@ def random_gates(rng: np.random.Generator, n: int, layers: int) -> list[tuple[st
             for _ in range(3):
                 a, b = rng.choice(n, 2, replace=False)
                 gates.append((("IsingZZ", "CRX", "IsingXX")[rng.integers(3)], (int(a), int(b))))
+        elif pattern == 4:
+            gates += _wide_gates(rng, n, int(rng.integers(2, 6)))
     return gates
+
+
+def _wide_gates(rng: np.random.Generator, n: int, count: int) -> list[tuple[str, tuple]]:
+    """``count`` gates of the wide pool (``WIDE``, PauliRot of a random word) on random
+    wires, high and low."""
+    gates = []
+    for _ in range(count):
+        width = int(rng.choice([k for k in (2, 3, 4) if k <= n]))
+        wires = tuple(int(w) for w in rng.choice(n, width, replace=False))
+        if rng.integers(len(WIDE[width]) + 1) == 0:
+            name = "PauliRot:" + "".join(rng.choice(list("XYZ"), width))
+        else:
+            name = str(rng.choice(WIDE[width]))
+        gates.append((name, wires))
+    return gates
+
+
+def apply_gate(name: str, wires: tuple, parameters) -> None:
+    """Queue gate ``name`` on ``wires`` with its ``parameters``."""
+    if name.startswith("PauliRot:"):
+        qml.PauliRot(parameters[0], name.split(":")[1], wires=wires)
+    elif name == "CtrlRX":  # two controls, one on |0>
+        qml.ctrl(qml.RX(parameters[0], wires=wires[0]), control=wires[1:], control_values=[1, 0])
+    elif name == "AdjRX":
+        qml.adjoint(qml.RX(parameters[0], wires=wires))
+    elif name == "AdjS":
+        qml.adjoint(qml.S(wires))
+    elif name in FIXED:
+        FIXED[name](wires)
+    else:
+        getattr(qml, name)(*parameters, wires=wires)
 
 
 def random_measurements(rng: np.random.Generator, n: int):
     """A function that queues one of the module docstring's measurements."""
-    kind = rng.integers(3)
+    kind = rng.integers(4)
     wires = [int(w) for w in rng.choice(n, 3, replace=False)]
+    if kind == 3:
+        a = rng.normal(size=(2, 2)) + 1j * rng.normal(size=(2, 2))
+        hermitian = qml.Hermitian(a + a.conj().T, wires=wires[2])
+        word = qml.Z(wires[0]) @ qml.X(wires[1])
+        return lambda: [qml.var(word), qml.expval(hermitian)]
     if kind == 0:
         return lambda: [qml.expval(qml.Z(w)) for w in wires]
     if kind == 1:
@@ -87,13 +145,8 @@ def quantum_function(gates, measurements, embedded: bool):
     def apply_gates(params):
         k = 0
         for name, wires in gates:
-            count = PARAMETERS.get(name, 0)
-            if name == "Rot":
-                qml.Rot(*params[k : k + 3], wires=wires)
-            elif count:
-                getattr(qml, name)(params[k], wires=wires)
-            else:
-                {"H": qml.Hadamard, "S": qml.S, "T": qml.T}.get(name, getattr(qml, name))(wires)
+            count = n_parameters(name)
+            apply_gate(name, wires, params[k : k + count])
             k += count
         return measurements()
 
@@ -118,7 +171,7 @@ def check_plain(seed: int, n: int, layers: int) -> tuple[float, bool]:
     rng = np.random.default_rng(seed)
     gates = random_gates(rng, n, layers)
     fn = quantum_function(gates, random_measurements(rng, n), embedded=False)
-    params = rng.uniform(0, 2 * np.pi, sum(PARAMETERS.get(g, 0) for g, _ in gates))
+    params = rng.uniform(0, 2 * np.pi, sum(n_parameters(g) for g, _ in gates))
     reference = qml.QNode(fn, qml.device("default.qubit", wires=n), diff_method="backprop")
 
     def flat(qnode):
@@ -166,7 +219,7 @@ def check_broadcast(seed: int, n: int, layers: int) -> tuple[float, bool]:
     rng = np.random.default_rng(seed)
     gates = random_gates(rng, n, layers)
     fn = quantum_function(gates, random_measurements(rng, n), embedded=True)
-    params = rng.uniform(0, 2 * np.pi, sum(PARAMETERS.get(g, 0) for g, _ in gates))
+    params = rng.uniform(0, 2 * np.pi, sum(n_parameters(g) for g, _ in gates))
     x = rng.uniform(0, np.pi, (int(rng.integers(2, 4)), n))
 
     def run(qnode):
