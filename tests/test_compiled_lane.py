@@ -346,6 +346,29 @@ def test_the_jacobian_is_taken_on_the_forward_pass_where_its_extra_bras_are_chea
         assert (run_direct_jacobian.call_count, run_direct.call_count) == (0, 2)
 
 
+def _two_angles_of(x):
+    qml.RX(x[3], wires=0)
+    qml.RY(x[-2], wires=1)
+    qml.CNOT(wires=[0, 1])
+    return qml.expval(qml.Z(1))
+
+
+@pytest.mark.parametrize("size", [6, 70000])
+def test_an_input_too_large_for_a_jacobian_takes_the_vjp_lane(mocker, size):
+    """The Jacobians' size (outputs x input elements) is bounded by
+    ``JACOBIAN_ON_FORWARD_WORK`` too: a large input of which the circuit reads two
+    elements takes the VJP lane."""
+    assert 6 <= function.JACOBIAN_ON_FORWARD_WORK < 70000
+    run_direct = mocker.spy(CuStateVecDevice, "run_direct")
+    run_direct_jacobian = mocker.spy(CuStateVecDevice, "run_direct_jacobian")
+    compiled, reference = _compiled(_two_angles_of, 2), _reference(_two_angles_of, 2)
+    _assert_calls_agree(compiled, reference, [(size,)], calls=3)
+    if size == 6:
+        assert (run_direct_jacobian.call_count, run_direct.call_count) == (2, 0)
+    else:
+        assert (run_direct_jacobian.call_count, run_direct.call_count) == (0, 2)
+
+
 def test_a_forward_pass_without_grad_takes_no_jacobian(lane_calls):
     compiled, reference = _compiled(_chain, 4), _reference(_chain, 4)
     rng = np.random.default_rng(10)

@@ -118,7 +118,8 @@ JACOBIAN_ON_FORWARD_WORK = 2**16
 Jacobian sweep for its forward pass to take the Jacobian (``DirectLane.
 jacobian_on_forward``): what a forward pass that is never followed by a backward pass
 may spend on it. Measured with ``benchmarks/lane_jacobian.py`` (2 cores): the sweep adds
-about 2 ns per update from 10 qubits on (7 at 8 qubits), so at most ~130 us."""
+2-5 ns per update from 8 qubits on, so at most ~130-330 us. It also bounds the
+Jacobians' size, M x the inputs' elements (the memory a call holds for them)."""
 
 JACOBIAN_ON_FORWARD_EXTRA_WORK = 2**13
 """The most amplitude updates that the Jacobian's M - 1 bras beyond a VJP's one add
@@ -158,10 +159,9 @@ class DirectLane:
     one, run in the forward's backend call; its Jacobian also serves batched cotangents
     (jacobian with ``vectorize=True``, ``torch.func.jacrev``) and a second backward
     pass."""
-    gradient_maps: tuple[np.ndarray, ...] = ()
-    """Where ``jacobian_on_forward``: per Function input, (gradient columns, input size):
-    how the gradient columns of the sweep make the input's gradient (``fold`` of the
-    columns into the trainable parameters, their gathers into the inputs: linear)."""
+    gradient_maps: tuple[_GradientMap, ...] = ()
+    """Where ``jacobian_on_forward``: per Function input, how the gradient columns of
+    the sweep make the input's gradient."""
     input_shapes: tuple = ()
     """The shapes of the Function's inputs (of the calls the lane was built for)."""
 
@@ -211,10 +211,12 @@ class DirectLane:
         compilation = direct_plan.structure.compilation
         per_bra = 2**compilation.register.num_qubits * len(compilation.steps)
         bras = len(direct_plan.pauli.terms)
+        input_elements = sum(int(np.prod(shape)) for shape in input_shapes)
         if (
             circuit.n_params == 0
             or per_bra * bras > JACOBIAN_ON_FORWARD_WORK
             or per_bra * (bras - 1) > JACOBIAN_ON_FORWARD_EXTRA_WORK
+            or input_elements * bras > JACOBIAN_ON_FORWARD_WORK  # the Jacobians' size
         ):
             return cls(direct_plan, gathers, constants, tuple(per_call))
         return cls(
@@ -241,7 +243,7 @@ class DirectLane:
         """Per Function input, (M, *its shape): the Jacobian of the M outputs by the
         input's elements, from the sweep's (M, gradient columns) ``jacobian``."""
         return tuple(
-            torch.from_numpy((jacobian @ gradient_map).reshape((jacobian.shape[0], *shape)))
+            torch.from_numpy(gradient_map.input_jacobian(jacobian).reshape((-1, *shape)))
             for gradient_map, shape in zip(self.gradient_maps, self.input_shapes, strict=True)
         )
 
@@ -251,19 +253,53 @@ class DirectLane:
         return all(t.dtype is torch.float64 and t.is_cpu and not t.is_conj() for t in inputs)
 
 
-def _gradient_maps(plan: CircuitsPlan, circuit, input_shapes: tuple) -> tuple[np.ndarray, ...]:
+@dataclasses.dataclass(frozen=True, eq=False)
+class _GradientMap:
+    """How the gradient columns of a lane's sweep make one input's gradient (``fold`` of
+    the columns into the trainable parameters, their gathers into the input: linear):
+    gradient[positions] = columns @ matrix."""
+
+    size: int
+    """The input's number of elements."""
+    positions: np.ndarray | None
+    """The flat positions of the input that some column reaches, in order; None: all of
+    them."""
+    matrix: np.ndarray
+    """(columns, len(positions))."""
+
+    def input_jacobian(self, jacobian: np.ndarray) -> np.ndarray:
+        """(M, size): the input's Jacobian from the sweep's (M, columns) ``jacobian``."""
+        if self.positions is None:
+            return jacobian @ self.matrix
+        out = np.zeros((jacobian.shape[0], self.size))
+        out[:, self.positions] = jacobian @ self.matrix
+        return out
+
+
+def _gradient_maps(plan: CircuitsPlan, circuit, input_shapes: tuple) -> tuple[_GradientMap, ...]:
     """``DirectLane.gradient_maps``: each gradient column's unit vector taken through
-    ``fold`` and ``_input_gradients``, as a backward pass takes the columns."""
+    ``fold`` and ``_input_gradients``, as a backward pass takes the columns; only the
+    positions that a column reaches are kept."""
     columns = circuit.n_columns
-    maps = [np.zeros((columns, int(np.prod(shape)))) for shape in input_shapes]
+    reached: list[list[tuple[int, np.ndarray, np.ndarray]]] = [[] for _ in input_shapes]
     for column in range(columns):
         unit = np.zeros(columns)
         unit[column] = 1.0
         parameters = [np.asarray(value) for value in circuit.fold(unit)]
-        for gradient_map, gradient in zip(
-            maps, _input_gradients(plan, parameters, input_shapes, False), strict=True
-        ):
-            gradient_map[column] = np.asarray(gradient).reshape(-1)
+        gradients = _input_gradients(plan, parameters, input_shapes, False)
+        for per_input, gradient in zip(reached, gradients, strict=True):
+            flat = np.asarray(gradient, dtype=np.float64).reshape(-1)
+            where = np.flatnonzero(flat)
+            per_input.append((column, where, flat[where]))
+    maps = []
+    for per_input, shape in zip(reached, input_shapes, strict=True):
+        size = int(np.prod(shape))
+        positions = np.unique(np.concatenate([where for _, where, _ in per_input]))
+        matrix = np.zeros((columns, positions.size))
+        for column, where, values in per_input:
+            matrix[column, np.searchsorted(positions, where)] = values
+        whole = positions.size == size
+        maps.append(_GradientMap(size, None if whole else positions, matrix))
     return tuple(maps)
 
 
