@@ -50,6 +50,7 @@ from .transforms import (
     expand_broadcasts,
     gather_rotations,
     refuse_differentiated_shares,
+    refuse_postselection_under_gradient_transforms,
     rotate_sampled_measurements,
     split_state_from_real_results,
     validate_adjoint_differentiation,
@@ -380,6 +381,10 @@ class CuStateVecDevice(Device):
         mcm_method = config.mcm_config.mcm_method
         differentiating = config.gradient_method == "adjoint"
         pipeline = PipelineWithoutQueuing()  # operators built here are queued nowhere
+        method = config.gradient_method
+        if method is not None and method != "adjoint":  # a PennyLane gradient transform
+            name = getattr(method, "__name__", str(method))
+            pipeline.add_transform(refuse_postselection_under_gradient_transforms, name)
         if mcm_method == "deferred":
             pipeline.add_transform(defer_measurements, allow_postselect=True)
         pipeline.add_transform(decompose_late_state_preps)

@@ -182,6 +182,33 @@ def refuse_differentiated_shares(tape: QuantumScript, device_wires: Wires | None
 
 
 @transform
+def refuse_postselection_under_gradient_transforms(tape: QuantumScript, method: str):
+    """Refuse a tape with trainable parameters that postselects a mid-circuit measurement
+    where ``method``, a PennyLane gradient transform, would differentiate it. Every one of
+    them (parameter-shift, finite-diff, SPSA, Hadamard) gives wrong derivatives of such a
+    circuit: they take a parameter whose gates lie outside the measured wires' light cone
+    to have no effect, which postselection (a projection, then renormalising the whole
+    state) makes untrue, and the shift rules do not hold for a renormalised state
+    (PennyLane issue #5943: default.qubit returns those numbers). The adjoint method does
+    not apply to postselection either (``gradients.common``)."""
+    postselected = [
+        op
+        for op in tape.operations
+        if isinstance(op, qml.ops.MidMeasure) and op.postselect is not None
+    ]
+    if postselected and tape.trainable_params:
+        raise DeviceError(
+            f"custatevec.qubit cannot differentiate a circuit that postselects mid-circuit "
+            f"measurements ({postselected[0]}): {method}, like every PennyLane gradient "
+            "transform, gives wrong derivatives of it (PennyLane issue #5943), and the "
+            "adjoint method does not apply to postselection. Evaluate it with parameters "
+            "that are not trainable (requires_grad=False) or with diff_method=None, or "
+            "differentiate it on default.qubit with diff_method='backprop'."
+        )
+    return (tape,), _first_result
+
+
+@transform
 def expand_broadcasts(tape: QuantumScript, trainable_only: bool = False):
     """``broadcast_expand``, with ``trainable_only`` only for a tape in which a broadcast
     parameter is trainable (its gradient has one entry per broadcast entry): the deferred

@@ -16,7 +16,14 @@ default.qubit (backprop):
 - measured: expvals of Z on three wires, or a Hamiltonian of a Pauli word and an X with
   an expval of Y, or probs of two wires, or the variance of a Pauli word with the expval
   of a random Hermitian on one wire;
-- with ``--broadcast``, an RY layer of a broadcast minibatch (2 or 3 rows) first.
+- with ``--broadcast``, an RY layer of a broadcast minibatch (2 or 3 rows) first;
+- with ``--mid-measurements``, mid-circuit measurements among the layers (a reset, a
+  postselection, conditional gates, measured outcomes; ``mid_measured_function``), on
+  the device's default wires: values and Jacobians (the adjoint method, or
+  parameter-shift where the circuit measures outcomes; to 1e-6 there, as PennyLane's
+  parameter-shift takes finite differences for conditional gates) in both accumulation
+  modes, and for a circuit that postselects the values and the device's refusal of its
+  derivatives.
 
 Each circuit runs on the device with its defaults, with ``grad_accumulation="eager"`` and
 with ``fusion_qubits=4`` (``--broadcast``: with ``c_dtype="complex64"``, to 1e-4), through
@@ -27,6 +34,7 @@ where one was seen.
 
     python scripts/fuzz.py --first-seed 1000 --count 60 --min-wires 16 --max-wires 19
     python scripts/fuzz.py --broadcast --count 40 --min-wires 3 --max-wires 17
+    python scripts/fuzz.py --mid-measurements --count 40 --min-wires 4 --max-wires 16
 """
 
 from __future__ import annotations
@@ -257,17 +265,118 @@ def check_broadcast(seed: int, n: int, layers: int) -> tuple[float, bool]:
     return worst, mismatched
 
 
+def mid_measured_function(rng: np.random.Generator, n: int, layers: int):
+    """(quantum function of ``params``, number of parameters, how the device differentiates
+    it): ``layers`` random layers, a mid-circuit measurement (with reset or not), an RY
+    conditioned on it, more layers, a second measurement (postselected on a random
+    outcome, or not), a CRX conditioned on both; measured: expvals of wires, and, in
+    every other circuit, the first outcome's expval and the second one's probabilities.
+    The adjoint method takes neither those outcomes nor a postselection: then
+    parameter-shift; a circuit that postselects is differentiated by none (None: the
+    device refuses, as PennyLane's gradient transforms get it wrong)."""
+    first, second = random_gates(rng, n, layers), random_gates(rng, n, 1)
+    a, b, c, d = (int(w) for w in rng.choice(n, 4, replace=False))
+    reset = bool(rng.integers(2))
+    postselect = [None, None, 0, 1][rng.integers(4)]
+    outcomes_measured = bool(rng.integers(2))
+    word = qml.X(c) @ qml.Z(d)
+    counts = [sum(n_parameters(g) for g, _ in gates) for gates in (first, second)]
+
+    def circuit(params):
+        k = 0
+        for gates in (first, second):
+            for name, wires in gates:
+                count = n_parameters(name)
+                apply_gate(name, wires, params[k : k + count])
+                k += count
+            if gates is first:
+                m0 = qml.measure(a, reset=reset)
+                qml.cond(m0, qml.RY)(params[k], wires=b)
+                k += 1
+        m1 = qml.measure(b, postselect=postselect)
+        qml.cond(m0 & ~m1, qml.CRX)(params[k], wires=[c, d])
+        values = [qml.expval(qml.Z(a)), qml.expval(word)]
+        if outcomes_measured:
+            return [*values, qml.expval(m0), qml.probs(op=m1)]
+        return values
+
+    if postselect is not None:
+        return circuit, sum(counts) + 2, None
+    return circuit, sum(counts) + 2, "parameter-shift" if outcomes_measured else "adjoint"
+
+
+def _difference(got: np.ndarray, want: np.ndarray) -> float:
+    """The largest difference, NaN (a postselection of probability zero) equal to NaN;
+    infinite where only one side is NaN."""
+    got, want = np.asarray(got, dtype=float), np.asarray(want, dtype=float)
+    if not np.array_equal(np.isnan(got), np.isnan(want)):
+        return float("inf")
+    both = ~np.isnan(got)
+    return float(np.max(np.abs(got[both] - want[both]), initial=0.0))
+
+
+def check_mid_measured(seed: int, n: int, layers: int) -> tuple[float, bool]:
+    """As ``check_plain``, for a circuit with mid-circuit measurements
+    (``mid_measured_function``), in both accumulation modes: the values, and the
+    Jacobians by the adjoint method or parameter-shift; a circuit that postselects: the
+    values of constant parameters, and its derivatives refused."""
+    rng = np.random.default_rng(seed)
+    fn, count, diff_method = mid_measured_function(rng, n, layers)
+    params = rng.uniform(0, 2 * np.pi, count)
+    reference = qml.QNode(fn, qml.device("default.qubit"), diff_method="backprop")
+
+    def flat(qnode, trainable: bool):
+        return lambda p: pnp.hstack(qnode(pnp.array(p, requires_grad=trainable)))
+
+    want = flat(reference, False)(params)
+    want_jacobian = qml.jacobian(flat(reference, True))(pnp.array(params)) if diff_method else 0
+    # PennyLane's parameter-shift takes finite differences for operations without a shift
+    # rule (conditional gates): differences of 1e-8 from backprop on default.qubit too
+    tolerance = 1e-6 if diff_method == "parameter-shift" else TOLERANCE
+    worst, mismatched = 0.0, False
+    for options in ({}, {"grad_accumulation": "eager"}):
+        qnode = qml.QNode(fn, qml.device("custatevec.qubit", **options), diff_method=diff_method)
+        difference = _difference(flat(qnode, False)(params), want)
+        if diff_method:
+            jacobian = qml.jacobian(flat(qnode, True))(pnp.array(params))
+            difference = max(difference, _difference(jacobian, want_jacobian))
+        elif not _refuses_derivatives(qml.QNode(fn, qnode.device), params):  # "best"
+            difference = float("inf")
+        worst = max(worst, difference)
+        if difference > tolerance:
+            mismatched = True
+            print(
+                f"MISMATCH seed {seed} n {n} {options} {diff_method}: {difference:.2e}", flush=True
+            )
+    return worst, mismatched
+
+
+def _refuses_derivatives(qnode, params) -> bool:
+    """Whether the device refuses the derivatives of a postselecting circuit."""
+    try:
+        qml.jacobian(lambda p: pnp.hstack(qnode(p)))(pnp.array(params, requires_grad=True))
+    except qml.exceptions.DeviceError as error:
+        return "postselects" in str(error)
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--count", type=int, default=10)
     parser.add_argument("--min-wires", type=int, default=3)
     parser.add_argument("--max-wires", type=int, default=13)
-    parser.add_argument("--broadcast", action="store_true")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--broadcast", action="store_true")
+    mode.add_argument("--mid-measurements", action="store_true")
     args = parser.parse_args(argv)
     if args.min_wires < 3 or args.max_wires < args.min_wires:
         parser.error("--min-wires must be at least 3 and at most --max-wires")
+    if args.mid_measurements and args.min_wires < 4:
+        parser.error("--mid-measurements needs --min-wires of at least 4")
     check = check_broadcast if args.broadcast else check_plain
+    if args.mid_measurements:
+        check = check_mid_measured
     worst, mismatches = 0.0, 0
     for seed in range(args.first_seed, args.first_seed + args.count):
         rng = np.random.default_rng([seed, 1])

@@ -13,10 +13,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import fuzz  # noqa: E402
 
 
-@pytest.mark.parametrize("broadcast", [False, True])
-def test_a_small_random_circuit_agrees(broadcast, capsys):
-    argv = ["--first-seed", "3", "--count", "1", "--min-wires", "3", "--max-wires", "4"]
-    assert fuzz.main(argv + (["--broadcast"] if broadcast else [])) == 0
+@pytest.mark.parametrize("mode", [[], ["--broadcast"], ["--mid-measurements"]])
+def test_a_small_random_circuit_agrees(mode, capsys):
+    argv = ["--first-seed", "3", "--count", "1", "--min-wires", "4", "--max-wires", "5"]
+    assert fuzz.main(argv + mode) == 0
     output = capsys.readouterr().out
     assert "1 circuits, 0 with a mismatch" in output
     assert "MISMATCH" not in output
@@ -33,3 +33,16 @@ def test_a_difference_above_the_tolerance_fails_the_run(monkeypatch, capsys):
 def test_too_few_wires_are_refused():
     with pytest.raises(SystemExit):
         fuzz.main(["--min-wires", "2"])
+
+
+# seed 0 postselects (its derivatives refused), 1 takes the adjoint method, 6 parameter-shift
+@pytest.mark.parametrize("seed", [0, 1, 6])
+def test_mid_measurement_circuits_agree_and_refuse(seed, capsys):
+    argv = ["--mid-measurements", "--first-seed", str(seed), "--count", "1"]
+    assert fuzz.main([*argv, "--min-wires", "4", "--max-wires", "5"]) == 0
+    assert "1 circuits, 0 with a mismatch" in capsys.readouterr().out
+
+
+def test_mid_measurements_need_four_wires():
+    with pytest.raises(SystemExit):
+        fuzz.main(["--mid-measurements", "--min-wires", "3"])

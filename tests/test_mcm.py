@@ -363,3 +363,49 @@ def test_one_shot_without_shots_is_rejected():
 
     with pytest.raises(ValueError, match="one-shot"):
         circuit()
+
+
+def _postselecting(x):
+    qml.RX(x[0], "q0")
+    qml.CNOT(["q0", "q1"])
+    m0 = qml.measure("q1", postselect=1)
+    qml.cond(m0, qml.RY)(x[1], wires="q2")
+    qml.RX(x[2], "q2")
+    return qml.expval(qml.Z("q0") @ qml.X("q2"))
+
+
+@pytest.mark.parametrize("diff_method", ["parameter-shift", "finite-diff", "spsa", "hadamard"])
+@pytest.mark.parametrize(("mcm_method", "shots"), [("deferred", None), ("one-shot", 200)])
+def test_gradient_transforms_of_a_postselecting_circuit_are_refused(diff_method, mcm_method, shots):
+    """PennyLane's gradient transforms give wrong derivatives of circuits that postselect
+    (conformance's ``test_gradient_transforms_are_wrong_on_postselection``): refused by
+    name, with or without shots; the values of constant parameters are default.qubit's,
+    and a circuit without postselection is differentiated by the same transforms."""
+    from pennylane import numpy as pnp
+    from pennylane.exceptions import DeviceError
+
+    device = qml.device("custatevec.qubit", wires=W, shots=shots, seed=11)
+    qnode = qml.QNode(_postselecting, device, diff_method=diff_method, mcm_method=mcm_method)
+    trainable = pnp.array(PARAMS[:3], requires_grad=True)
+    with pytest.raises(DeviceError, match="postselects mid-circuit measurements.*#5943"):
+        qml.jacobian(qnode)(trainable)
+    if shots is None:
+        reference = qml.QNode(_postselecting, qml.device("default.qubit", wires=W))
+        np.testing.assert_allclose(qnode(PARAMS[:3]), reference(PARAMS[:3]), atol=1e-12)
+
+    def without_postselection(x):
+        qml.RX(x[0], "q0")
+        qml.CNOT(["q0", "q1"])
+        m0 = qml.measure("q1")
+        qml.cond(m0, qml.RY)(x[1], wires="q2")
+        qml.RX(x[2], "q2")
+        return qml.expval(qml.Z("q0") @ qml.X("q2"))
+
+    # SPSA is stochastic; PennyLane's Hadamard test needs generators (a Conditional has none)
+    if shots is None and diff_method in ("parameter-shift", "finite-diff"):
+        ours = qml.QNode(without_postselection, device, diff_method=diff_method)
+        reference = qml.QNode(without_postselection, qml.device("default.qubit", wires=W))
+        tolerance = 1e-5 if diff_method == "finite-diff" else 1e-10
+        np.testing.assert_allclose(
+            qml.jacobian(ours)(trainable), qml.jacobian(reference)(trainable), atol=tolerance
+        )

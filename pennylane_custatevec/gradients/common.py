@@ -174,10 +174,19 @@ def _measurement_reason(mp: MeasurementProcess) -> str | None:
 
 
 def _operation_reason(op: Operator, trainable: bool) -> str | None:
-    if isinstance(op, (MidMeasure, Conditional, Projector)):
+    if isinstance(op, (MidMeasure, Conditional)):
         return (
             f"{op.name} is not unitary; with mid-circuit measurements use "
-            "mcm_method='deferred' without postselection, or diff_method='parameter-shift'"
+            "mcm_method='deferred', or diff_method='parameter-shift'"
+        )
+    if isinstance(op, Projector):
+        return (
+            "Projector is not unitary. A circuit that postselects (a postselected "
+            "mid-circuit measurement becomes a Projector under mcm_method='deferred') cannot "
+            "be differentiated on this device (PennyLane's gradient transforms give wrong "
+            "derivatives of it: PennyLane issue #5943); default.qubit with "
+            "diff_method='backprop' can. A Projector gate of your own: "
+            "diff_method='parameter-shift'"
         )
     if not trainable:
         return None
