@@ -15,7 +15,9 @@ default.qubit (backprop):
   random word;
 - measured: expvals of Z on three wires, or a Hamiltonian of a Pauli word and an X with
   an expval of Y, or probs of two wires, or the variance of a Pauli word with the expval
-  of a random Hermitian on one wire;
+  of a random Hermitian on one wire, or a random two-wire Hermitian's expval with a
+  Hamiltonian's variance, or a basis-state Projector's expval with that of a product of
+  a Hermitian and a Z;
 - with ``--broadcast``, an RY layer of a broadcast minibatch (2 or 3 rows) first;
 - with ``--mid-measurements``, mid-circuit measurements among the layers (a reset, a
   postselection, conditional gates, measured outcomes; ``mid_measured_function``), on
@@ -23,7 +25,11 @@ default.qubit (backprop):
   parameter-shift where the circuit measures outcomes; to 1e-6 there, as PennyLane's
   parameter-shift takes finite differences for conditional gates) in both accumulation
   modes, and for a circuit that postselects the values and the device's refusal of its
-  derivatives.
+  derivatives;
+- with ``--shots``, sampled results (20000 seeded shots; with ``fusion_qubits=4`` too)
+  against the exact ones: probs of three wires, a Pauli word's expval and a Z's variance,
+  each within 5 standard errors (the reported difference: the largest in standard
+  errors).
 
 Each circuit runs on the device with its defaults, with ``grad_accumulation="eager"`` and
 with ``fusion_qubits=4`` (``--broadcast``: with ``c_dtype="complex64"``, to 1e-4), through
@@ -35,6 +41,7 @@ where one was seen.
     python scripts/fuzz.py --first-seed 1000 --count 60 --min-wires 16 --max-wires 19
     python scripts/fuzz.py --broadcast --count 40 --min-wires 3 --max-wires 17
     python scripts/fuzz.py --mid-measurements --count 40 --min-wires 4 --max-wires 16
+    python scripts/fuzz.py --shots --count 40 --min-wires 3 --max-wires 19
 """
 
 from __future__ import annotations
@@ -130,8 +137,20 @@ def apply_gate(name: str, wires: tuple, parameters) -> None:
 
 def random_measurements(rng: np.random.Generator, n: int):
     """A function that queues one of the module docstring's measurements."""
-    kind = rng.integers(4)
+    kind = rng.integers(6)
     wires = [int(w) for w in rng.choice(n, 3, replace=False)]
+    if kind == 4:
+        a = rng.normal(size=(4, 4)) + 1j * rng.normal(size=(4, 4))
+        hermitian = qml.Hermitian(a + a.conj().T, wires=[wires[0], wires[2]])
+        w0, w1, w2 = wires
+        terms = [qml.Z(w0) @ qml.Z(w1), qml.X(w2), qml.Y(w0) @ qml.X(w1) @ qml.Z(w2)]
+        hamiltonian = qml.Hamiltonian([0.5, -0.8, 0.3], terms)
+        return lambda: [qml.expval(hermitian), qml.var(hamiltonian)]
+    if kind == 5:
+        a = rng.normal(size=(2, 2)) + 1j * rng.normal(size=(2, 2))
+        product = qml.Hermitian(a + a.conj().T, wires=wires[0]) @ qml.Z(wires[1])
+        projector = qml.Projector([1, 0], wires=wires[1:])
+        return lambda: [qml.expval(projector), qml.expval(product)]
     if kind == 3:
         a = rng.normal(size=(2, 2)) + 1j * rng.normal(size=(2, 2))
         hermitian = qml.Hermitian(a + a.conj().T, wires=wires[2])
@@ -360,6 +379,53 @@ def _refuses_derivatives(qnode, params) -> bool:
     return False
 
 
+SHOTS = 20000
+SIGMAS = 5.0
+"""A sampled estimate differs from the exact value by at most SIGMAS standard errors (a
+chance of about 6e-7 per comparison for a correct sampler) plus 1e-9."""
+
+
+def check_sampled(seed: int, n: int, layers: int) -> tuple[float, bool]:
+    """A random circuit's sampled results (``SHOTS`` shots, seeded) against default.qubit's
+    exact ones: probs of three random wires, the expval of a random Pauli word of three
+    wires and the variance of a Z; each within ``SIGMAS`` standard errors (the returned
+    difference: the largest in standard errors). With the device's defaults and with
+    ``fusion_qubits=4``."""
+    rng = np.random.default_rng(seed)
+    gates = random_gates(rng, n, layers)
+    params = rng.uniform(0, 2 * np.pi, sum(n_parameters(g) for g, _ in gates))
+    wires = [int(w) for w in rng.choice(n, 3, replace=False)]
+    letters = [str(letter) for letter in rng.choice(list("XYZ"), 3)]
+    word = qml.prod(*(getattr(qml, letter)(w) for letter, w in zip(letters, wires, strict=True)))
+
+    def circuit(p):
+        quantum_function(gates, lambda: None, embedded=False)(p)
+        return qml.probs(wires=wires), qml.expval(word), qml.var(qml.Z(wires[0]))
+
+    exact = qml.QNode(circuit, qml.device("default.qubit", wires=n))(params)
+    probs, mean, z_mean = exact[0], exact[1], 1.0 - 2.0 * exact[0].reshape(2, 4).sum(1)[1]
+    z_error = np.sqrt(max(1.0 - z_mean**2, 0.0) / SHOTS)
+    errors = [
+        np.sqrt(probs * (1 - probs) / SHOTS),
+        np.sqrt(max(1.0 - mean**2, 0.0) / SHOTS),
+        # var(Z) = 1 - <Z>^2 from the same shots: where <Z> is within SIGMAS errors e of
+        # z, |<Z>^2 - z^2| <= SIGMAS e (2 |z| + SIGMAS e) (second order where z = 0)
+        2 * abs(z_mean) * z_error + SIGMAS * z_error**2,
+    ]
+    worst, mismatched = 0.0, False
+    for options in ({}, {"fusion_qubits": 4}):
+        device = qml.device("custatevec.qubit", wires=n, shots=SHOTS, seed=seed, **options)
+        sampled = qml.QNode(circuit, device)(params)
+        for got, want, error in zip(sampled, exact, errors, strict=True):
+            deviation = np.abs(np.asarray(got) - np.asarray(want))
+            sigmas = float(np.max(deviation / (np.asarray(error) + 1e-9)))
+            worst = max(worst, sigmas)
+            if np.any(deviation > SIGMAS * np.asarray(error) + 1e-9):
+                mismatched = True
+                print(f"MISMATCH seed {seed} n {n} {options}: {sigmas:.1f} sigma", flush=True)
+    return worst, mismatched
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--first-seed", type=int, default=0)
@@ -369,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--broadcast", action="store_true")
     mode.add_argument("--mid-measurements", action="store_true")
+    mode.add_argument("--shots", action="store_true")
     args = parser.parse_args(argv)
     if args.min_wires < 3 or args.max_wires < args.min_wires:
         parser.error("--min-wires must be at least 3 and at most --max-wires")
@@ -377,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     check = check_broadcast if args.broadcast else check_plain
     if args.mid_measurements:
         check = check_mid_measured
+    if args.shots:
+        check = check_sampled
     worst, mismatches = 0.0, 0
     for seed in range(args.first_seed, args.first_seed + args.count):
         rng = np.random.default_rng([seed, 1])

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import fuzz  # noqa: E402
 
 
-@pytest.mark.parametrize("mode", [[], ["--broadcast"], ["--mid-measurements"]])
+@pytest.mark.parametrize("mode", [[], ["--broadcast"], ["--mid-measurements"], ["--shots"]])
 def test_a_small_random_circuit_agrees(mode, capsys):
     argv = ["--first-seed", "3", "--count", "1", "--min-wires", "4", "--max-wires", "5"]
     assert fuzz.main(argv + mode) == 0
@@ -46,3 +46,9 @@ def test_mid_measurement_circuits_agree_and_refuse(seed, capsys):
 def test_mid_measurements_need_four_wires():
     with pytest.raises(SystemExit):
         fuzz.main(["--mid-measurements", "--min-wires", "3"])
+
+
+def test_a_sampled_result_beyond_its_errors_fails_the_run(monkeypatch, capsys):
+    monkeypatch.setattr(fuzz, "SIGMAS", 0.0)  # every sampling error is beyond the bound
+    assert fuzz.main(["--shots", "--count", "1", "--min-wires", "3", "--max-wires", "3"]) == 1
+    assert "MISMATCH seed 0" in capsys.readouterr().out
