@@ -26,6 +26,9 @@ default.qubit (backprop):
   parameter-shift takes finite differences for conditional gates) in both accumulation
   modes, and for a circuit that postselects the values and the device's refusal of its
   derivatives;
+- with ``--shared-device``, four circuits of the same random gates, each with its own
+  measurements and parameters, on one device (QNodes and compiled QNodes), called in
+  turns: the device's caches meet circuits that share a structure but not their data;
 - with ``--shots``, sampled results (20000 seeded shots; with ``fusion_qubits=4`` too)
   against the exact ones: probs of three wires, a Pauli word's expval and a Z's variance,
   each within 5 standard errors (the reported difference: the largest in standard
@@ -42,6 +45,7 @@ where one was seen.
     python scripts/fuzz.py --broadcast --count 40 --min-wires 3 --max-wires 17
     python scripts/fuzz.py --mid-measurements --count 40 --min-wires 4 --max-wires 16
     python scripts/fuzz.py --shots --count 40 --min-wires 3 --max-wires 19
+    python scripts/fuzz.py --shared-device --count 40 --min-wires 3 --max-wires 16
 """
 
 from __future__ import annotations
@@ -379,6 +383,60 @@ def _refuses_derivatives(qnode, params) -> bool:
     return False
 
 
+def check_shared(seed: int, n: int, layers: int) -> tuple[float, bool]:
+    """Four circuits on one device and through one compiled QNode each, called in turns
+    (twice round): the same random gates, each with its own measurements (own Hermitian
+    matrices, wires, kinds) and parameters, so that the device's caches of structures,
+    observables and kept states meet circuits that share a structure but not their data.
+    Values and Jacobians (QNodes: autograd; compiled: torch VJPs) against default.qubit."""
+    rng = np.random.default_rng(seed)
+    gates = random_gates(rng, n, layers)
+    count = sum(n_parameters(g) for g, _ in gates)
+    variants = []
+    for _ in range(4):
+        fn = quantum_function(gates, random_measurements(rng, n), embedded=False)
+        reference = qml.QNode(fn, qml.device("default.qubit", wires=n), diff_method="backprop")
+        variants.append((fn, rng.uniform(0, 2 * np.pi, count), reference))
+    device = qml.device("custatevec.qubit", wires=n)
+    ours = [qml.QNode(fn, device, diff_method="adjoint", device_vjp=True) for fn, _, _ in variants]
+    compiled = [
+        pennylane_custatevec.compile(
+            qml.QNode(fn, device, interface="torch", diff_method="adjoint", device_vjp=True)
+        )
+        for fn, _, _ in variants
+    ]
+
+    def value_and_jacobian(qnode, p):
+        p = pnp.array(p, requires_grad=True)
+        flat = lambda q: pnp.hstack(qnode(q))  # noqa: E731
+        return flat(p), qml.jacobian(flat)(p)
+
+    expected = [value_and_jacobian(reference, p) for _, p, reference in variants]
+    worst, mismatched = 0.0, False
+    for round_index in range(2):
+        for k in range(4):
+            (_, params, _), (want, want_jacobian) = variants[k], expected[k]
+            got, jacobian = value_and_jacobian(ours[k], params)
+            p = torch.tensor(params, requires_grad=True)
+            out = _stacked(compiled[k](p))
+            cotangent = torch.tensor(np.random.default_rng(k).normal(size=tuple(out.shape)))
+            (out * cotangent).sum().backward()
+            difference = max(
+                float(np.max(np.abs(got - want))),
+                float(np.max(np.abs(jacobian - want_jacobian))),
+                float(np.max(np.abs(out.detach().numpy() - want))),
+                float(np.max(np.abs(p.grad.numpy() - cotangent.numpy() @ want_jacobian))),
+            )
+            worst = max(worst, difference)
+            if difference > TOLERANCE:
+                mismatched = True
+                print(
+                    f"MISMATCH seed {seed} n {n} circuit {k} round {round_index}: {difference:.2e}",
+                    flush=True,
+                )
+    return worst, mismatched
+
+
 SHOTS = 20000
 SIGMAS = 5.0
 """A sampled estimate differs from the exact value by at most SIGMAS standard errors (a
@@ -436,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--broadcast", action="store_true")
     mode.add_argument("--mid-measurements", action="store_true")
     mode.add_argument("--shots", action="store_true")
+    mode.add_argument("--shared-device", action="store_true")
     args = parser.parse_args(argv)
     if args.min_wires < 3 or args.max_wires < args.min_wires:
         parser.error("--min-wires must be at least 3 and at most --max-wires")
@@ -446,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
         check = check_mid_measured
     if args.shots:
         check = check_sampled
+    if args.shared_device:
+        check = check_shared
     worst, mismatches = 0.0, 0
     for seed in range(args.first_seed, args.first_seed + args.count):
         rng = np.random.default_rng([seed, 1])

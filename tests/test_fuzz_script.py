@@ -13,7 +13,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import fuzz  # noqa: E402
 
 
-@pytest.mark.parametrize("mode", [[], ["--broadcast"], ["--mid-measurements"], ["--shots"]])
+@pytest.mark.parametrize(
+    "mode", [[], ["--broadcast"], ["--mid-measurements"], ["--shots"], ["--shared-device"]]
+)
 def test_a_small_random_circuit_agrees(mode, capsys):
     argv = ["--first-seed", "3", "--count", "1", "--min-wires", "4", "--max-wires", "5"]
     assert fuzz.main(argv + mode) == 0
