@@ -32,7 +32,9 @@ default.qubit (backprop):
 - with ``--shots``, sampled results (20000 seeded shots; with ``fusion_qubits=4`` too)
   against the exact ones: probs of three wires, a Pauli word's expval and a Z's variance,
   each within 5 standard errors (the reported difference: the largest in standard
-  errors).
+  errors); every other circuit with a mid-circuit measurement (reset or not) and a
+  conditional RY, run by the deferred method and (4000 shots, up to 14 wires) the
+  one-shot method.
 
 Each circuit runs on the device with its defaults, with ``grad_accumulation="eager"`` and
 with ``fusion_qubits=4`` (``--broadcast``: with ``c_dtype="complex64"``, to 1e-4), through
@@ -443,37 +445,49 @@ SIGMAS = 5.0
 chance of about 6e-7 per comparison for a correct sampler) plus 1e-9."""
 
 
+ONE_SHOT_SHOTS = 4000
+"""Shots of the one-shot method's runs (it simulates one state vector per shot)."""
+
+
 def check_sampled(seed: int, n: int, layers: int) -> tuple[float, bool]:
     """A random circuit's sampled results (``SHOTS`` shots, seeded) against default.qubit's
     exact ones: probs of three random wires, the expval of a random Pauli word of three
     wires and the variance of a Z; each within ``SIGMAS`` standard errors (the returned
     difference: the largest in standard errors). With the device's defaults and with
-    ``fusion_qubits=4``."""
+    ``fusion_qubits=4``; every other circuit measures a wire mid-circuit (with a reset or
+    not) and conditions an RY on the outcome, and runs with ``mcm_method="deferred"`` and
+    (``ONE_SHOT_SHOTS`` shots, up to 14 wires) ``"one-shot"`` instead."""
     rng = np.random.default_rng(seed)
     gates = random_gates(rng, n, layers)
-    params = rng.uniform(0, 2 * np.pi, sum(n_parameters(g) for g, _ in gates))
+    params = rng.uniform(0, 2 * np.pi, sum(n_parameters(g) for g, _ in gates) + 1)
     wires = [int(w) for w in rng.choice(n, 3, replace=False)]
     letters = [str(letter) for letter in rng.choice(list("XYZ"), 3)]
     word = qml.prod(*(getattr(qml, letter)(w) for letter, w in zip(letters, wires, strict=True)))
+    mid_measured = bool(rng.integers(2))
+    measured, target = (int(w) for w in rng.choice(n, 2, replace=False))
+    reset = bool(rng.integers(2))
 
     def circuit(p):
-        quantum_function(gates, lambda: None, embedded=False)(p)
+        quantum_function(gates, lambda: None, embedded=False)(p[:-1])
+        if mid_measured:
+            m = qml.measure(measured, reset=reset)
+            qml.cond(m, qml.RY)(p[-1], wires=target)
         return qml.probs(wires=wires), qml.expval(word), qml.var(qml.Z(wires[0]))
 
-    exact = qml.QNode(circuit, qml.device("default.qubit", wires=n))(params)
-    probs, mean, z_mean = exact[0], exact[1], 1.0 - 2.0 * exact[0].reshape(2, 4).sum(1)[1]
-    z_error = np.sqrt(max(1.0 - z_mean**2, 0.0) / SHOTS)
-    errors = [
-        np.sqrt(probs * (1 - probs) / SHOTS),
-        np.sqrt(max(1.0 - mean**2, 0.0) / SHOTS),
-        # var(Z) = 1 - <Z>^2 from the same shots: where <Z> is within SIGMAS errors e of
-        # z, |<Z>^2 - z^2| <= SIGMAS e (2 |z| + SIGMAS e) (second order where z = 0)
-        2 * abs(z_mean) * z_error + SIGMAS * z_error**2,
-    ]
+    exact = qml.QNode(circuit, qml.device("default.qubit"))(params)
+    if mid_measured:
+        runs = [({"mcm_method": "deferred"}, SHOTS)]
+        if n <= 14:
+            runs.append(({"mcm_method": "one-shot"}, ONE_SHOT_SHOTS))
+    else:
+        runs = [({}, SHOTS), ({"fusion_qubits": 4}, SHOTS)]
     worst, mismatched = 0.0, False
-    for options in ({}, {"fusion_qubits": 4}):
-        device = qml.device("custatevec.qubit", wires=n, shots=SHOTS, seed=seed, **options)
-        sampled = qml.QNode(circuit, device)(params)
+    for options, shots in runs:
+        errors = _sampling_errors(exact, shots)
+        qnode_options = {k: v for k, v in options.items() if k == "mcm_method"}
+        device_options = {k: v for k, v in options.items() if k != "mcm_method"}
+        device = qml.device("custatevec.qubit", shots=shots, seed=seed, **device_options)
+        sampled = qml.QNode(circuit, device, **qnode_options)(params)
         for got, want, error in zip(sampled, exact, errors, strict=True):
             deviation = np.abs(np.asarray(got) - np.asarray(want))
             sigmas = float(np.max(deviation / (np.asarray(error) + 1e-9)))
@@ -482,6 +496,20 @@ def check_sampled(seed: int, n: int, layers: int) -> tuple[float, bool]:
                 mismatched = True
                 print(f"MISMATCH seed {seed} n {n} {options}: {sigmas:.1f} sigma", flush=True)
     return worst, mismatched
+
+
+def _sampling_errors(exact, shots: int) -> list:
+    """The standard errors of ``check_sampled``'s three results from ``shots`` shots."""
+    probs, mean = exact[0], exact[1]
+    z_mean = 1.0 - 2.0 * probs.reshape(2, 4).sum(1)[1]
+    z_error = np.sqrt(max(1.0 - z_mean**2, 0.0) / shots)
+    return [
+        np.sqrt(probs * (1 - probs) / shots),
+        np.sqrt(max(1.0 - mean**2, 0.0) / shots),
+        # var(Z) = 1 - <Z>^2 from the same shots: where <Z> is within SIGMAS errors e of
+        # z, |<Z>^2 - z^2| <= SIGMAS e (2 |z| + SIGMAS e) (second order where z = 0)
+        2 * abs(z_mean) * z_error + SIGMAS * z_error**2,
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
