@@ -198,6 +198,27 @@ def _stacked(result):
     return torch.stack(result, -1) if isinstance(result, (list, tuple)) else result
 
 
+def _value_and_jacobian(qnode, params) -> tuple[np.ndarray, np.ndarray]:
+    """A QNode's flattened results at ``params`` and their Jacobian (autograd)."""
+    p = pnp.array(params, requires_grad=True)
+    flat = lambda q: pnp.hstack(qnode(q))  # noqa: E731
+    return flat(p), qml.jacobian(flat)(p)
+
+
+def _compiled_difference(compiled, params, want, want_jacobian, cotangent_seed: int) -> float:
+    """The largest difference of a compiled QNode's results and its torch VJP (a seeded
+    cotangent) at ``params`` from the reference's values and Jacobian."""
+    p = torch.tensor(params, requires_grad=True)
+    out = _stacked(compiled(p))
+    rng = np.random.default_rng(cotangent_seed)
+    cotangent = torch.tensor(rng.normal(size=tuple(out.shape)))
+    (out * cotangent).sum().backward()
+    return max(
+        float(np.max(np.abs(out.detach().numpy() - want))),
+        float(np.max(np.abs(p.grad.numpy() - cotangent.numpy() @ want_jacobian))),
+    )
+
+
 def check_plain(seed: int, n: int, layers: int) -> tuple[float, bool]:
     """(the largest difference, whether one was above its tolerance) of one random circuit
     (module docstring), without a batch."""
@@ -207,19 +228,12 @@ def check_plain(seed: int, n: int, layers: int) -> tuple[float, bool]:
     params = rng.uniform(0, 2 * np.pi, sum(n_parameters(g) for g, _ in gates))
     reference = qml.QNode(fn, qml.device("default.qubit", wires=n), diff_method="backprop")
 
-    def flat(qnode):
-        return lambda p: pnp.hstack(qnode(p))
-
-    def value_and_jacobian(qnode, p):
-        p = pnp.array(p, requires_grad=True)
-        return flat(qnode)(p), qml.jacobian(flat(qnode))(p)
-
     worst, mismatched = 0.0, False
-    want, want_jacobian = value_and_jacobian(reference, params)
+    want, want_jacobian = _value_and_jacobian(reference, params)
     for options in ({}, {"grad_accumulation": "eager"}, {"fusion_qubits": 4}):
         device = qml.device("custatevec.qubit", wires=n, **options)
         ours = qml.QNode(fn, device, diff_method="adjoint", device_vjp=True)
-        got, jacobian = value_and_jacobian(ours, params)
+        got, jacobian = _value_and_jacobian(ours, params)
         difference = max(np.max(np.abs(got - want)), np.max(np.abs(jacobian - want_jacobian)))
         worst = max(worst, difference)
         if difference > TOLERANCE:
@@ -230,15 +244,8 @@ def check_plain(seed: int, n: int, layers: int) -> tuple[float, bool]:
     compiled = pennylane_custatevec.compile(qnode)
     for call in range(3):
         values = params + 0.1 * call
-        p = torch.tensor(values, requires_grad=True)
-        out = _stacked(compiled(p))
-        cotangent = torch.tensor(np.random.default_rng(call).normal(size=tuple(out.shape)))
-        (out * cotangent).sum().backward()
-        want, want_jacobian = value_and_jacobian(reference, values)
-        difference = max(
-            np.max(np.abs(out.detach().numpy() - want)),
-            np.max(np.abs(p.grad.numpy() - cotangent.numpy() @ want_jacobian)),
-        )
+        want, want_jacobian = _value_and_jacobian(reference, values)
+        difference = _compiled_difference(compiled, values, want, want_jacobian, call)
         worst = max(worst, difference)
         if difference > TOLERANCE:
             mismatched = True
@@ -408,26 +415,16 @@ def check_shared(seed: int, n: int, layers: int) -> tuple[float, bool]:
         for fn, _, _ in variants
     ]
 
-    def value_and_jacobian(qnode, p):
-        p = pnp.array(p, requires_grad=True)
-        flat = lambda q: pnp.hstack(qnode(q))  # noqa: E731
-        return flat(p), qml.jacobian(flat)(p)
-
-    expected = [value_and_jacobian(reference, p) for _, p, reference in variants]
+    expected = [_value_and_jacobian(reference, p) for _, p, reference in variants]
     worst, mismatched = 0.0, False
     for round_index in range(2):
         for k in range(4):
             (_, params, _), (want, want_jacobian) = variants[k], expected[k]
-            got, jacobian = value_and_jacobian(ours[k], params)
-            p = torch.tensor(params, requires_grad=True)
-            out = _stacked(compiled[k](p))
-            cotangent = torch.tensor(np.random.default_rng(k).normal(size=tuple(out.shape)))
-            (out * cotangent).sum().backward()
+            got, jacobian = _value_and_jacobian(ours[k], params)
             difference = max(
                 float(np.max(np.abs(got - want))),
                 float(np.max(np.abs(jacobian - want_jacobian))),
-                float(np.max(np.abs(out.detach().numpy() - want))),
-                float(np.max(np.abs(p.grad.numpy() - cotangent.numpy() @ want_jacobian))),
+                _compiled_difference(compiled[k], params, want, want_jacobian, k),
             )
             worst = max(worst, difference)
             if difference > TOLERANCE:
