@@ -38,7 +38,7 @@ from .execution import PreparedTape, run_tapes
 from .gradients import deferred, eager, jvp
 from .gradients.common import require_adjoint_serves
 from .kept import KeptState
-from .program import compiles_by_gate
+from .program import compiles_by_gate, is_broadcast, tape_batch_size
 from .queuing import PipelineWithoutQueuing, without_queuing
 from .rotations import PauliRotations
 from .structures import Structure, StructureCache, StructureKey, StructureRun
@@ -49,6 +49,7 @@ from .transforms import (
     decompose_templates_for_gradients,
     expand_broadcasts,
     gather_rotations,
+    real_parameters_for_real_results,
     refuse_differentiated_shares,
     refuse_postselection_under_gradient_transforms,
     rotate_sampled_measurements,
@@ -385,6 +386,8 @@ class CuStateVecDevice(Device):
         if method is not None and method != "adjoint":  # a PennyLane gradient transform
             name = getattr(method, "__name__", str(method))
             pipeline.add_transform(refuse_postselection_under_gradient_transforms, name)
+        if differentiating and config.interface in _JAX_INTERFACES:
+            pipeline.add_transform(real_parameters_for_real_results)  # the user's gates named
         if mcm_method == "deferred":
             pipeline.add_transform(defer_measurements, allow_postselect=True)
         pipeline.add_transform(decompose_late_state_preps)
@@ -636,6 +639,13 @@ class CuStateVecDevice(Device):
         self, circuits: Sequence[QuantumScript], execution_config: ExecutionConfig | None
     ):
         in_force = self.options_in_force(execution_config)
+        if any(_rebound_broadcast(tape, in_force) for tape in circuits):
+            return tuple(
+                _stacked(self._compute_derivatives(expand_broadcasts(tape)[0], execution_config))
+                if _rebound_broadcast(tape, in_force)
+                else self._compute_derivatives([tape], execution_config)[0]
+                for tape in circuits
+            )
         kept = [self._pop_kept(tape) for tape in circuits]
         _require_adjoint_serves(circuits, kept, execution_config, in_force)
         return _adjoint_jacobians(self._backend, circuits, self.wires, kept, in_force)
@@ -664,6 +674,14 @@ class CuStateVecDevice(Device):
         execution_config: ExecutionConfig | None,
     ):
         in_force = self.options_in_force(execution_config)
+        rebound = [_rebound_broadcast(tape, in_force) for tape in circuits]
+        if any(rebound):
+            return tuple(
+                _broadcast_vjp(tape, dy, lambda t, c: self._compute_vjp(t, c, execution_config))
+                if expand
+                else self._compute_vjp([tape], [dy], execution_config)[0]
+                for tape, dy, expand in zip(circuits, cotangents, rebound, strict=True)
+            )
         kept = [self._pop_kept(tape, direct_ok=True) for tape in circuits]
         _require_adjoint_serves(circuits, kept, execution_config, in_force)
         return self._vjps(circuits, cotangents, kept, in_force)
@@ -747,6 +765,13 @@ class CuStateVecDevice(Device):
         """``compute_jvp`` without the tracker's count (``execute_and_compute_jvp`` counts
         its JVPs itself)."""
         in_force = self.options_in_force(config)
+        if any(_rebound_broadcast(tape, in_force) for tape in circuits):
+            return tuple(
+                _stacked(self._compute_jvp(*_broadcast_entries(tape, tangent), config))
+                if _rebound_broadcast(tape, in_force)
+                else self._compute_jvp([tape], [tangent], config)[0]
+                for tape, tangent in zip(circuits, tangents, strict=True)
+            )
         kept = [self._pop_kept(tape) for tape in circuits]
 
         # the tapes differentiated (their trainable parameters reduced to those with a
@@ -901,6 +926,78 @@ def _require_first_derivatives(config: ExecutionConfig) -> None:
             "of higher order (a Hessian would be zero). Use diff_method='parameter-shift' "
             "(or 'best', which picks it when max_diff > 1), or max_diff=1."
         )
+
+
+def _rebound_broadcast(tape: QuantumScript, in_force: settings.DifferentiationOptions) -> bool:
+    """Whether ``tape`` is broadcast where the sweep of the mode in force does not take a
+    broadcast tape whole (a trainable parameter broadcast, or the eager mode): the
+    preprocessing expands such tapes, but PennyLane binds broadcast parameters into
+    preprocessed tapes afterwards (``jax.vmap`` over a QNode with ``device_vjp=True``)."""
+    if tape_batch_size(tape) is None:
+        return False
+    if in_force.grad_accumulation == "eager":
+        return True
+    return any(is_broadcast(tape.par_info[index]["op"]) for index in tape.trainable_params)
+
+
+def _broadcast_parameters(tape: QuantumScript) -> list[bool]:
+    """Per trainable parameter of a broadcast tape: whether it is broadcast (has the batch
+    axis first, beyond its own dimensions)."""
+    parameters = tape.get_parameters(trainable_only=False)
+    flags = []
+    for index in tape.trainable_params:
+        info = tape.par_info[index]
+        own_ndim = info["op"].ndim_params[info["p_idx"]]
+        flags.append(is_broadcast(info["op"]) and np.ndim(parameters[index]) > own_ndim)
+    return flags
+
+
+def _broadcast_entries(tape: QuantumScript, tangents) -> tuple[list, list]:
+    """The entries of a broadcast tape and the tangents of each: a broadcast parameter's
+    tangent split by entry, another's the same for every entry."""
+    entries, _ = expand_broadcasts(tape)
+    flags = _broadcast_parameters(tape)
+
+    def entry_tangents(b: int) -> tuple:
+        return tuple(
+            t[b] if broadcast and t is not None and np.ndim(t) else t
+            for t, broadcast in zip(tangents, flags, strict=True)
+        )
+
+    return list(entries), [entry_tangents(b) for b in range(len(entries))]
+
+
+def _stacked(per_entry: Sequence):
+    """Results of the entries of a broadcast tape (nested tuples alike) stacked into the
+    broadcast tape's: the batch axis first in every leaf."""
+    first = per_entry[0]
+    if isinstance(first, (tuple, list)):
+        return tuple(_stacked([entry[i] for entry in per_entry]) for i in range(len(first)))
+    return np.stack([np.asarray(entry) for entry in per_entry])
+
+
+def _broadcast_vjp(tape: QuantumScript, cotangent, vjps) -> tuple:
+    """The VJP of a broadcast tape from the VJPs of its entries (``vjps(tapes,
+    cotangents)``), as the preprocessing's expansion would give it: a broadcast parameter's
+    gradient has one entry per broadcast entry, another parameter's is their sum. The
+    cotangent of each result has the batch axis first (or is a scalar or None)."""
+    entries, _ = expand_broadcasts(tape)
+    single = len(tape.measurements) == 1
+    per_measurement = (cotangent,) if single else tuple(cotangent)
+
+    def entry_cotangent(b: int):
+        split = tuple(dy if dy is None or np.ndim(dy) == 0 else dy[b] for dy in per_measurement)
+        return split[0] if single else split
+
+    gradients = vjps(list(entries), [entry_cotangent(b) for b in range(len(entries))])
+    return tuple(
+        np.stack(per_entry) if broadcast else np.sum(per_entry, axis=0)
+        for per_entry, broadcast in zip(
+            ([np.asarray(g[k]) for g in gradients] for k in range(len(tape.trainable_params))),
+            _broadcast_parameters(tape),
+            strict=True,
+        )
+    )
 
 
 def _require_adjoint_serves(

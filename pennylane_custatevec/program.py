@@ -303,10 +303,13 @@ def _gate_instructions(
     """One instruction per gate of ``op`` (``compiles_by_gate``), its ``source`` the gate,
     with the step's parameter position and element (see ``Origin``)."""
     if isinstance(op, PauliRotations):
-        angles = real_angles(op.data, op.name)
         gates = structure(op.hyperparameters["gates"])
+        if np.iscomplexobj(np.asarray(op.data)):  # named by its gate, not by the run
+            for j, gate in enumerate(gates):
+                real_angles(op.data[j], gate.name)
+        angles = real_angles(op.data, op.name)
         return [
-            (_gate_rotation(gate, angles[j : j + 1], register), j, 0)
+            (_gate_rotation(gate, _batched(angles[j], 0), register), j, 0)
             for j, gate in enumerate(gates)
         ]
     angles = angles_by_element(op)

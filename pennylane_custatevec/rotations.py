@@ -84,6 +84,14 @@ class PauliRotations(ResourcesOperation):
         self._hyperparameters = {"gates": tuple(gates)}
         super().__init__(*angles, wires=wires, id=id)
 
+    @property
+    def ndim_params(self) -> tuple[int, ...]:
+        """Every angle is a scalar: an angle array is a broadcast (``batch_size``), as for
+        the gates. Without this PennyLane takes the first parameters' dimensions as the
+        angles' own, and a run rebound to broadcast angles (``bind_new_parameters``, as
+        jax's vmap does to a preprocessed tape) would claim to be unbatched."""
+        return (0,) * len(self.data)
+
     @staticmethod
     def compute_decomposition(*angles, wires=None, gates=()):  # noqa: ARG004
         return [_build(gate, angle) for gate, angle in zip(gates, angles, strict=True)]

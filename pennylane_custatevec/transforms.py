@@ -181,29 +181,69 @@ def refuse_differentiated_shares(tape: QuantumScript, device_wires: Wires | None
     return (tape,), _first_result
 
 
+# Gradient transforms that difference the circuit's values as a black box: right for a
+# postselecting circuit wherever they do not skip a parameter (see below).
+_VALUE_DIFFERENCING_TRANSFORMS = ("finite_diff", "spsa_grad")
+
+
 @transform
 def refuse_postselection_under_gradient_transforms(tape: QuantumScript, method: str):
-    """Refuse a tape with trainable parameters that postselects a mid-circuit measurement
-    where ``method``, a PennyLane gradient transform, would differentiate it. Every one of
-    them (parameter-shift, finite-diff, SPSA, Hadamard) gives wrong derivatives of such a
-    circuit: they take a parameter whose gates lie outside the measured wires' light cone
-    to have no effect, which postselection (a projection, then renormalising the whole
-    state) makes untrue, and the shift rules do not hold for a renormalised state
-    (PennyLane issue #5943: default.qubit returns those numbers). The adjoint method does
-    not apply to postselection either (``gradients.common``)."""
-    postselected = [
-        op
-        for op in tape.operations
+    r"""Refuse a tape that postselects a mid-circuit measurement where ``method``, a
+    PennyLane gradient transform, would give wrong derivatives of it, and let the others
+    through (PennyLane issue #5943: default.qubit returns those wrong numbers).
+
+    A postselecting circuit's result is a ratio :math:`f(x) = N(x) / D(x)`, where
+    :math:`D` is the probability of the postselected outcomes and :math:`N` the
+    unnormalised expectation. Two things go wrong in the transforms:
+
+    * All of them skip a parameter whose gate has no path in the circuit graph (wires and
+      classical conditions) to a terminal measurement, taking its derivative to be 0. A
+      gate with a path to a postselection changes :math:`D` and so the result: such a
+      parameter's derivative is not 0 (``H(0); CNOT(0, 1); RX(x, 1); measure(1,
+      postselect=1); expval(Z(0))``: the transforms give 0, the derivative is 0.49).
+    * Parameter-shift and Hadamard-test gradients rely on the result being linear in the
+      state: :math:`N` is, :math:`N / D` is not where :math:`D` depends on the parameter.
+
+    So finite differences and SPSA (which difference values) are right unless a parameter
+    reaches a postselection and no terminal measurement; parameter-shift, Hadamard and
+    any other transform are right only if no trainable parameter reaches a postselection
+    (then :math:`D` is a constant). The tape's own graph decides, as it does for the
+    transforms. The adjoint method does not apply to postselection (``gradients.common``).
+    """
+    postselections = [
+        index
+        for index, op in enumerate(tape.operations)
         if isinstance(op, qml.ops.MidMeasure) and op.postselect is not None
     ]
-    if postselected and tape.trainable_params:
+    if not postselections or not tape.trainable_params:
+        return (tape,), _first_result
+    graph, n_ops = tape.graph, len(tape.operations)
+    measurements = range(n_ops, n_ops + len(tape.measurements))
+    values_only = method in _VALUE_DIFFERENCING_TRANSFORMS
+    for param in tape.trainable_params:
+        op_index = tape.par_info[param]["op_idx"]
+        if op_index >= n_ops:  # a measurement's parameter: after every postselection
+            continue
+        reached = [p for p in postselections if graph.has_path_idx(op_index, p)]
+        if not reached:
+            continue
+        if values_only and any(graph.has_path_idx(op_index, m) for m in measurements):
+            continue
+        op, postselection = tape.operations[op_index], tape.operations[reached[0]]
+        gate = f"{op.name} on wires {op.wires.tolist()}"
+        why = (
+            f"reaches no measured wire, so {method} takes its derivative to be 0"
+            if values_only
+            else f"and {method}'s rule does not hold for the renormalised result"
+        )
         raise DeviceError(
-            f"custatevec.qubit cannot differentiate a circuit that postselects mid-circuit "
-            f"measurements ({postselected[0]}): {method}, like every PennyLane gradient "
-            "transform, gives wrong derivatives of it (PennyLane issue #5943), and the "
-            "adjoint method does not apply to postselection. Evaluate it with parameters "
-            "that are not trainable (requires_grad=False) or with diff_method=None, or "
-            "differentiate it on default.qubit with diff_method='backprop'."
+            f"custatevec.qubit cannot differentiate this circuit with {method}: trainable "
+            f"parameter {param} ({gate}) changes the probability of the postselection on "
+            f"wire {postselection.wires.tolist()[0]} {why} (PennyLane issue #5943; "
+            "default.qubit returns such wrong derivatives). Use diff_method='finite-diff' "
+            "where every trainable gate reaches a measured wire; else evaluate it with "
+            "parameters that are not trainable or diff_method=None, or differentiate it on "
+            "default.qubit with diff_method='backprop'."
         )
     return (tape,), _first_result
 
@@ -407,6 +447,47 @@ def complex_parameters_for_state(tape: QuantumScript):
         return (tape,), _first_result
     cast = [math.cast(parameters[i], complex) for i in trainable]
     return (tape.bind_new_parameters(cast, trainable),), _first_result
+
+
+_JAX_DIFFERENTIATING_TRACERS = ("JVPTracer", "LinearizeTracer")
+"""jax's tracers of a value being differentiated (``jax.jit`` traces with others)."""
+
+
+@transform
+def real_parameters_for_real_results(tape: QuantumScript):
+    """Cast the trainable parameters given as complex numbers with a zero imaginary part to
+    real for a tape that measures no state. For jax, which requires a result's tangent (and
+    a parameter's cotangent) to have the dtype of the result (of the parameter): PennyLane
+    contracts the device's real Jacobian with complex tangents otherwise, and the device's
+    VJP of a real result is real. jax differentiates through the cast back to the complex
+    argument. A parameter with a nonzero imaginary part is left as it is (the device
+    refuses a complex angle by name). Under ``jax.jit`` the value cannot be checked here:
+    a traced complex parameter is refused where jax differentiates it (the cast could
+    hide an imaginary part) and left as it is where jax only evaluates."""
+    if any(isinstance(mp, StateMP) for mp in tape.measurements):
+        return (tape,), _first_result
+    parameters = tape.get_parameters(trainable_only=False)
+    cast = []
+    for index in tape.trainable_params:
+        value = parameters[index]
+        if not math.get_dtype_name(value).startswith("complex"):
+            continue
+        if math.is_abstract(value):
+            if type(value).__name__ in _JAX_DIFFERENTIATING_TRACERS:
+                raise DeviceError(
+                    f"custatevec.qubit cannot differentiate the complex-valued parameter "
+                    f"{index} of {tape.get_operation(index)[0].name} under jax.jit: its "
+                    "imaginary part cannot be checked while tracing, and the device's "
+                    "angles are real. Pass real values (jnp.real(x)), or differentiate "
+                    "without jax.jit."
+                )
+            continue
+        if not math.any(math.imag(value) != 0):
+            cast.append(index)
+    if not cast:
+        return (tape,), _first_result
+    real = [math.real(parameters[i]) for i in cast]
+    return (tape.bind_new_parameters(real, cast),), _first_result
 
 
 @transform

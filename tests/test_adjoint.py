@@ -1104,20 +1104,27 @@ def test_cotangents_of_a_wrong_shape_are_refused_with_a_clear_error():
 
 @pytest.mark.parametrize("entries", [[0.3, 1.1], [0.3]], ids=["two", "one"])
 @pytest.mark.parametrize("executed_first", [False, True], ids=["cold", "after-execute"])
-def test_broadcast_tapes_are_refused_by_the_device_api(entries, executed_first):
+@pytest.mark.parametrize("mode", ["deferred", "eager"])
+def test_broadcast_tapes_given_directly_are_expanded(entries, executed_first, mode):
     """Preprocessing expands broadcasts; a broadcast tape handed to the device's derivative
-    methods directly (even a broadcast of one entry, even after its forward pass) is
-    refused, never differentiated as if it were not broadcast."""
-    dev = qml.device("custatevec.qubit", wires=2)
-    tape = qml.tape.QuantumScript(
-        [qml.RX(np.array(entries), wires=0), qml.CNOT([0, 1])], [qml.expval(qml.Z(1))]
-    )
+    methods directly (even a broadcast of one entry, even after its forward pass; PennyLane
+    does this under jax.vmap) is expanded by them, never differentiated as if it were not
+    broadcast: one gradient entry per broadcast entry (-sin x of cos x), a Jacobian and a
+    JVP with the batch axis first."""
+    dev = qml.device("custatevec.qubit", wires=2, grad_accumulation=mode)
+    x = np.array(entries)
+    tape = qml.tape.QuantumScript([qml.RX(x, wires=0), qml.CNOT([0, 1])], [qml.expval(qml.Z(1))])
     tape.trainable_params = [0]
     config = ExecutionConfig(gradient_method="adjoint")
     if executed_first:
         dev.execute([tape], config)
-    with pytest.raises(qml.exceptions.DeviceError, match="expanded by the device's preprocessing"):
-        dev.compute_vjp([tape], [np.ones(len(entries))], config)
+    (vjp,) = dev.compute_vjp([tape], [np.full(len(entries), 2.0)], config)
+    assert len(vjp) == 1 and vjp[0].shape == (len(entries),)
+    np.testing.assert_allclose(vjp[0], -2.0 * np.sin(x), atol=1e-12)
+    (jacobian,) = dev.compute_derivatives([tape], config)
+    np.testing.assert_allclose(jacobian, -np.sin(x), atol=1e-12)
+    (jvp,) = dev.compute_jvp([tape], [(np.full(len(entries), 3.0),)], config)
+    np.testing.assert_allclose(jvp, -3.0 * np.sin(x), atol=1e-12)
 
 
 # ---------------------------------------------------------------------------------------

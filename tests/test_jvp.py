@@ -655,3 +655,91 @@ def test_state_with_real_results_splits_only_for_jax_jacobians(interface, device
         assert [type(mp).__name__ for mp in tapes[0].measurements] == ["StateMP"]
         assert np.iscomplexobj(tapes[0].get_parameters()[0])
         assert not np.iscomplexobj(tapes[1].get_parameters()[0])
+
+
+def _rx_ry_cnot(x, y):
+    qml.RX(x, 0)
+    qml.RY(y, 1)
+    qml.CNOT([0, 1])
+    return qml.expval(qml.Z(0)), qml.probs(wires=[1])
+
+
+@MODES
+@pytest.mark.parametrize("device_vjp", [False, True])
+def test_jax_complex_parameters_with_zero_imaginary_part(mode, device_vjp):
+    """Angles given as complex numbers with a zero imaginary part (as PennyLane's jax QNode
+    tests give the adjoint method): jax.jacobian works (jax requires a real result's
+    tangent, and a parameter's cotangent, in their own dtypes) and equals default.qubit's,
+    complex like it; the values are default.qubit's. Before, jax raised a TypeError."""
+    x, y = jnp.array(0.543 + 0j), jnp.array(-0.654 + 0j)
+    kwargs = {"diff_method": "adjoint", "device_vjp": device_vjp}
+    dev = qml.device("custatevec.qubit", wires=2, backend="cpu", grad_accumulation=mode)
+    ours = qml.QNode(_rx_ry_cnot, dev, **kwargs)
+    ref = qml.QNode(_rx_ry_cnot, qml.device("default.qubit", wires=2), **kwargs)
+    assert_allclose_nested(ours(x, y), ref(x, y), atol=ATOL)
+    jacobian = jax.jacobian(ours, argnums=[0, 1])(x, y)
+    expected = jax.jacobian(ref, argnums=[0, 1])(x, y)
+    leaves = jax.tree_util.tree_leaves
+    for got, want in zip(leaves(jacobian), leaves(expected), strict=True):
+        assert got.dtype == want.dtype == jnp.complex128
+        np.testing.assert_allclose(got, want, atol=ATOL)
+    np.testing.assert_allclose(jacobian[0][0], -np.sin(0.543), atol=ATOL)
+
+
+def test_jax_complex_parameters_under_jit():
+    """Under jax.jit the imaginary part of a traced parameter cannot be checked: evaluating
+    works (the device checks the values it gets), differentiating is refused by name
+    rather than cast (which could hide an imaginary part) or left to jax's dtype error."""
+    x, y = jnp.array(0.543 + 0j), jnp.array(-0.654 + 0j)
+    dev = qml.device("custatevec.qubit", wires=2, backend="cpu")
+    ours = qml.QNode(_rx_ry_cnot, dev, diff_method="adjoint")
+    ref = qml.QNode(_rx_ry_cnot, qml.device("default.qubit", wires=2), diff_method="adjoint")
+    assert_allclose_nested(jax.jit(ours)(x, y), ref(x, y), atol=ATOL)
+    with pytest.raises(DeviceError, match="complex-valued parameter 0 of RX under jax.jit"):
+        jax.jit(jax.jacobian(ours))(x, y)
+    with pytest.raises(DeviceError, match="RX got a complex angle; angles must be real"):
+        jax.jacobian(ours)(jnp.array(0.5 + 0.1j), y)
+
+
+@MODES
+def test_device_jvp_of_a_complex_tangent_is_real(mode):
+    """A real result's JVP is real, as its primal: of a complex tangent only the real part
+    enters (the device differentiates along the parameter's real axis; default.qubit's
+    adjoint JVP accumulates into a real array likewise)."""
+    tape = QuantumScript(
+        [qml.RX(0.543, 0), qml.RY(-0.654, 1), qml.CNOT([0, 1])],
+        [qml.expval(qml.Z(0)), qml.probs(wires=[1])],
+    )
+    dev = qml.device("custatevec.qubit", wires=2, backend="cpu", grad_accumulation=mode)
+    config = dev.setup_execution_config(ExecutionConfig(gradient_method="adjoint"))
+    complex_jvp = dev.compute_jvp((tape,), ((0.3 + 2.0j, -1.1 - 0.5j),), config)[0]
+    real_jvp = dev.compute_jvp((tape,), ((0.3, -1.1),), config)[0]
+    for got, want in zip(complex_jvp, real_jvp, strict=True):
+        assert np.asarray(got).dtype == np.float64
+        np.testing.assert_allclose(got, want, atol=ATOL)
+
+
+def test_jit_traced_matrix_refusal_says_why_it_counts_as_trainable():
+    """Under jax.jit PennyLane takes every traced argument to be trainable, so a constant
+    QubitUnitary matrix passed as an argument is refused by the adjoint method (which does
+    not differentiate it); the error says so and how to avoid it, and closing over the
+    matrix works."""
+    dev = qml.device("custatevec.qubit", wires=1, backend="cpu")
+    flip = np.array([[0.0, 1.0], [1.0, 0.0]])
+
+    @qml.qnode(dev, diff_method="adjoint")
+    def traced(matrix, a):
+        qml.QubitUnitary(matrix, wires=0)
+        qml.RY(a, wires=0)
+        return qml.expval(qml.Z(0))
+
+    with pytest.raises(DeviceError, match="Under jax.jit every traced argument counts as"):
+        jax.jit(jax.grad(traced, argnums=1))(jnp.asarray(flip), jnp.array(0.1))
+
+    @qml.qnode(dev, diff_method="adjoint")
+    def closed(a):
+        qml.QubitUnitary(flip, wires=0)
+        qml.RY(a, wires=0)
+        return qml.expval(qml.Z(0))
+
+    np.testing.assert_allclose(jax.jit(jax.grad(closed))(jnp.array(0.1)), np.sin(0.1), atol=ATOL)

@@ -366,32 +366,102 @@ def test_one_shot_without_shots_is_rejected():
 
 
 def _postselecting(x):
-    qml.RX(x[0], "q0")
+    """``x[0]`` changes the postselection's probability and reaches the measured wire:
+    the result N(x) / D(x) has a denominator that depends on it."""
+    qml.RY(x[0], "q0")
+    qml.RY(0.3, "q1")
     qml.CNOT(["q0", "q1"])
     m0 = qml.measure("q1", postselect=1)
     qml.cond(m0, qml.RY)(x[1], wires="q2")
     qml.RX(x[2], "q2")
-    return qml.expval(qml.Z("q0") @ qml.X("q2"))
+    return qml.expval(qml.Z("q0")), qml.expval(qml.Y("q2"))
 
 
-@pytest.mark.parametrize("diff_method", ["parameter-shift", "finite-diff", "spsa", "hadamard"])
+def _postselection_reached_by_x_alone(x):
+    """PennyLane issue #5943's circuit: ``x[0]`` changes the postselection's probability,
+    and so <Z0>, but reaches no measured wire."""
+    qml.Hadamard("q0")
+    qml.CNOT(["q0", "q1"])
+    qml.RX(x[0], "q1")
+    qml.measure("q1", postselect=1)
+    qml.RX(x[1], "q0")
+    return qml.expval(qml.Z("q0"))
+
+
+TRANSFORMS = ["parameter-shift", "finite-diff", "spsa", "hadamard"]
+SHIFT_RULES = ("parameter-shift", "hadamard")
+
+
+@pytest.mark.parametrize("diff_method", TRANSFORMS)
 @pytest.mark.parametrize(("mcm_method", "shots"), [("deferred", None), ("one-shot", 200)])
-def test_gradient_transforms_of_a_postselecting_circuit_are_refused(diff_method, mcm_method, shots):
-    """PennyLane's gradient transforms give wrong derivatives of circuits that postselect
-    (conformance's ``test_gradient_transforms_are_wrong_on_postselection``): refused by
-    name, with or without shots; the values of constant parameters are default.qubit's,
-    and a circuit without postselection is differentiated by the same transforms."""
+def test_wrong_gradient_transforms_of_a_postselecting_circuit_are_refused(
+    diff_method, mcm_method, shots
+):
+    """PennyLane's gradient transforms give wrong derivatives of a circuit whose trainable
+    gate changes a postselection's probability (conformance's
+    ``test_gradient_transforms_are_wrong_on_postselection`` and
+    ``test_shift_rules_are_wrong_where_a_parameter_reaches_the_postselection``): refused by
+    name, with or without shots. Every transform where that gate reaches no measured wire
+    (``_postselection_reached_by_x_alone``); parameter-shift and Hadamard also where it
+    does (``_postselecting``'s ``x[0]``). The values of constant parameters are
+    default.qubit's."""
     from pennylane import numpy as pnp
     from pennylane.exceptions import DeviceError
 
     device = qml.device("custatevec.qubit", wires=W, shots=shots, seed=11)
-    qnode = qml.QNode(_postselecting, device, diff_method=diff_method, mcm_method=mcm_method)
+    circuits = [_postselection_reached_by_x_alone]
+    if diff_method in SHIFT_RULES:
+        circuits.append(_postselecting)
+    for circuit in circuits:
+        qnode = qml.QNode(circuit, device, diff_method=diff_method, mcm_method=mcm_method)
+        trainable = pnp.array(PARAMS[:3], requires_grad=True)
+        with pytest.raises(
+            DeviceError,
+            match=r"parameter 0 \(R[XY] on wires \['q[01]'\]\) changes the "
+            r"probability of the postselection on wire q1.*#5943",
+        ):
+            qml.jacobian(qnode)(trainable)
+        if shots is None:
+            reference = qml.QNode(circuit, qml.device("default.qubit", wires=W))
+            np.testing.assert_allclose(qnode(PARAMS[:3]), reference(PARAMS[:3]), atol=1e-12)
+
+
+def _stacked_jacobian(qnode, x):
+    return qml.jacobian(lambda v: qml.math.stack(qnode(v)))(x)
+
+
+@pytest.mark.parametrize("diff_method", ["finite-diff", "spsa"])
+def test_value_differencing_transforms_of_a_postselecting_circuit(diff_method):
+    """Finite differences and SPSA difference the values, which are right: where every
+    trainable gate reaches a measured wire (``_postselecting``: RY(x[0]) also changes the
+    postselection's probability), they run, and give default.qubit's backprop
+    derivatives (finite differences to their truncation error; SPSA is a stochastic
+    estimate, seeded, compared with default.qubit's SPSA of the same seed)."""
+    from pennylane import numpy as pnp
+
     trainable = pnp.array(PARAMS[:3], requires_grad=True)
-    with pytest.raises(DeviceError, match="postselects mid-circuit measurements.*#5943"):
-        qml.jacobian(qnode)(trainable)
-    if shots is None:
-        reference = qml.QNode(_postselecting, qml.device("default.qubit", wires=W))
-        np.testing.assert_allclose(qnode(PARAMS[:3]), reference(PARAMS[:3]), atol=1e-12)
+    device = qml.device("custatevec.qubit", wires=W)
+    reference_device = qml.device("default.qubit", wires=W)
+    if diff_method == "finite-diff":
+        ours = qml.QNode(_postselecting, device, diff_method=diff_method)
+        expected = _stacked_jacobian(qml.QNode(_postselecting, reference_device), trainable)
+        tolerance = 1e-5
+    else:
+        kwargs = {"gradient_kwargs": {"sampler_rng": 5, "num_directions": 4}}
+        ours = qml.QNode(_postselecting, device, diff_method=diff_method, **kwargs)
+        reference = qml.QNode(_postselecting, reference_device, diff_method=diff_method, **kwargs)
+        expected = _stacked_jacobian(reference, trainable)
+        tolerance = 1e-10
+    np.testing.assert_allclose(_stacked_jacobian(ours, trainable), expected, atol=tolerance)
+    assert np.abs(expected[0][0]) > 0.1  # x[0] changes <Z0>: the check can fail
+
+
+@pytest.mark.parametrize("diff_method", ["parameter-shift", "finite-diff"])
+def test_gradient_transforms_without_postselection(diff_method):
+    """The same circuit without postselection is differentiated by the transforms, as on
+    default.qubit (SPSA is stochastic; PennyLane's Hadamard test needs generators, and a
+    Conditional has none)."""
+    from pennylane import numpy as pnp
 
     def without_postselection(x):
         qml.RX(x[0], "q0")
@@ -401,11 +471,11 @@ def test_gradient_transforms_of_a_postselecting_circuit_are_refused(diff_method,
         qml.RX(x[2], "q2")
         return qml.expval(qml.Z("q0") @ qml.X("q2"))
 
-    # SPSA is stochastic; PennyLane's Hadamard test needs generators (a Conditional has none)
-    if shots is None and diff_method in ("parameter-shift", "finite-diff"):
-        ours = qml.QNode(without_postselection, device, diff_method=diff_method)
-        reference = qml.QNode(without_postselection, qml.device("default.qubit", wires=W))
-        tolerance = 1e-5 if diff_method == "finite-diff" else 1e-10
-        np.testing.assert_allclose(
-            qml.jacobian(ours)(trainable), qml.jacobian(reference)(trainable), atol=tolerance
-        )
+    trainable = pnp.array(PARAMS[:3], requires_grad=True)
+    device = qml.device("custatevec.qubit", wires=W)
+    ours = qml.QNode(without_postselection, device, diff_method=diff_method)
+    reference = qml.QNode(without_postselection, qml.device("default.qubit", wires=W))
+    tolerance = 1e-5 if diff_method == "finite-diff" else 1e-10
+    np.testing.assert_allclose(
+        qml.jacobian(ours)(trainable), qml.jacobian(reference)(trainable), atol=tolerance
+    )

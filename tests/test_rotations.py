@@ -145,10 +145,14 @@ def test_tracker_counts_the_gates():
 
 
 def test_complex_angle_is_refused():
+    """Named by the gate that has it (RY), not by the run, which the user never wrote."""
     run = PauliRotations(0.1, 0.2 + 0.1j, gates=((qml.RX, (0,), "X"), (qml.RY, (1,), "Y")))
     tape = QuantumScript([run], [qml.expval(qml.Z(0))])
-    with pytest.raises(DeviceError, match="complex angle"):
+    with pytest.raises(DeviceError, match="^RY got a complex angle"):
         qml.device(DEVICE, wires=2).execute(tape)
+    gathered = QuantumScript([qml.RX(0.1, 0), qml.RY(0.2 + 0.1j, 1)], [qml.expval(qml.Z(0))])
+    with pytest.raises(DeviceError, match="^RY got a complex angle"):
+        qml.device(DEVICE, wires=2).execute(gathered)
 
 
 # ---------------------------------------------------------------------------------------

@@ -182,11 +182,13 @@ def _operation_reason(op: Operator, trainable: bool) -> str | None:
     if isinstance(op, Projector):
         return (
             "Projector is not unitary. A circuit that postselects (a postselected "
-            "mid-circuit measurement becomes a Projector under mcm_method='deferred') cannot "
-            "be differentiated on this device (PennyLane's gradient transforms give wrong "
-            "derivatives of it: PennyLane issue #5943); default.qubit with "
-            "diff_method='backprop' can. A Projector gate of your own: "
-            "diff_method='parameter-shift'"
+            "mid-circuit measurement becomes a Projector under mcm_method='deferred') is not "
+            "differentiated by the adjoint method; of PennyLane's gradient transforms, which "
+            "give wrong derivatives of some such circuits (PennyLane issue #5943), the device "
+            "runs diff_method='finite-diff' where every trainable gate that reaches the "
+            "postselection also reaches a measured wire, and 'parameter-shift' where none "
+            "reaches it; default.qubit with diff_method='backprop' differentiates every "
+            "case. A Projector gate of your own: diff_method='parameter-shift'"
         )
     if not trainable:
         return None
@@ -194,7 +196,7 @@ def _operation_reason(op: Operator, trainable: bool) -> str | None:
         return (
             f"the parameters of the state preparation {op.name} are trainable; the adjoint "
             "method cannot differentiate a prepared state (use diff_method='backprop' on "
-            "default.qubit, or prepare the state with parametrized gates)"
+            "default.qubit, or prepare the state with parametrized gates)" + _traced_hint(op)
         )
     if compiles_by_gate(op):
         return None
@@ -202,9 +204,21 @@ def _operation_reason(op: Operator, trainable: bool) -> str | None:
         return (
             f"{op.name} has trainable parameters but no generator; the adjoint method "
             "differentiates gates with one parameter and a generator (rotations, phase "
-            "shifts, ...); use those, or diff_method='parameter-shift'"
+            "shifts, ...); use those, or diff_method='parameter-shift'" + _traced_hint(op)
         )
     return None
+
+
+def _traced_hint(op: Operator) -> str:
+    """Why a parameter the user does not differentiate can count as trainable: under
+    ``jax.jit`` PennyLane takes every traced argument to be trainable."""
+    if not any(qml.math.is_abstract(value) for value in op.data):
+        return ""
+    return (
+        ". Under jax.jit every traced argument counts as trainable: a constant "
+        f"{op.name} parameter passed as an argument of the jitted function is one; close "
+        "over it (a NumPy array) instead"
+    )
 
 
 # ---------------------------------------------------------------------------------------

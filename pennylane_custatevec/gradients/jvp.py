@@ -109,6 +109,12 @@ def contract(tangent_plan: TangentPlan, jacobian):
             columns, tangent_plan.tangents, tangent_plan.shapes, strict=True
         ):
             derivative = np.asarray(derivative)
+            if not np.iscomplexobj(derivative):
+                # a real result's JVP is real, as its primal (jax checks the dtypes): the
+                # device differentiates along the parameter's real axis, so of a complex
+                # tangent (a parameter given as complex) only the real part enters, as in
+                # default.qubit's adjoint JVP
+                tangent = np.real(tangent)
             if shape:
                 total = total + np.tensordot(derivative, tangent, axes=len(shape))
             else:

@@ -19,10 +19,12 @@ from conformance_support import (
     ADJOINT_JACOBIAN,
     ADJOINT_JACOBIAN_ON_EXECUTION,
     ADJOINT_VJP,
+    ATOL,
     BEST,
     GRAD_MODES,
     INTERFACE_NAMES,
     PARAMETER_SHIFT,
+    DiffConfig,
     assert_qnode_conforms,
     assert_same_derivatives,
     assert_same_result,
@@ -326,8 +328,52 @@ def test_postselection_differentiation_is_refused(interface_name, config, mode):
     ours, ref = qnodes(postselecting_circuit, interface_name, config, mode, wires=2)
     constants = [iface.constant(X), iface.constant(Y)]
     assert_same_result(ours(*constants), ref(*constants))
-    with pytest.raises(DeviceError, match="postselects mid-circuit measurements.*#5943"):
+    with pytest.raises(DeviceError, match="probability of the postselection on wire 0.*#5943"):
         iface.jacobian(ours, iface.args([X, Y]))
+
+
+def after_postselection_circuit(x, y):
+    """Postselects wire 1; ``x`` acts after it and ``y`` on a wire it never reaches, so
+    neither changes the postselection's probability."""
+    qml.Hadamard(0)
+    qml.CNOT(wires=[0, 1])
+    qml.RX(y[0], wires=2)
+    qml.measure(1, postselect=1)
+    qml.CNOT(wires=[2, 0])
+    qml.RX(x, wires=0)
+    qml.RY(y[1], wires=2)
+    return qml.expval(qml.Z(0)), qml.probs(wires=[2])
+
+
+@pytest.mark.parametrize("interface_name", INTERFACE_NAMES)
+@pytest.mark.parametrize(
+    ("circuit", "diff_method", "wires"),
+    [
+        (postselecting_circuit, "finite-diff", 2),
+        (after_postselection_circuit, "finite-diff", 3),
+        (after_postselection_circuit, "parameter-shift", 3),
+        (after_postselection_circuit, "best", 3),
+    ],
+    ids=["reaching-finite-diff", "after-finite-diff", "after-parameter-shift", "after-best"],
+)
+def test_postselection_differentiated_where_the_transform_is_right(
+    interface_name, circuit, diff_method, wires
+):
+    """The transforms that are right on a postselecting circuit run: finite differences
+    where every trainable gate reaches a measured wire (``postselecting_circuit``'s ``x``
+    also changes the postselection's probability), and parameter-shift ("best" takes it)
+    where no trainable gate reaches the postselection. The derivatives are default.qubit's
+    backprop derivatives (finite differences: to their truncation error)."""
+    iface = interface(interface_name)
+    config = DiffConfig(diff_method, diff_method)
+    ours, ref = qnodes(circuit, interface_name, config, "deferred", wires=wires)
+    values = [X, Y]
+    assert_same_result(ours(*iface.args(values)), ref(*iface.args(values)))
+    jacobian = iface.jacobian(ours, iface.args(values))
+    reference = iface.for_reference_derivatives()
+    expected = reference.jacobian(ref, reference.args(values))
+    assert_same_derivatives(jacobian, expected, atol=1e-6 if diff_method == "finite-diff" else ATOL)
+    assert max(np.abs(e).max() for e in expected) > 0.1  # not all 0: the check can fail
 
 
 @pytest.mark.parametrize("diff_method", ["parameter-shift", "finite-diff", "spsa"])
@@ -352,6 +398,33 @@ def test_gradient_transforms_are_wrong_on_postselection(diff_method):
     np.testing.assert_allclose([backprop, difference], 0.489921758, atol=1e-6)
     transformed = qml.grad(qml.QNode(circuit, device, diff_method=diff_method))(x)
     assert abs(transformed - backprop) > 0.4
+
+
+def test_shift_rules_are_wrong_where_a_parameter_reaches_the_postselection():
+    """Why the device refuses parameter-shift and Hadamard gradients, but not finite
+    differences, where a trainable gate reaches both a postselection and a measured wire
+    (PennyLane issue #5943): the result is a ratio N(x) / D(x) whose denominator, the
+    postselection's probability, depends on x, and the shift rules assume a result linear
+    in the state. On default.qubit the transforms are off by 0.31 and 0.06 here."""
+
+    def circuit(x):
+        qml.RY(x, 0)
+        qml.RY(0.3, 1)
+        qml.CNOT([0, 1])
+        qml.measure(1, postselect=1)
+        return qml.expval(qml.Z(0))
+
+    x = pnp.array(0.7, requires_grad=True)
+    device = qml.device("default.qubit", wires=3)
+    backprop = qml.grad(qml.QNode(circuit, device, diff_method="backprop"))(x)
+    finite = qml.grad(qml.QNode(circuit, device, diff_method="finite-diff"))(x)
+    np.testing.assert_allclose(finite, backprop, atol=1e-6)
+    for method, kwargs, error in (
+        ("parameter-shift", {}, 0.31),
+        ("hadamard", {"gradient_kwargs": {"aux_wire": 2}}, 0.059),
+    ):
+        shifted = qml.grad(qml.QNode(circuit, device, diff_method=method, **kwargs))(x)
+        assert abs(shifted - backprop) > error
 
 
 @pytest.mark.parametrize(("config", "mode"), config_mode_params(ADJOINT_CONFIGS))
