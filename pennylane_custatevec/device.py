@@ -402,9 +402,8 @@ class CuStateVecDevice(Device):
             name=self.name,
         )
         # after decomposing: a decomposition may make a native template (a subclass's does)
-        array_gradients = config.gradient_method is None or (
-            differentiating and config.use_device_jacobian_product
-        )
+        vjp_boundary = _vjps_reach_the_device(config)
+        array_gradients = config.gradient_method is None or (differentiating and vjp_boundary)
         pipeline.add_transform(decompose_templates_for_gradients, array_gradients)
         pipeline.add_transform(gather_rotations)
         pipeline.add_transform(validate_device_wires, self.wires, name=self.name)
@@ -429,9 +428,9 @@ class CuStateVecDevice(Device):
                 batched=batched,
                 through_state=True,
                 device_wires=self.wires,
-                array_gradients=bool(config.use_device_jacobian_product),
+                array_gradients=vjp_boundary,
             )
-            if not config.use_device_jacobian_product:
+            if not vjp_boundary:
                 if config.interface in _JAX_INTERFACES:
                     pipeline.add_transform(split_state_from_real_results)
                 pipeline.add_transform(complex_parameters_for_state)
@@ -926,6 +925,15 @@ def _require_first_derivatives(config: ExecutionConfig) -> None:
             "of higher order (a Hessian would be zero). Use diff_method='parameter-shift' "
             "(or 'best', which picks it when max_diff > 1), or max_diff=1."
         )
+
+
+def _vjps_reach_the_device(config: ExecutionConfig) -> bool:
+    """Whether PennyLane's ML boundary asks the device for VJPs (``device_vjp=True``) rather
+    than Jacobians: under ``jax.jit`` it always takes the Jacobian (its JVP contracts it,
+    with the result's shape per scalar parameter), whatever ``device_vjp`` says, so the
+    preprocessing must give it scalar parameters (no native template's weight arrays) and
+    the dtypes a Jacobian boundary needs."""
+    return bool(config.use_device_jacobian_product) and config.interface != Interface.JAX_JIT
 
 
 def _rebound_broadcast(tape: QuantumScript, in_force: settings.DifferentiationOptions) -> bool:

@@ -743,3 +743,29 @@ def test_jit_traced_matrix_refusal_says_why_it_counts_as_trainable():
         return qml.expval(qml.Z(0))
 
     np.testing.assert_allclose(jax.jit(jax.grad(closed))(jnp.array(0.1)), np.sin(0.1), atol=ATOL)
+
+
+@MODES
+@pytest.mark.parametrize("interface", ["auto", "jax-jit"])
+def test_jit_with_device_vjp_and_template_weights(mode, interface):
+    """Under jax.jit PennyLane differentiates through the device Jacobian whatever
+    device_vjp says, shaped per scalar parameter: with device_vjp=True the device used to
+    keep a native template's weight array (as for a VJP boundary), and jax's callback got
+    a (3, 2, 3) Jacobian where it wanted (). The gradient (and a Jacobian of a state)
+    equal default.qubit's."""
+    weights = jnp.asarray(np.random.default_rng(0).uniform(0, np.pi, (3, 2, 3)))
+
+    def circuit(w):
+        qml.StronglyEntanglingLayers(w, wires=[0, 1])
+        return qml.expval(qml.Z(0))
+
+    def state(w):
+        qml.StronglyEntanglingLayers(w, wires=[0, 1])
+        return qml.state()
+
+    dev = qml.device("custatevec.qubit", wires=2, backend="cpu", grad_accumulation=mode)
+    kwargs = {"diff_method": "adjoint", "device_vjp": True, "interface": interface}
+    reference = qml.device("default.qubit", wires=2)
+    for fn, take in ((circuit, jax.grad), (state, jax.jacfwd)):
+        ours = jax.jit(take(qml.QNode(fn, dev, **kwargs)))(weights)
+        np.testing.assert_allclose(ours, take(qml.QNode(fn, reference))(weights), atol=ATOL)
