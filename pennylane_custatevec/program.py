@@ -206,11 +206,38 @@ def wire_labels(op: Operator) -> Sequence:
 
 def register_wires(tape: QuantumScript, device_wires: Wires | None) -> Wires:
     """The wires the simulation needs, in device order. A device without wires (None, or
-    none given: ``wires=0`` or ``[]``) takes each circuit's, as PennyLane's devices do."""
+    none given: ``wires=0`` or ``[]``) takes each circuit's, ordered as default.qubit and
+    lightning.qubit order them (``circuit_wires``)."""
     if not device_wires:
-        return tape.wires
+        return circuit_wires(tape)
     used = set(tape.wires)
     return Wires([w for w in device_wires if w in used])
+
+
+def circuit_wires(tape: QuantumScript) -> Wires:
+    """A circuit's wires in the order a device without wires gives them (the order of
+    ``state()``, ``probs()`` and ``sample()`` of every wire), PennyLane's rule
+    (``QuantumScript.map_to_standard_wires``, which default.qubit simulates): the
+    operations' wires, then the wires only measured. Where these are the integers 0..n-1,
+    each group a run that continues the last (and so are the work wires that operations
+    only name, ``work_wires``, after them), wire k is position k, whatever order the
+    circuit uses them in; otherwise the wires take positions in that order, each group in
+    the order PennyLane iterates it (the operations' by first use, the measured ones as a
+    set). Work wires that no operation acts on take no position: the device does not
+    simulate them, and default.qubit's results of every wire leave them out."""
+    op_wires = Wires.all_wires(op.wires for op in tape.operations)
+    work_wires = Wires.all_wires(getattr(op, "work_wires", None) or [] for op in tape.operations)
+    measured = Wires.all_wires(mp.wires for mp in tape.measurements)
+    measured_only = set(measured) - set(op_wires)
+    work_only = set(work_wires) - set(op_wires) - measured_only
+    n_ops, n_measured = len(op_wires), len(measured_only)
+    if (
+        set(op_wires) == set(range(n_ops))
+        and measured_only == set(range(n_ops, n_ops + n_measured))
+        and work_only == set(range(n_ops + n_measured, n_ops + n_measured + len(work_only)))
+    ):
+        return Wires(range(n_ops + n_measured))
+    return op_wires + measured_only
 
 
 def compile_tape(tape: QuantumScript, device_wires: Wires | None) -> Program:

@@ -109,6 +109,52 @@ def test_explicit_adjoint_higher_order_raises_in_execute():
 # --- item 9: bad input ----------------------------------------------------------------------
 
 
+def _unordered_wires_cases():
+    """(operations, measurements) whose wires a device without wires must order as
+    default.qubit does (PennyLane's map_to_standard_wires): integers 0..n-1 used out of
+    order, other labels by first use, measurement-only and work-only wires."""
+    return [
+        ([qml.RY(0.3, 2), qml.RY(0.5, 3), qml.CNOT([0, 2]), qml.RX(0.7, 1)], [qml.state()]),
+        ([qml.RX(0.3, 1), qml.CNOT([1, 0]), qml.RY(0.4, 1)], [qml.probs()]),
+        ([qml.RX(0.3, "b"), qml.CNOT(["b", "a"]), qml.RY(0.2, 5)], [qml.state()]),
+        ([qml.RX(0.3, 1), qml.CNOT([1, 0])], [qml.state(), qml.probs(wires=[3])]),
+        ([qml.RX(0.3, 1), qml.CNOT([1, 0])], [qml.probs(wires=[2]), qml.probs()]),
+        ([qml.RX(0.3, 1), qml.MultiControlledX(wires=[1, 0, 2], work_wires=[3])], [qml.probs()]),
+        ([qml.RX(0.3, 1), qml.MultiControlledX(wires=[1, 0, 2], work_wires=[5])], [qml.probs()]),
+    ]
+
+
+@pytest.mark.parametrize("case", range(7))
+def test_device_without_wires_orders_them_as_default_qubit(case):
+    """state(), probs() and sample() of every wire on a device without wires: in
+    default.qubit's (and lightning.qubit's) order, where integer wires 0..n-1 are positions
+    0..n-1 whatever order the circuit uses them in. The device used to take the circuit's
+    order of first use (RX(x, 1); CNOT([1, 0]); state(): amplitudes permuted), wrong
+    numbers without an error. Through ``execute``, a QNode, and with shots."""
+    operations, measurements = _unordered_wires_cases()[case]
+    tape = qml.tape.QuantumScript(operations, measurements)
+    dev, ref = qml.device(DEVICE), qml.device("default.qubit")
+    assert_allclose_nested(dev.execute(tape), ref.execute(tape), atol=1e-12)
+
+    def circuit():
+        for op in operations:
+            qml.apply(op)
+        return [qml.apply(mp) for mp in measurements]
+
+    assert_allclose_nested(qml.QNode(circuit, dev)(), qml.QNode(circuit, ref)(), atol=1e-12)
+    sampled = qml.tape.QuantumScript(operations, [qml.sample()], shots=50)
+    ours = qml.device(DEVICE, seed=5).execute(sampled)
+    reference = qml.device("default.qubit", seed=5).execute(
+        qml.tape.QuantumScript(operations, [qml.state()])
+    )
+    assert ours.shape == (50, int(np.log2(len(reference))))
+    allowed = {
+        tuple(int(b) for b in np.binary_repr(i, ours.shape[1]))
+        for i in np.flatnonzero(np.abs(reference) > 1e-12)
+    }
+    assert {tuple(row) for row in ours} <= allowed  # every sample has nonzero amplitude
+
+
 @pytest.mark.parametrize("wires", [0, []])
 def test_device_without_wires_runs_circuits_like_default_qubit(wires):
     """wires=0 and wires=[] are devices without wires that take each circuit's wires, as
