@@ -638,13 +638,17 @@ class CuStateVecDevice(Device):
         self, circuits: Sequence[QuantumScript], execution_config: ExecutionConfig | None
     ):
         in_force = self.options_in_force(execution_config)
-        if any(_rebound_broadcast(tape, in_force) for tape in circuits):
-            return tuple(
-                _stacked(self._compute_derivatives(expand_broadcasts(tape)[0], execution_config))
-                if _rebound_broadcast(tape, in_force)
-                else self._compute_derivatives([tape], execution_config)[0]
-                for tape in circuits
-            )
+        expanded = _each_rebound_expanded(
+            circuits,
+            [None] * len(circuits),
+            in_force,
+            lambda tape, _: _stacked(
+                self._compute_derivatives(expand_broadcasts(tape)[0], execution_config)
+            ),
+            lambda tape, _: self._compute_derivatives([tape], execution_config)[0],
+        )
+        if expanded is not None:
+            return expanded
         kept = [self._pop_kept(tape) for tape in circuits]
         _require_adjoint_serves(circuits, kept, execution_config, in_force)
         return _adjoint_jacobians(self._backend, circuits, self.wires, kept, in_force)
@@ -673,14 +677,17 @@ class CuStateVecDevice(Device):
         execution_config: ExecutionConfig | None,
     ):
         in_force = self.options_in_force(execution_config)
-        rebound = [_rebound_broadcast(tape, in_force) for tape in circuits]
-        if any(rebound):
-            return tuple(
-                _broadcast_vjp(tape, dy, lambda t, c: self._compute_vjp(t, c, execution_config))
-                if expand
-                else self._compute_vjp([tape], [dy], execution_config)[0]
-                for tape, dy, expand in zip(circuits, cotangents, rebound, strict=True)
-            )
+        expanded = _each_rebound_expanded(
+            circuits,
+            cotangents,
+            in_force,
+            lambda tape, dy: _broadcast_vjp(
+                tape, dy, lambda t, c: self._compute_vjp(t, c, execution_config)
+            ),
+            lambda tape, dy: self._compute_vjp([tape], [dy], execution_config)[0],
+        )
+        if expanded is not None:
+            return expanded
         kept = [self._pop_kept(tape, direct_ok=True) for tape in circuits]
         _require_adjoint_serves(circuits, kept, execution_config, in_force)
         return self._vjps(circuits, cotangents, kept, in_force)
@@ -764,13 +771,15 @@ class CuStateVecDevice(Device):
         """``compute_jvp`` without the tracker's count (``execute_and_compute_jvp`` counts
         its JVPs itself)."""
         in_force = self.options_in_force(config)
-        if any(_rebound_broadcast(tape, in_force) for tape in circuits):
-            return tuple(
-                _stacked(self._compute_jvp(*_broadcast_entries(tape, tangent), config))
-                if _rebound_broadcast(tape, in_force)
-                else self._compute_jvp([tape], [tangent], config)[0]
-                for tape, tangent in zip(circuits, tangents, strict=True)
-            )
+        expanded = _each_rebound_expanded(
+            circuits,
+            tangents,
+            in_force,
+            lambda tape, t: _stacked(self._compute_jvp(*_broadcast_entries(tape, t), config)),
+            lambda tape, t: self._compute_jvp([tape], [t], config)[0],
+        )
+        if expanded is not None:
+            return expanded
         kept = [self._pop_kept(tape) for tape in circuits]
 
         # the tapes differentiated (their trainable parameters reduced to those with a
@@ -946,6 +955,19 @@ def _rebound_broadcast(tape: QuantumScript, in_force: settings.DifferentiationOp
     if in_force.grad_accumulation == "eager":
         return True
     return any(is_broadcast(tape.par_info[index]["op"]) for index in tape.trainable_params)
+
+
+def _each_rebound_expanded(circuits, per_tape, in_force, expanded, alone) -> tuple | None:
+    """None where no tape is ``_rebound_broadcast`` (the derivative method goes on as
+    usual); else each tape's derivative, ``expanded(tape, per_tape[i])`` for a rebound
+    tape and ``alone(tape, per_tape[i])`` for the others. One check per tape."""
+    rebound = [_rebound_broadcast(tape, in_force) for tape in circuits]
+    if not any(rebound):
+        return None
+    return tuple(
+        expanded(tape, extra) if expand else alone(tape, extra)
+        for tape, extra, expand in zip(circuits, per_tape, rebound, strict=True)
+    )
 
 
 def _broadcast_parameters(tape: QuantumScript) -> list[bool]:
