@@ -311,7 +311,9 @@ def run_workload(
         return cells
     cells = time_round_robin(workload_id, configs, sizes, repeat)
     if jacobian_mode:
-        cells[0].note = ", ".join(filter(None, [cells[0].note, "Jacobian on forward"]))
+        # device_vjp=False: one whole Jacobian per step (under torch, taken in the first
+        # backward call from the state the forward kept; grad_on_execution=False)
+        cells[0].note = ", ".join(filter(None, [cells[0].note, "whole Jacobian"]))
     return cells
 
 

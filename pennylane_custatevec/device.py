@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,12 +24,7 @@ from pennylane.devices.preprocess import (
 )
 from pennylane.exceptions import DeviceError, QuantumFunctionError
 from pennylane.math import Interface
-from pennylane.measurements import (
-    ClassicalShadowMP,
-    SampleMeasurement,
-    ShadowExpvalMP,
-    StateMeasurement,
-)
+from pennylane.measurements import SampleMeasurement, StateMeasurement
 from pennylane.tape import QuantumScript
 from pennylane.transforms import defer_measurements, dynamic_one_shot
 
@@ -38,12 +34,14 @@ from .execution import PreparedTape, run_tapes
 from .gradients import deferred, eager, jvp
 from .gradients.common import require_adjoint_serves
 from .kept import KeptState
+from .measure import SHADOW_MEASUREMENTS
 from .program import compiles_by_gate, is_broadcast, tape_batch_size
 from .queuing import PipelineWithoutQueuing, without_queuing
 from .rotations import PauliRotations
 from .structures import Structure, StructureCache, StructureKey, StructureRun
 from .templates import NATIVE_TEMPLATES, is_native_template
 from .transforms import (
+    SecondDerivativesError,
     complex_parameters_for_state,
     decompose_late_state_preps,
     decompose_templates_for_gradients,
@@ -52,6 +50,7 @@ from .transforms import (
     real_parameters_for_real_results,
     refuse_differentiated_shares,
     refuse_postselection_under_gradient_transforms,
+    refuse_second_derivatives,
     rotate_sampled_measurements,
     split_state_from_real_results,
     validate_adjoint_differentiation,
@@ -89,8 +88,8 @@ draw, so that a script's later ``numpy.random`` values do not depend on the devi
 
 _SEED_CHOICES = (
     "use an int >= 0 (or a sequence of them), None (a seed from the OS), 'global' (a seed "
-    "drawn from numpy's global random state), or a numpy.random.Generator (or a SeedSequence "
-    "or BitGenerator)"
+    "drawn from numpy's global random state), a numpy.random.Generator (or a SeedSequence "
+    "or BitGenerator), or a jax PRNG key"
 )
 
 
@@ -105,9 +104,26 @@ def _rng_from_seed(seed) -> np.random.Generator:
         seed, (np.random.Generator, np.random.SeedSequence, np.random.BitGenerator)
     ):
         return np.random.default_rng(seed)
+    key_words = _jax_key_words(seed)
+    if key_words is not None:
+        seed = key_words
     if not (_is_natural(seed) or _is_natural_sequence(seed)):
         raise ValueError(f"seed={seed!r} is not valid; {_SEED_CHOICES}.")
     return np.random.default_rng(seed)
+
+
+def _jax_key_words(seed) -> list[int] | None:
+    """The words of a jax PRNG key (``jax.random.PRNGKey``'s uint32 array or a typed
+    ``jax.random.key``), numpy's entropy for it, or None where ``seed`` is not a jax array
+    (jax is imported only for one). default.qubit samples with jax under such a key: the
+    same key gives the same samples here, not default.qubit's."""
+    if not type(seed).__module__.startswith(("jax", "jaxlib")):
+        return None
+    import jax  # noqa: PLC0415 - only for a seed that is a jax array
+
+    if jax.dtypes.issubdtype(seed.dtype, jax.dtypes.prng_key):
+        seed = jax.random.key_data(seed)
+    return np.asarray(seed).ravel().tolist()
 
 
 def _is_natural(value) -> bool:
@@ -327,6 +343,8 @@ class CuStateVecDevice(Device):
                 dataclasses.replace(config, gradient_method="adjoint"), circuit
             )
             self.preprocess_transforms(config)((circuit,))
+        except SecondDerivativesError:
+            raise  # every method but backpropagation would give zeros: say so
         except (DeviceError, QuantumFunctionError, ValueError):
             return False
         return True
@@ -356,6 +374,10 @@ class CuStateVecDevice(Device):
             ):
                 if getattr(config, field) is None:
                     updates[field] = True
+            if config.grad_on_execution is None and config.interface is Interface.TORCH:
+                # the Jacobian in torch's backward pass, where a second derivative shows
+                # (_refuse_differentiable_backward); from the state the forward kept
+                updates["grad_on_execution"] = False
         shots_present = circuit is not None and bool(circuit.shots)
         mcm_method = config.mcm_config.mcm_method
         if mcm_method == "one-shot" and circuit is not None and not shots_present:
@@ -383,9 +405,15 @@ class CuStateVecDevice(Device):
         differentiating = config.gradient_method == "adjoint"
         pipeline = PipelineWithoutQueuing()  # operators built here are queued nowhere
         method = config.gradient_method
+        name = getattr(method, "__name__", str(method))
         if method is not None and method != "adjoint":  # a PennyLane gradient transform
-            name = getattr(method, "__name__", str(method))
             pipeline.add_transform(refuse_postselection_under_gradient_transforms, name)
+        if (
+            method is not None
+            and config.derivative_order == 1
+            and config.interface in _TRACING_INTERFACES
+        ):
+            pipeline.add_transform(refuse_second_derivatives, name)
         if differentiating and config.interface in _JAX_INTERFACES:
             pipeline.add_transform(real_parameters_for_real_results)  # the user's gates named
         if mcm_method == "deferred":
@@ -451,7 +479,9 @@ class CuStateVecDevice(Device):
         """Native gates by name; exactly the native templates (a subclass may define
         other gates: it is decomposed); and a user's subclass of a native gate, which runs
         as that gate, as default.qubit applies it (PennyLane's own subclasses, such as
-        AmplitudeEmbedding, keep their names' handling)."""
+        AmplitudeEmbedding, keep their names' handling). Last, an operator that only a
+        matrix defines (a user's operation with ``compute_matrix`` alone, ``qml.pow`` with
+        a broadcast exponent) runs as that matrix, as default.qubit applies it."""
         if isinstance(op, (qml.ops.MidMeasure, qml.ops.Conditional)):
             return True
         if isinstance(op, NATIVE_TEMPLATES):
@@ -459,11 +489,13 @@ class CuStateVecDevice(Device):
         if isinstance(op, PauliRotations) or self.capabilities.supports_operation(op):
             return True
         cls = type(op)
-        return cls.__module__.partition(".")[0] != "pennylane" and any(
+        if cls.__module__.partition(".")[0] != "pennylane" and any(
             self.capabilities.supports_operation(base.__name__)
             for base in cls.__mro__[1:]
             if issubclass(base, qml.operation.Operator)
-        )
+        ):
+            return True
+        return op.has_matrix and not op.has_decomposition
 
     def _stops_adjoint(self, op: qml.operation.Operator) -> bool:
         """Native, and differentiable as it stands: trainable gates with several parameters
@@ -632,6 +664,7 @@ class CuStateVecDevice(Device):
         circuits: Sequence[QuantumScript],
         execution_config: ExecutionConfig | None = None,
     ):
+        _refuse_differentiable_backward()
         return self._compute_derivatives(circuits, execution_config)
 
     def _compute_derivatives(
@@ -668,6 +701,7 @@ class CuStateVecDevice(Device):
         cotangents: Sequence,
         execution_config: ExecutionConfig | None = None,
     ):
+        _refuse_differentiable_backward()
         return self._compute_vjp(circuits, cotangents, execution_config)
 
     def _compute_vjp(
@@ -1241,8 +1275,32 @@ _MCM_OPS = frozenset({"MidMeasure", "Conditional"})
 _JAX_INTERFACES = frozenset({Interface.JAX, Interface.JAX_JIT})
 """Where PennyLane contracts the device Jacobian with tangents (forward mode)."""
 
+_TRACING_INTERFACES = _JAX_INTERFACES | {Interface.AUTOGRAD}
+"""Where a second derivative shows in the parameters the device's preprocessing sees
+(nested autograd boxes or jax tracers: ``transforms.refuse_second_derivatives``); torch's
+shows in its backward pass (``_refuse_differentiable_backward``)."""
+
+
+def _refuse_differentiable_backward() -> None:
+    """Refuse derivatives (a VJP, a Jacobian) asked for inside torch's backward pass with
+    ``create_graph=True`` (torch enables grad mode in a backward pass only then: a
+    Hessian, a gradient penalty, PennyLane's ``classical_fisher``): they are computed
+    outside torch, so every derivative of them would be zero. (Tensors that raise only
+    when differentiated again cannot be made here: the device does not hold the torch
+    inputs they would have to depend on.) For torch the device takes the Jacobian in the
+    backward pass (``grad_on_execution=False`` unless set), so that this check sees it."""
+    torch = sys.modules.get("torch")  # imported by whoever runs a torch backward pass
+    if torch is None or not torch.is_grad_enabled():
+        return
+    if torch._C._current_graph_task_id() == -1:  # not inside a backward pass
+        return
+    raise SecondDerivativesError(
+        "custatevec.qubit's derivatives are not differentiable, and torch asked for them "
+        "with create_graph=True (a Hessian, a gradient of a gradient), whose derivatives "
+        "would be zero. Set max_diff=2 on the QNode with diff_method='parameter-shift' (or "
+        "'best', which picks it then)."
+    )
+
 
 def _is_sampled_measurement(mp) -> bool:
-    return isinstance(mp, SampleMeasurement) and not isinstance(
-        mp, (ClassicalShadowMP, ShadowExpvalMP)
-    )
+    return isinstance(mp, (SampleMeasurement, *SHADOW_MEASUREMENTS))

@@ -200,7 +200,9 @@ def _build(backend: Backend, structure: Structure) -> DirectPlan | None:
     if forward is None:
         return None
     pauli = measure.pauli_plan(register, structure.template.measurements, compilation.memo)
-    if None in pauli.terms:
+    if None in pauli.terms or any(
+        isinstance(coefficient, complex) for terms in pauli.terms for _, coefficient in terms
+    ):  # the general path refuses to differentiate what is not Hermitian
         return None
     circuit = DifferentiatedTape(structure.template, structure.device_wires, compilation)
     recompiles = bool(structure.rebuilt_operations) or register.initial_state is not None

@@ -200,6 +200,8 @@ def _gate_by_gate(
 
 
 def _run_sampled(backend, program: Program, tape: QuantumScript, rng, postselect_mode):
+    if isinstance(tape.measurements[0], measure.SHADOW_MEASUREMENTS):  # alone on its tape
+        return _run_shadow(backend, program, tape, rng, postselect_mode)
     if program.has_mid_measurements:
         if postselect_mode == "fill-shots" and any(
             ins.source.postselect is not None
@@ -228,6 +230,30 @@ def _run_sampled(backend, program: Program, tape: QuantumScript, rng, postselect
         ]
         partitions.append(_nest(tape, per_measurement))
     return tuple(partitions) if tape.shots.has_partitioned_shots else partitions[0]
+
+
+def _run_shadow(backend, program: Program, tape: QuantumScript, rng, postselect_mode):
+    """A classical-shadow measurement (``transforms.measure.SHADOW_MEASUREMENTS``; the device's
+    preprocessing gives each a tape of its own, not broadcast): PennyLane's
+    ``process_state_with_shots`` of the final state, as default.qubit measures it (each
+    shot rotated into its own random Pauli basis: not a sample of one state's basis)."""
+    if program.has_mid_measurements:
+        raise DeviceError(
+            f"{type(tape.measurements[0]).__name__} with mid-circuit measurements needs "
+            "mcm_method='deferred' (each shot of mcm_method='one-shot' ends in a state of "
+            "its own)."
+        )
+    state, kept = simulate.final_state(backend, program)
+    register = program.register
+    counts = list(tape.shots)
+    if kept is not None:
+        counts = _postselected_shots(register, counts, kept, postselect_mode, rng)
+    tensor = backend.to_host(state)[0].reshape((2,) * register.num_qubits)
+    mp = tape.measurements[0]
+    results = [
+        mp.process_state_with_shots(tensor, register.wires, count, rng=rng) for count in counts
+    ]
+    return tuple(results) if tape.shots.has_partitioned_shots else results[0]
 
 
 def _unbatch(register: Register, result: np.ndarray):

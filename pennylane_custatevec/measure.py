@@ -8,7 +8,11 @@ Analytic expectation values reduce every observable to one of three forms:
 * a sparse matrix on the whole register (large Hamiltonians without Pauli form),
   evaluated on the host.
 
-Variances use Var(O) = <O^2> - <O>^2 in the same form. Sampled measurements draw
+Variances use Var(O) = <O^2> - <O>^2 in the same form. An observable that is not
+Hermitian (a non-real coefficient, as in ``qml.expval(1j * qml.Z(0))``) has the complex
+expectation value <psi|O|psi> (default.qubit's for such a product) and the variance
+<O^dagger O> - |<O>|^2, the variance of its sampled eigenvalues (what finite shots
+estimate; equal to the above for a Hermitian O). Sampled measurements draw
 computational-basis outcomes from the backend and let PennyLane's measurement
 processes turn them into samples, counts, expectations and probabilities; the
 device's preprocessing has already rotated every observable into that basis.
@@ -17,14 +21,17 @@ device's preprocessing has already rotated every observable into that basis.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import pennylane as qml
 from pennylane.exceptions import DeviceError
 from pennylane.measurements import (
+    ClassicalShadowMP,
     ExpectationMP,
     MeasurementProcess,
     ProbabilityMP,
+    ShadowExpvalMP,
     StateMeasurement,
     StateMP,
     VarianceMP,
@@ -42,6 +49,17 @@ from .simulate import require_normalised
 
 DENSE_OBSERVABLE_WIRES = 10
 
+SHADOW_MEASUREMENTS = (ClassicalShadowMP, ShadowExpvalMP)
+"""Measurements that rotate each shot into a basis of its own (``qml.classical_shadow``,
+``qml.shadow_expval``): measured from the final state by PennyLane's
+``process_state_with_shots``, as default.qubit measures them (execution.py), each on a
+tape of its own (``transforms.rotate_sampled_measurements``)."""
+
+
+HERMITIAN_TOLERANCE = 1e-12
+"""A dense or sparse observable M counts as Hermitian where max |M - M^dagger| is at most
+this times max(1, max |M|): rounding in the products and sums that built the matrix."""
+
 
 @dataclasses.dataclass(frozen=True)
 class _ObservableForm:
@@ -51,6 +69,39 @@ class _ObservableForm:
     matrix: np.ndarray | None = None
     wires: qml.wires.Wires | None = None
     sparse: object | None = None
+
+    @functools.cached_property
+    def hermitian(self) -> bool:
+        """Whether the observable is Hermitian (its expectation value is real)."""
+        if self.pauli is not None:
+            return all(real_valued(c) for c in self.pauli.values())
+        matrix = self.matrix if self.matrix is not None else self.sparse
+        difference = abs(matrix - matrix.conj().T).max()
+        return difference <= HERMITIAN_TOLERANCE * max(1.0, abs(matrix).max())
+
+
+def real_valued(value) -> bool:
+    """Whether a coefficient is real: a real dtype, or a concrete complex value with no
+    imaginary part (a traced complex value may not be: False)."""
+    if "complex" not in qml.math.get_dtype_name(value):
+        return True
+    if qml.math.is_abstract(value):
+        return False
+    return bool(np.all(np.imag(qml.math.unwrap(value)) == 0))
+
+
+def is_hermitian(obs: Operator) -> bool:
+    """Whether ``obs`` is Hermitian: a Pauli sentence whose coefficients are real; else
+    where PennyLane verifies it from the operator's structure (``is_verified_hermitian``);
+    else, on at most ``DENSE_OBSERVABLE_WIRES`` wires with concrete data, by its matrix
+    (``qml.is_hermitian``, e.g. a product of operators on shared wires); else False."""
+    if obs.pauli_rep is not None:
+        return all(real_valued(c) for c in obs.pauli_rep.values())
+    if obs.is_verified_hermitian:
+        return True
+    if len(obs.wires) > DENSE_OBSERVABLE_WIRES or any(map(qml.math.is_abstract, obs.data)):
+        return False
+    return bool(qml.is_hermitian(obs))
 
 
 def _form(obs: Operator, register: Register) -> _ObservableForm:
@@ -62,13 +113,17 @@ def _form(obs: Operator, register: Register) -> _ObservableForm:
 
 
 def _squared(form: _ObservableForm) -> _ObservableForm:
+    """O^dagger O (O^2 for a Hermitian O)."""
     if form.pauli is not None:
-        square = form.pauli @ form.pauli
+        adjoint = form.pauli
+        if not form.hermitian:
+            adjoint = qml.pauli.PauliSentence({w: np.conj(c) for w, c in form.pauli.items()})
+        square = adjoint @ form.pauli
         square.simplify()
         return _ObservableForm(pauli=square)
     if form.matrix is not None:
-        return _ObservableForm(matrix=form.matrix @ form.matrix, wires=form.wires)
-    return _ObservableForm(sparse=form.sparse @ form.sparse)
+        return _ObservableForm(matrix=form.matrix.conj().T @ form.matrix, wires=form.wires)
+    return _ObservableForm(sparse=form.sparse.conj().T @ form.sparse)
 
 
 def _backend_words(sentence: qml.pauli.PauliSentence, register: Register) -> list[tuple]:
@@ -83,13 +138,16 @@ def _backend_words(sentence: qml.pauli.PauliSentence, register: Register) -> lis
 def _expectation(
     backend: Backend, state: StateBatch, register: Register, form: _ObservableForm
 ) -> np.ndarray:
-    """<psi_b|O|psi_b> for each vector of the batch, float64 of shape (B,)."""
+    """<psi_b|O|psi_b> for each vector of the batch, of shape (B,): float64, complex128
+    for an observable that is not Hermitian."""
     if form.pauli is not None:
         return pauli_values(backend, state, _sentence_plan(register, [form.pauli]))[0]
     if form.matrix is not None:
-        return np.real(backend.expval_matrix(state, form.matrix, register.targets(form.wires)))
-    vectors = backend.to_host(state)
-    return np.real(np.einsum("bi,bi->b", vectors.conj(), (form.sparse @ vectors.T).T))
+        values = backend.expval_matrix(state, form.matrix, register.targets(form.wires))
+    else:
+        vectors = backend.to_host(state)
+        values = np.einsum("bi,bi->b", vectors.conj(), (form.sparse @ vectors.T).T)
+    return np.real(values) if form.hermitian else np.asarray(values, dtype=np.complex128)
 
 
 def transition(
@@ -148,10 +206,11 @@ def reduced_products(
 
 
 def var(backend: Backend, state: StateBatch, register: Register, obs: Operator) -> np.ndarray:
-    """<O^2> - <O>^2 for each vector of the batch."""
+    """<O^2> - <O>^2 for each vector of the batch (<O^dagger O> - |<O>|^2 for an O that
+    is not Hermitian, the variance of its sampled eigenvalues)."""
     form = _form(obs, register)
     mean = _expectation(backend, state, register, form)
-    return _expectation(backend, state, register, _squared(form)) - mean**2
+    return np.real(_expectation(backend, state, register, _squared(form))) - np.abs(mean) ** 2
 
 
 def probs(backend: Backend, state: StateBatch, register: Register, mp: ProbabilityMP) -> np.ndarray:
@@ -284,16 +343,24 @@ def _sentence_plan(register: Register, sentences: list) -> PauliPlan:
             continue
         terms.append(
             tuple(
-                (columns.setdefault((letters, bits), len(columns)), coefficient)
+                (columns.setdefault((letters, bits), len(columns)), _plain(coefficient))
                 for letters, bits, coefficient in _backend_words(sentence, register)
             )
         )
     return PauliPlan(tuple(columns), tuple(terms))
 
 
+def _plain(coefficient) -> float | complex:
+    """A coefficient as a Python number: a float where it is real, so that a Hermitian
+    sentence's value stays float64 and only a non-Hermitian one's is complex."""
+    value = complex(coefficient)
+    return value.real if value.imag == 0 else value
+
+
 def pauli_values(backend: Backend, state: StateBatch, plan: PauliPlan) -> list[np.ndarray | None]:
-    """<sum_k c_k P_k> of each sentence of ``plan``, float64 (B,) each (None for an item
-    that is not one): the distinct words of all of them in one backend call."""
+    """<sum_k c_k P_k> of each sentence of ``plan``, float64 (B,) each (complex128 for a
+    sentence with a non-real coefficient; None for an item that is not one): the distinct
+    words of all of them in one backend call."""
     values = backend.expval_pauli_words(state, list(plan.words)) if plan.words else None
     return sentence_values(plan, values, state.shape[0])
 
@@ -309,8 +376,8 @@ def sentence_values(
             results.append(None)
             continue
         total = np.zeros(batch)  # the batch measured (a vector of it, say)
-        for column, coefficient in terms:
-            total = total + np.real(coefficient) * values[:, column]
+        for column, coefficient in terms:  # complex only where the sentence is not Hermitian
+            total = total + coefficient * values[:, column]
         results.append(total)
     return results
 

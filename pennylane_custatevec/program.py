@@ -267,8 +267,17 @@ def is_broadcast(op: Operator) -> bool:
     return not scalar_parameters(op) and op.batch_size is not None
 
 
+def is_broadcast_power(op: Operator) -> bool:
+    """Whether ``op`` is a power broadcast over its exponent (``qml.pow(op, z=[1, 2])``):
+    the exponent is a hyperparameter, not one of the operator's parameters."""
+    return isinstance(op, qml.ops.Pow) and np.ndim(op.z) != 0
+
+
 def scalar_parameters(op: Operator) -> bool:
-    """Whether every parameter of ``op`` is a scalar (so ``op`` is not broadcast)."""
+    """Whether every parameter of ``op`` is a scalar (so ``op`` is not broadcast); a
+    power's exponent counts as one (``is_broadcast_power``)."""
+    if is_broadcast_power(op):
+        return False
     return all(
         isinstance(d, (int, float, complex)) or getattr(d, "ndim", None) == 0 for d in op.data
     )

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pennylane as qml
+from autograd.tracer import Box
 from pennylane import math
 from pennylane.exceptions import DeviceError
 from pennylane.measurements import (
+    CountsMP,
     DensityMatrixMP,
     ExpectationMP,
     ProbabilityMP,
+    SampleMP,
     StateMeasurement,
     StateMP,
     VarianceMP,
@@ -30,8 +33,8 @@ from .gradients.common import (
     observable_derivatives,
     require_adjoint_serves,
 )
-from .measure import DENSE_OBSERVABLE_WIRES
-from .program import is_broadcast, scalar_parameters, tape_batch_size
+from .measure import DENSE_OBSERVABLE_WIRES, SHADOW_MEASUREMENTS
+from .program import is_broadcast, is_broadcast_power, scalar_parameters, tape_batch_size
 from .rotations import ROTATION_GATES, PauliRotations, gate_of
 from .templates import is_native_template, template_operations
 
@@ -248,6 +251,55 @@ def refuse_postselection_under_gradient_transforms(tape: QuantumScript, method: 
     return (tape,), _first_result
 
 
+class SecondDerivativesError(DeviceError):
+    """A second derivative asked for where the device's derivatives would be taken as
+    constants (a zero Hessian): under ``max_diff=1`` (``refuse_second_derivatives``) or
+    inside torch's backward pass with ``create_graph=True`` (device.py)."""
+
+
+_DIFFERENTIATING_TRACERS = frozenset({"JVPTracer", "LinearizeTracer", "JaxprTracer"})
+"""jax's tracers of a derivative being taken (forward mode, linearization, partial
+evaluation); batching (``BatchTracer``) and jit (``DynamicJaxprTracer``) are not."""
+
+
+def _differentiation_depth(value) -> int:
+    """How many derivatives are being taken of ``value``: nested autograd boxes, or
+    nested jax differentiation tracers (``_DIFFERENTIATING_TRACERS``)."""
+    depth = 0
+    while True:
+        if isinstance(value, Box):
+            depth += 1
+            value = value._value
+            continue
+        name = type(value).__name__
+        if not name.endswith("Tracer") or not type(value).__module__.startswith("jax"):
+            return depth
+        if name in _DIFFERENTIATING_TRACERS:
+            depth += 1
+        inner = getattr(value, "primal", None) if name != "BatchTracer" else value.val
+        if inner is None:
+            return depth
+        value = inner
+
+
+@transform
+def refuse_second_derivatives(tape: QuantumScript, method: str):
+    """Refuse a tape whose parameters are traced for a second derivative (autograd's
+    ``qml.jacobian(qml.grad(f))``, ``jax.hessian``) under ``max_diff=1``: PennyLane's
+    interfaces then differentiate the device's first derivatives as constants, and every
+    second derivative comes out zero, with no error (on every device, for every gradient
+    method but backpropagation)."""
+    for value in tape.get_parameters(trainable_only=False):
+        if _differentiation_depth(value) > 1:
+            raise SecondDerivativesError(
+                f"custatevec.qubit cannot take second derivatives with diff_method={method!r} "
+                "and max_diff=1: PennyLane would differentiate the first derivatives as "
+                "constants and return a zero Hessian. Set max_diff=2 on the QNode with "
+                "diff_method='parameter-shift' (or 'best', which picks it then)."
+            )
+    return (tape,), _first_result
+
+
 @transform
 def expand_broadcasts(tape: QuantumScript, trainable_only: bool = False):
     """``broadcast_expand``, with ``trainable_only`` only for a tape in which a broadcast
@@ -263,7 +315,7 @@ def expand_broadcasts(tape: QuantumScript, trainable_only: bool = False):
         is_broadcast(op) and any(math.requires_grad(d) for d in op.data) for op in tape.operations
     ):
         return (tape,), _first_result
-    tapes, recombine = broadcast_expand(tape)
+    tapes, recombine = _broadcast_expand(tape)
     rebuilt = [
         t.copy(
             operations=[_rebuilt(op) for op in t.operations], trainable_params=t.trainable_params
@@ -271,6 +323,28 @@ def expand_broadcasts(tape: QuantumScript, trainable_only: bool = False):
         for t in tapes
     ]
     return rebuilt, recombine
+
+
+def _broadcast_expand(tape: QuantumScript):
+    """PennyLane's ``broadcast_expand``, with each power broadcast over its exponent
+    written as its matrices first: the expansion splits operators' parameters, and an
+    exponent is not one (the expansion recursed without end)."""
+    if any(map(is_broadcast_power, tape.operations)):
+        tape = tape.copy(operations=[_power_as_matrix(op) for op in tape.operations])
+    return broadcast_expand(tape)
+
+
+def _power_as_matrix(op):
+    if not is_broadcast_power(op):
+        return op
+    if any(math.requires_grad(d) for d in op.data):
+        raise DeviceError(
+            f"custatevec.qubit cannot differentiate {op.name}, a power broadcast over its "
+            "exponent with trainable parameters: the adjoint method expands it into one "
+            "circuit per exponent, and PennyLane's expansion splits parameters, not "
+            "exponents; write one power per exponent."
+        )
+    return qml.QubitUnitary(op.matrix(), wires=op.wires)
 
 
 def _rebuilt(op):
@@ -562,31 +636,85 @@ def rotate_sampled_measurements(tape: QuantumScript):
     """For finite shots: rotate observables into the computational basis, where the
     device samples, splitting the tape where its measurements do not commute qubit-wise.
 
-    Sums and Hamiltonians are split term by term for expectation values. A variance
-    needs its observable whole: it gets a tape of its own, rotated by the observable's
-    diagonalizing gates when its terms do not commute qubit-wise.
+    Sums and Hamiltonians are split term by term for expectation values. Any other
+    measurement of an observable (variance, samples, counts, probabilities) needs its
+    observable whole: it gets a tape of its own, rotated by the observable's diagonalizing
+    gates when its terms do not commute qubit-wise.
     """
-    if not tape.shots or all(mp.obs is None for mp in tape.measurements):
+    if not tape.shots:
+        return (tape,), _first_result
+    if any(isinstance(mp, SHADOW_MEASUREMENTS) for mp in tape.measurements):
+        return _shadows_apart(tape)
+    if all(mp.obs is None for mp in tape.measurements):
         return (tape,), _first_result
     measurements = [_flattened(mp) for mp in tape.measurements]
     tape = tape.copy(measurements=measurements)
     if _qubit_wise_commuting(measurements, tape.wires):
-        return diagonalize_measurements(tape)
-    variances = [i for i, mp in enumerate(measurements) if isinstance(mp, VarianceMP) and mp.obs]
-    others = [i for i in range(len(measurements)) if i not in variances]
+        return (_diagonalized(tape),), _first_result
+    wholes = [
+        i
+        for i, mp in enumerate(measurements)
+        if mp.obs is not None and not isinstance(mp, ExpectationMP)
+    ]
+    others = [i for i in range(len(measurements)) if i not in wholes]
     pieces = []
     if others:
         groups, recombine = split_non_commuting(
             tape.copy(measurements=[measurements[i] for i in others]), grouping_strategy="qwc"
         )
-        rotated = [diagonalize_measurements(group)[0][0] for group in groups]
+        rotated = [_diagonalized(group) for group in groups]
         pieces.append((others, rotated, recombine))
-    for index in variances:
+    for index in wholes:
         alone = tape.copy(measurements=[measurements[index]])
         if _qubit_wise_commuting(alone.measurements, tape.wires):
-            alone = diagonalize_measurements(alone)[0][0]
+            alone = _diagonalized(alone)
         pieces.append(([index], [alone], _first_result))
     return [t for _, tapes, _ in pieces for t in tapes], _reassemble(tape, pieces)
+
+
+def _shadows_apart(tape: QuantumScript):
+    """Each classical-shadow measurement in a tape of its own, expanded where the tape is
+    broadcast (its measurement takes one state); the other measurements rotated together
+    as ``rotate_sampled_measurements`` rotates them."""
+    shadows = [i for i, mp in enumerate(tape.measurements) if isinstance(mp, SHADOW_MEASUREMENTS)]
+    others = [i for i in range(len(tape.measurements)) if i not in shadows]
+    pieces = []
+    if others:
+        rest = tape.copy(measurements=[tape.measurements[i] for i in others])
+        tapes, postprocess = rotate_sampled_measurements(rest)
+        pieces.append((others, list(tapes), postprocess))
+    for index in shadows:
+        alone = tape.copy(measurements=[tape.measurements[index]])
+        if tape_batch_size(alone) is None:
+            pieces.append(([index], [alone], _first_result))
+        else:
+            tapes, postprocess = _broadcast_expand(alone)
+            pieces.append(([index], list(tapes), postprocess))
+    return [t for _, tapes, _ in pieces for t in tapes], _reassemble(tape, pieces)
+
+
+def _diagonalized(tape: QuantumScript) -> QuantumScript:
+    """PennyLane's ``diagonalize_measurements`` of a tape whose measurements commute
+    qubit-wise, with the options of counts (``all_outcomes``) and samples (``dtype``) kept:
+    it rebuilds the measurements of observables without them (outcomes never sampled went
+    missing from the dictionaries, samples came as float64)."""
+    (rotated,), _ = diagonalize_measurements(tape)
+    kept = [
+        _with_options_of(old, new)
+        for old, new in zip(tape.measurements, rotated.measurements, strict=True)
+    ]
+    return rotated.copy(measurements=kept)
+
+
+def _with_options_of(old, new):
+    if new.obs is None or new is old:
+        return new
+    if isinstance(old, CountsMP) and old.all_outcomes:
+        return CountsMP(obs=new.obs, all_outcomes=True)
+    dtype = getattr(old, "_dtype", None)  # SampleMP's option; PennyLane has no accessor
+    if isinstance(old, SampleMP) and dtype is not None:
+        return SampleMP(obs=new.obs, dtype=dtype)
+    return new
 
 
 def _reassemble(tape: QuantumScript, pieces):

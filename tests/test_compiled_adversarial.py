@@ -169,7 +169,8 @@ def _layers(n, measure="expval"):
             qml.PhaseShift(w[0, 0, 0], 0)
         if measure == "probs":
             return qml.probs(wires=[0, 1])
-        return qml.expval(qml.Z(0)), qml.expval(qml.X(1) @ qml.Y(n - 1))
+        # a word on two wires (X(1) @ Y(1) at n=2 would be iZ, which is not Hermitian)
+        return qml.expval(qml.Z(0)), qml.expval(qml.X(n - 2) @ qml.Y(n - 1))
 
     return circuit
 

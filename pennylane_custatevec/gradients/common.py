@@ -100,6 +100,13 @@ def unsupported_reason(
         reason = _measurement_reason(mp)
         if reason:
             return reason
+        if trainable and _not_hermitian(mp):
+            return (
+                f"the observable {mp.obs} of {type(mp).__name__} is not Hermitian (a non-real "
+                "coefficient), so its expectation value is complex and its derivative is not "
+                "the adjoint method's real one; use diff_method='parameter-shift' or "
+                "'finite-diff', or a real coefficient"
+            )
     if tape.shots:
         return (
             f"it needs analytic execution and the circuit has shots={tape.shots.total_shots}; "
@@ -171,6 +178,12 @@ def _measurement_reason(mp: MeasurementProcess) -> str | None:
     if isinstance(mp, ProbabilityMP) and mp.obs is not None:
         return f"{supported}, not probs of an observable ({mp.obs.name})"
     return None
+
+
+def _not_hermitian(mp: MeasurementProcess) -> bool:
+    return isinstance(mp, (ExpectationMP, VarianceMP)) and not (
+        mp.obs is None or measure.is_hermitian(mp.obs)
+    )
 
 
 def _operation_reason(op: Operator, trainable: bool) -> str | None:
