@@ -414,7 +414,18 @@ def rotate_to_eigenbases(
                 "wires; measure them in separate circuits."
             )
         rotated[key] = mp.obs
-        for gate in diagonalizing_gates_of(mp.obs):
+    for mp in measurements:  # what reads a wire another observable rotates would read it rotated
+        key = None if mp.obs is None else observable_key(mp.obs)
+        read = set(mp.wires or register.wires)
+        others = [obs for other, obs in rotated.items() if other != key and read & set(obs.wires)]
+        if others:
+            raise DeviceError(
+                f"Cannot sample {mp} together with {others} on shared wires (a circuit that has "
+                "not been through the device's preprocessing, which splits it); measure them "
+                "in separate circuits."
+            )
+    for obs in rotated.values():
+        for gate in diagonalizing_gates_of(obs):
             apply_operator(backend, state, register, gate)
 
 

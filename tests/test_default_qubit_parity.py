@@ -580,3 +580,49 @@ def test_classical_fisher_under_torch():
         expected(angles).detach().numpy(),
         atol=1e-8,
     )
+
+
+# ---------------------------------------------------------------------------------------
+# sampling a tape that has not been through the preprocessing (dev.execute directly, as
+# PennyLane's gradient-transform tests do): measurements that read a wire another
+# observable rotates were sampled from the rotated state
+
+
+def _rotated_pair_tape(measurements, shots=100_000):
+    ops = [qml.RX(0.543, 0), qml.RY(-0.654, 1), qml.CNOT([0, 1])]
+    return qml.tape.QuantumScript(ops, measurements, shots=shots)
+
+
+@pytest.mark.parametrize(
+    "measurements",
+    [
+        [qml.probs(wires=[0, 1]), qml.expval(qml.Z(0) @ qml.X(1))],
+        [qml.expval(qml.Z(1)), qml.expval(qml.X(1))],
+        [qml.sample(wires=[1]), qml.var(qml.Y(1))],
+        [qml.counts(), qml.expval(qml.Hermitian(np.array([[1.0, 0.5j], [-0.5j, -0.3]]), 0))],
+    ],
+    ids=["probs-word", "Z-X", "sample-Y", "counts-hermitian"],
+)
+def test_unpreprocessed_tape_that_reads_a_rotated_wire_refused(measurements):
+    dev = qml.device(DEVICE, wires=2, backend="cpu", seed=1)
+    with pytest.raises(qml.exceptions.DeviceError, match="Cannot sample"):
+        dev.execute(_rotated_pair_tape(measurements))
+
+
+def test_the_same_measurements_through_a_qnode_as_analytic():
+    """Through the preprocessing (which splits them) the values agree with the exact
+    ones to within five standard errors of 100,000 shots."""
+    measurements = [
+        qml.probs(wires=[0, 1]),
+        qml.expval(qml.Z(0) @ qml.X(1)),
+        qml.expval(qml.Z(1)),
+        qml.expval(qml.X(1)),
+    ]
+    dev = qml.device(DEVICE, wires=2, backend="cpu", seed=1)
+    exact = qml.device("default.qubit", wires=2).execute(
+        _rotated_pair_tape(measurements, shots=None)
+    )
+    sampled = qml.execute([_rotated_pair_tape(measurements)], dev, diff_method=None)[0]
+    bound = 5 / np.sqrt(100_000)
+    for value, expected in zip(sampled, exact, strict=True):
+        np.testing.assert_allclose(value, expected, atol=bound)
