@@ -408,16 +408,12 @@ class CuStateVecDevice(Device):
         name = getattr(method, "__name__", str(method))
         if method is not None and method != "adjoint":  # a PennyLane gradient transform
             pipeline.add_transform(refuse_postselection_under_gradient_transforms, name)
-        if method is not None and (
-            config.interface is Interface.AUTOGRAD
-            or (config.derivative_order == 1 and config.interface in _JAX_INTERFACES)
+        if (
+            method is not None
+            and config.derivative_order == 1
+            and config.interface in _TRACING_INTERFACES
         ):
-            pipeline.add_transform(
-                refuse_second_derivatives,
-                name,
-                config.derivative_order,
-                config.interface is Interface.AUTOGRAD,
-            )
+            pipeline.add_transform(refuse_second_derivatives, name)
         if differentiating and config.interface in _JAX_INTERFACES:
             pipeline.add_transform(real_parameters_for_real_results)  # the user's gates named
         if mcm_method == "deferred":

@@ -283,37 +283,20 @@ def _differentiation_depth(value) -> int:
 
 
 @transform
-def refuse_second_derivatives(
-    tape: QuantumScript, method: str, max_diff: int = 1, autograd: bool = False
-):
+def refuse_second_derivatives(tape: QuantumScript, method: str):
     """Refuse a tape whose parameters are traced for a second derivative (autograd's
     ``qml.jacobian(qml.grad(f))``, ``jax.hessian``) under ``max_diff=1``: PennyLane's
     interfaces then differentiate the device's first derivatives as constants, and every
     second derivative comes out zero, with no error (on every device, for every gradient
-    method but backpropagation). With ``autograd``, also under ``max_diff > 1`` for a
-    tape with several measurements: PennyLane 0.45's autograd interface returns zero
-    second derivatives of those too (default.qubit's parameter-shift as well; torch and
-    jax differentiate them)."""
-    several = autograd and len(tape.measurements) > 1
-    if max_diff > 1 and not several:
-        return (tape,), _first_result
+    method but backpropagation)."""
     for value in tape.get_parameters(trainable_only=False):
-        if _differentiation_depth(value) <= 1:
-            continue
-        if max_diff > 1:
+        if _differentiation_depth(value) > 1:
             raise SecondDerivativesError(
-                "custatevec.qubit cannot take second derivatives of a QNode with several "
-                "measurements through the autograd interface: PennyLane 0.45 returns zeros "
-                f"for them (diff_method={method!r}, max_diff={max_diff}; default.qubit's "
-                "parameter-shift too). Use interface='torch' or 'jax', or one measurement "
-                "per QNode."
+                f"custatevec.qubit cannot take second derivatives with diff_method={method!r} "
+                "and max_diff=1: PennyLane would differentiate the first derivatives as "
+                "constants and return a zero Hessian. Set max_diff=2 on the QNode with "
+                "diff_method='parameter-shift' (or 'best', which picks it then)."
             )
-        raise SecondDerivativesError(
-            f"custatevec.qubit cannot take second derivatives with diff_method={method!r} "
-            "and max_diff=1: PennyLane would differentiate the first derivatives as "
-            "constants and return a zero Hessian. Set max_diff=2 on the QNode with "
-            "diff_method='parameter-shift' (or 'best', which picks it then)."
-        )
     return (tape,), _first_result
 
 

@@ -626,34 +626,3 @@ def test_the_same_measurements_through_a_qnode_as_analytic():
     bound = 5 / np.sqrt(100_000)
     for value, expected in zip(sampled, exact, strict=True):
         np.testing.assert_allclose(value, expected, atol=bound)
-
-
-def _two_expvals(x):
-    qml.RX(x[0], wires=0)
-    qml.RY(x[1], wires=0)
-    qml.CNOT(wires=[0, 1])
-    return qml.expval(qml.Z(0)), qml.expval(qml.Z(1))
-
-
-def test_autograd_second_derivatives_of_several_measurements_refused():
-    """PennyLane 0.45's autograd interface returns zero second derivatives of a QNode
-    with several measurements under max_diff=2 (default.qubit's parameter-shift too);
-    "best" picks parameter-shift here, so they were zeros with no error."""
-    dev = qml.device(DEVICE, wires=2, backend="cpu")
-    for method in ("best", "parameter-shift"):
-        node = qml.QNode(_two_expvals, dev, diff_method=method, max_diff=2)
-        with pytest.raises(qml.exceptions.DeviceError, match="several measurements"):
-            qml.jacobian(qml.jacobian(lambda x, node=node: node(x)[1]))(
-                qml.numpy.ones(2, requires_grad=True)
-            )
-
-
-def test_torch_second_derivatives_of_several_measurements():
-    expected = np.array(
-        [[-(np.cos(1.0) ** 2), np.sin(1.0) ** 2], [np.sin(1.0) ** 2, -(np.cos(1.0) ** 2)]]
-    )
-    dev = qml.device(DEVICE, wires=2, backend="cpu")
-    node = qml.QNode(_two_expvals, dev, interface="torch", max_diff=2)
-    angles = torch.ones(2, dtype=torch.float64, requires_grad=True)
-    hessian = torch.autograd.functional.hessian(lambda x: node(x)[1], angles).numpy()
-    np.testing.assert_allclose(hessian, expected, atol=1e-8)
