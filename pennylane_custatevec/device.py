@@ -34,7 +34,7 @@ from .execution import PreparedTape, run_tapes
 from .gradients import deferred, eager, jvp
 from .gradients.common import require_adjoint_serves
 from .kept import KeptState
-from .measure import SHADOW_MEASUREMENTS
+from .measure import SHADOW_MEASUREMENTS, measurable
 from .program import compiles_by_gate, is_broadcast, tape_batch_size
 from .queuing import PipelineWithoutQueuing, without_queuing
 from .rotations import PauliRotations
@@ -42,15 +42,17 @@ from .structures import Structure, StructureCache, StructureKey, StructureRun
 from .templates import NATIVE_TEMPLATES, is_native_template
 from .transforms import (
     SecondDerivativesError,
+    allocate_dynamic_wires,
     complex_parameters_for_state,
     decompose_late_state_preps,
     decompose_templates_for_gradients,
     expand_broadcasts,
     gather_rotations,
     real_parameters_for_real_results,
+    refuse_autograd_hessians_of_alike_measurements,
     refuse_differentiated_shares,
+    refuse_higher_derivatives,
     refuse_postselection_under_gradient_transforms,
-    refuse_second_derivatives,
     rotate_sampled_measurements,
     split_state_from_real_results,
     validate_adjoint_differentiation,
@@ -60,12 +62,16 @@ _DTYPE_CHOICES = (np.complex128, np.complex64)
 _MATRIX_DEFINED_OPS = (
     qml.QubitUnitary,
     qml.ControlledQubitUnitary,
-    qml.DiagonalQubitUnitary,
     qml.BlockEncode,
     qml.operation.StatePrepBase,
 )
 """Operations whose parameters are matrices or states: never decomposed for the adjoint
-method, so that a trainable one is refused by name rather than silently expanded."""
+method, so that a trainable one is refused by name rather than silently expanded (the
+rotation angles of a general unitary's decomposition are not differentiable everywhere).
+A trainable DiagonalQubitUnitary decomposes, as default.qubit's adjoint method takes it:
+into RZ, SelectPauliRot and GlobalPhase gates whose angles are differences of its
+entries' phases, smooth functions of unit-modulus entries, which the interface
+differentiates."""
 
 
 ADJOINT_VALIDATED_IN_PREPROCESSING = "adjoint_validated_in_preprocessing"
@@ -408,12 +414,22 @@ class CuStateVecDevice(Device):
         name = getattr(method, "__name__", str(method))
         if method is not None and method != "adjoint":  # a PennyLane gradient transform
             pipeline.add_transform(refuse_postselection_under_gradient_transforms, name)
+        if method is not None and config.interface in _TRACING_INTERFACES:
+            # a gradient transform's pipeline runs inside the interface: jax's hides levels
+            hides = method != "adjoint" and config.interface == Interface.JAX
+            pipeline.add_transform(
+                refuse_higher_derivatives,
+                name,
+                config.derivative_order,
+                autograd=config.interface == Interface.AUTOGRAD,
+                hidden=config.derivative_order if hides else 0,
+            )
         if (
-            method is not None
-            and config.derivative_order == 1
-            and config.interface in _TRACING_INTERFACES
+            method not in (None, "adjoint")
+            and config.derivative_order > 1
+            and config.interface == Interface.AUTOGRAD
         ):
-            pipeline.add_transform(refuse_second_derivatives, name)
+            pipeline.add_transform(refuse_autograd_hessians_of_alike_measurements, name)
         if differentiating and config.interface in _JAX_INTERFACES:
             pipeline.add_transform(real_parameters_for_real_results)  # the user's gates named
         if mcm_method == "deferred":
@@ -434,6 +450,11 @@ class CuStateVecDevice(Device):
         array_gradients = config.gradient_method is None or (differentiating and vjp_boundary)
         pipeline.add_transform(decompose_templates_for_gradients, array_gradients)
         pipeline.add_transform(gather_rotations)
+        # work wires that decompositions allocate (qml.allocate, TemporaryAnd) take the
+        # device's free wires, reused after a reset where mid-circuit measurements can reset
+        pipeline.add_transform(
+            allocate_dynamic_wires, self.wires, allow_resets=mcm_method != "deferred"
+        )
         pipeline.add_transform(validate_device_wires, self.wires, name=self.name)
         pipeline.add_transform(
             validate_measurements,
@@ -513,7 +534,7 @@ class CuStateVecDevice(Device):
         return op.num_params == 1 and op.has_generator
 
     def _observable_supported(self, obs: qml.operation.Operator) -> bool:
-        return self.capabilities.supports_observable(obs.name)
+        return measurable(obs, self.capabilities.supports_observable)
 
     def execute(
         self,
@@ -521,31 +542,40 @@ class CuStateVecDevice(Device):
         execution_config: ExecutionConfig | None = None,
     ):
         config = execution_config or ExecutionConfig()
-        if _holds_autograd_values(circuits):
-            return self._execute_through_autograd(circuits, config)
+        if (
+            config.interface == Interface.TORCH
+            and config.derivative_order == 1
+            and config.gradient_method not in (None, "adjoint")
+        ):  # a gradient transform's tapes run in torch's backward pass: refused with a graph
+            _refuse_differentiable_backward()
+        if _holds_differentiated_values(circuits):
+            return self._execute_through_workflow(circuits, config)
         return self._execute(circuits, config)
 
-    def _execute_through_autograd(self, circuits: Sequence[QuantumScript], config):
-        """Circuits whose parameters hold autograd values (``_holds_autograd_values``)
-        that PennyLane gave the device without its autograd interface (default.qubit is
-        traced by autograd; this device is not): executed again through PennyLane's
-        workflow, which now finds their interface, so that autograd differentiates them
-        by the gradient method of ``config``. The tracker counts them once; other threads'
-        recordings wait for this execution (``without_queuing``)."""
+    def _execute_through_workflow(self, circuits: Sequence[QuantumScript], config):
+        """Circuits whose parameters a framework differentiates
+        (``_holds_differentiated_values``) that reached the device without PennyLane's
+        interface for it (default.qubit is traced by the framework; this device is not):
+        executed again through PennyLane's workflow, which now finds their interface, so
+        that the framework differentiates them by the gradient method of ``config``. The
+        tracker counts them once; other threads' recordings wait for this execution
+        (``without_queuing``)."""
         if config.mcm_config.mcm_method == "one-shot" and any(
             isinstance(op, qml.ops.MidMeasure) for c in circuits for op in c.operations
         ):
             raise DeviceError(
-                "custatevec.qubit cannot differentiate a circuit whose parameter is an array "
-                "of autograd values (e.g. a tuple of trainable scalars) with "
-                "mcm_method='one-shot'; stack them into one array (qml.numpy.stack) or use "
+                "custatevec.qubit cannot differentiate, with mcm_method='one-shot', a "
+                "circuit that reached it with differentiated values outside PennyLane's "
+                "interface (an array of autograd values such as a tuple of trainable "
+                "scalars, or dev.execute called inside torch or jax differentiation); "
+                "stack the values into one array (qml.numpy.stack), run a QNode, or use "
                 "mcm_method='deferred'."
             )
         tracking, self.tracker.active = self.tracker.active, False
         try:
             with without_queuing():  # a rare path: PennyLane's workflow builds operators
                 return qml.execute(
-                    [_with_autograd_parameters(circuit) for circuit in circuits],
+                    [_with_differentiated_parameters(circuit) for circuit in circuits],
                     self,
                     diff_method=config.gradient_method or "best",
                     device_vjp=bool(config.use_device_jacobian_product),
@@ -1108,45 +1138,60 @@ def _adjoint_config(config: ExecutionConfig | None) -> ExecutionConfig:
     return dataclasses.replace(config or ExecutionConfig(), gradient_method="adjoint")
 
 
-def _holds_autograd_values(circuits: Sequence[QuantumScript]) -> bool:
-    """Whether a parameter of ``circuits`` is, or is a numpy array of objects holding, an
-    autograd value. PennyLane hands the device numpy values, but for a circuit whose
-    interface it takes for numpy while autograd traces it: one whose parameter is a numpy
-    array of autograd values, such as ``qml.AngleEmbedding((a, b), ...)`` with trainable
-    scalars a and b under ``qml.grad`` (numpy builds an array of objects, and the gates of
-    its decomposition get elements of it)."""
+_PLAIN_VALUE_TYPES = (float, int, complex, np.float64, np.complex128)
+
+
+def _holds_differentiated_values(circuits: Sequence[QuantumScript]) -> bool:
+    """Whether a parameter of ``circuits`` is one a framework differentiates
+    (``_differentiated_items``). PennyLane's workflow hands the device numpy values;
+    these come from code that calls ``dev.execute`` inside a differentiated function
+    (PennyLane's gradient-transform tests do: ``fn(dev.execute(tapes))`` under
+    ``torch.autograd.functional.jacobian`` or ``jax.jacobian``), and from a circuit whose
+    interface PennyLane takes for numpy while autograd traces it: one whose parameter is
+    a numpy array of autograd values, such as ``qml.AngleEmbedding((a, b), ...)`` with
+    trainable scalars a and b under ``qml.grad`` (numpy builds an array of objects, and
+    the gates of its decomposition get elements of it)."""
     return any(
-        _autograd_items(value) is not None
+        type(value) not in _PLAIN_VALUE_TYPES and _differentiated_items(value) is not None
         for circuit in circuits
         for op in circuit.operations
         for value in op.data
     )
 
 
-def _autograd_items(value) -> list | None:
-    """``[value]`` for an autograd value, the elements of a numpy array of objects that
-    holds one, else None."""
+def _differentiated_items(value) -> list | None:
+    """``[value]`` for an autograd value, a torch tensor that requires grad or a jax
+    tracer; the elements of a numpy array of objects that holds an autograd value; else
+    None. Torch and jax are looked up only where already imported."""
     if isinstance(value, Box):
         return [value]
-    if isinstance(value, np.ndarray) and value.dtype == np.dtype(object):
-        items = list(value.flat)
-        if any(isinstance(item, Box) for item in items):
-            return items
+    if isinstance(value, np.ndarray):
+        if value.dtype == np.dtype(object):
+            items = list(value.flat)
+            if any(isinstance(item, Box) for item in items):
+                return items
+        return None
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor) and value.requires_grad:
+        return [value]
+    jax = sys.modules.get("jax")
+    if jax is not None and isinstance(value, jax.core.Tracer):
+        return [value]
     return None
 
 
-def _with_autograd_parameters(circuit: QuantumScript) -> QuantumScript:
+def _with_differentiated_parameters(circuit: QuantumScript) -> QuantumScript:
     """``circuit`` with each numpy array of objects that holds autograd values as one
-    autograd array (so that PennyLane finds the interface), and those parameters marked
-    trainable."""
+    autograd array (so that PennyLane finds the interface), and the differentiated
+    parameters marked trainable."""
     parameters = circuit.get_parameters(trainable_only=False)
     trainable = []
     for index, value in enumerate(parameters):
-        items = _autograd_items(value)
+        items = _differentiated_items(value)
         if items is None:
             continue
         trainable.append(index)
-        if not isinstance(value, Box):
+        if isinstance(value, np.ndarray):
             stacked = math.stack([math.asarray(item, like="autograd") for item in items])
             parameters[index] = math.reshape(stacked, value.shape)
     return circuit.bind_new_parameters(parameters, list(range(len(parameters)))).copy(
@@ -1277,7 +1322,7 @@ _JAX_INTERFACES = frozenset({Interface.JAX, Interface.JAX_JIT})
 
 _TRACING_INTERFACES = _JAX_INTERFACES | {Interface.AUTOGRAD}
 """Where a second derivative shows in the parameters the device's preprocessing sees
-(nested autograd boxes or jax tracers: ``transforms.refuse_second_derivatives``); torch's
+(nested autograd boxes or jax tracers: ``transforms.refuse_higher_derivatives``); torch's
 shows in its backward pass (``_refuse_differentiable_backward``)."""
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 
 import numpy as np
 import pennylane as qml
@@ -37,6 +38,7 @@ from pennylane.measurements import (
     VarianceMP,
 )
 from pennylane.operation import Operator
+from pennylane.ops import CompositeOp, SymbolicOp
 from pennylane.wires import Wires
 
 from . import simulate
@@ -102,6 +104,20 @@ def is_hermitian(obs: Operator) -> bool:
     if len(obs.wires) > DENSE_OBSERVABLE_WIRES or any(map(qml.math.is_abstract, obs.data)):
         return False
     return bool(qml.is_hermitian(obs))
+
+
+def measurable(obs: Operator, named: Callable[[str], bool]) -> bool:
+    """Whether the device measures ``obs``, default.qubit's rule: arithmetic (sums,
+    products, scalar products, powers, adjoints, exponentials) of observables that each
+    have an eigenbasis (diagonalizing gates: what sampling rotates by) or a ``named`` one
+    (the capabilities' list: Hermitian and SparseHamiltonian are measured by their
+    matrices). An operator such as RX(0.3) is not an observable: refused, not measured
+    as a matrix."""
+    if isinstance(obs, CompositeOp):
+        return all(measurable(operand, named) for operand in obs.operands)
+    if isinstance(obs, SymbolicOp):
+        return measurable(obs.base, named)
+    return named(obs.name) or obs.has_diagonalizing_gates
 
 
 def _form(obs: Operator, register: Register) -> _ObservableForm:

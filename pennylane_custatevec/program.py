@@ -30,7 +30,7 @@ from functools import singledispatch
 
 import numpy as np
 import pennylane as qml
-from pennylane.exceptions import DeviceError
+from pennylane.exceptions import DeviceError, WireError
 from pennylane.operation import Operator
 from pennylane.ops import Conditional, MidMeasure
 from pennylane.ops.op_math import Adjoint, Controlled
@@ -211,6 +211,14 @@ def register_wires(tape: QuantumScript, device_wires: Wires | None) -> Wires:
     if not device_wires:
         return circuit_wires(tape)
     used = set(tape.wires)
+    unknown = used.difference(device_wires)
+    if unknown:
+        # Tapes that skip the preprocessing (dev.execute directly) reach here unchecked.
+        raise WireError(
+            "Cannot run circuit(s) on custatevec.qubit as they contain wires not found on "
+            f"the device: {sorted(unknown, key=str)}; the device's wires are "
+            f"{device_wires.tolist()}"
+        )
     return Wires([w for w in device_wires if w in used])
 
 

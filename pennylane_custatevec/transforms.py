@@ -6,6 +6,7 @@ import numpy as np
 import pennylane as qml
 from autograd.tracer import Box
 from pennylane import math
+from pennylane.devices.preprocess import device_resolve_dynamic_wires
 from pennylane.exceptions import DeviceError
 from pennylane.measurements import (
     CountsMP,
@@ -17,8 +18,8 @@ from pennylane.measurements import (
     StateMP,
     VarianceMP,
 )
-from pennylane.operation import StatePrepBase
-from pennylane.ops import LinearCombination, Sum
+from pennylane.operation import Operator, StatePrepBase
+from pennylane.ops import CompositeOp, LinearCombination, Pow, SProd, Sum, SymbolicOp
 from pennylane.pytrees import flatten, unflatten
 from pennylane.queuing import QueuingManager
 from pennylane.tape import QuantumScript
@@ -253,7 +254,7 @@ def refuse_postselection_under_gradient_transforms(tape: QuantumScript, method: 
 
 class SecondDerivativesError(DeviceError):
     """A second derivative asked for where the device's derivatives would be taken as
-    constants (a zero Hessian): under ``max_diff=1`` (``refuse_second_derivatives``) or
+    constants (a zero Hessian): beyond ``max_diff`` (``refuse_higher_derivatives``) or
     inside torch's backward pass with ``create_graph=True`` (device.py)."""
 
 
@@ -282,22 +283,91 @@ def _differentiation_depth(value) -> int:
         value = inner
 
 
+AUTOGRAD_DERIVATIVE_ORDERS = 2
+"""The highest derivative PennyLane 0.45's autograd interface differentiates (measured:
+``qml.jacobian`` three times of a parameter-shift QNode with ``max_diff=3`` gives zeros,
+on default.qubit too; torch and jax give the third derivatives)."""
+
+
 @transform
-def refuse_second_derivatives(tape: QuantumScript, method: str):
-    """Refuse a tape whose parameters are traced for a second derivative (autograd's
-    ``qml.jacobian(qml.grad(f))``, ``jax.hessian``) under ``max_diff=1``: PennyLane's
-    interfaces then differentiate the device's first derivatives as constants, and every
-    second derivative comes out zero, with no error (on every device, for every gradient
-    method but backpropagation)."""
-    for value in tape.get_parameters(trainable_only=False):
-        if _differentiation_depth(value) > 1:
-            raise SecondDerivativesError(
-                f"custatevec.qubit cannot take second derivatives with diff_method={method!r} "
-                "and max_diff=1: PennyLane would differentiate the first derivatives as "
-                "constants and return a zero Hessian. Set max_diff=2 on the QNode with "
-                "diff_method='parameter-shift' (or 'best', which picks it then)."
-            )
+def refuse_higher_derivatives(
+    tape: QuantumScript, method: str, order: int = 1, autograd: bool = False, hidden: int = 0
+):
+    """Refuse a tape whose parameters are traced for more derivatives than ``order``
+    (``max_diff``; autograd's ``qml.jacobian(qml.grad(f))``, ``jax.hessian``), or, with
+    ``autograd``, for more than ``AUTOGRAD_DERIVATIVE_ORDERS``: PennyLane's interfaces
+    then differentiate the innermost derivatives as constants, and the higher ones come
+    out zero, with no error (on every device, for every gradient method but
+    backpropagation). ``hidden``: the levels PennyLane's interface takes off before the
+    tapes reach this (its jax interface with a gradient transform: each of the ``order``
+    differentiable levels is a ``custom_jvp`` whose rule sees the primal without its
+    tracer; measured, ``jax.hessian`` under ``max_diff=1`` shows one level here)."""
+    highest = min(order, AUTOGRAD_DERIVATIVE_ORDERS) if autograd else order
+    seen = max(map(_differentiation_depth, tape.get_parameters(trainable_only=False)), default=0)
+    if not seen or seen + hidden <= highest:
+        return (tape,), _first_result
+    depth = seen + hidden
+    if order == 1:
+        raise SecondDerivativesError(
+            f"custatevec.qubit cannot take second derivatives with diff_method={method!r} "
+            "and max_diff=1: PennyLane would differentiate the first derivatives as "
+            "constants and return a zero Hessian. Set max_diff=2 on the QNode with "
+            "diff_method='parameter-shift' (or 'best', which picks it then)."
+        )
+    if depth <= order:  # autograd beyond its reach
+        raise SecondDerivativesError(
+            f"custatevec.qubit cannot take derivatives of order {depth} through autograd "
+            f"(diff_method={method!r}, max_diff={order}): PennyLane's autograd interface "
+            f"returns zeros beyond order {AUTOGRAD_DERIVATIVE_ORDERS}. Use interface='torch' "
+            "or 'jax' with max_diff set to the order."
+        )
+    raise SecondDerivativesError(
+        f"custatevec.qubit cannot take derivatives of order {depth} with "
+        f"diff_method={method!r} and max_diff={order}: PennyLane would differentiate the "
+        f"derivatives of order {order} as constants and return zeros. Set max_diff={depth} "
+        "on the QNode (with torch or jax beyond order 2)."
+    )
+
+
+@transform
+def refuse_autograd_hessians_of_alike_measurements(tape: QuantumScript, method: str):
+    """Refuse a tape traced by autograd for a second derivative (nested autograd boxes)
+    whose several measurements all have one shape (expectation values and variances, or
+    probabilities of as many wires each). PennyLane 0.45's autograd interface returns
+    zero second derivatives through such a tape under ``max_diff=2`` with a gradient
+    transform, with no error, on every device (default.qubit's parameter-shift too;
+    measured: ``qml.jacobian(qml.jacobian(f))`` with f stacking or indexing the results
+    of ``(expval, expval)``, ``(expval, var)``, ``(probs(0), probs(1))``), while tapes
+    whose measurements differ in shape, torch and jax are right. First derivatives
+    (one box) pass."""
+    measurements = tape.measurements
+    if len(measurements) < 2:
+        return (tape,), _first_result
+    if not any(_differentiation_depth(v) > 1 for v in tape.get_parameters(trainable_only=False)):
+        return (tape,), _first_result
+    shots, wires = tape.shots.total_shots, len(tape.wires)
+    shapes = {tuple(mp.shape(shots, wires)) for mp in measurements}
+    if len(shapes) == 1:
+        raise SecondDerivativesError(
+            f"custatevec.qubit cannot take second derivatives with autograd and "
+            f"diff_method={method!r} of a circuit whose {len(measurements)} measurements "
+            f"all have the shape {shapes.pop()}: PennyLane's autograd interface returns "
+            "zero second derivatives for it. Use interface='torch' or 'jax' (right), or "
+            "return measurements of different shapes (one probs over all their wires, or "
+            "the measurements of one shape from a QNode of their own)."
+        )
     return (tape,), _first_result
+
+
+@transform
+def allocate_dynamic_wires(tape: QuantumScript, wires: Wires | None, allow_resets: bool):
+    """PennyLane's ``device_resolve_dynamic_wires`` (work wires that ``qml.allocate`` and
+    decompositions such as TemporaryAnd's allocate take the device's free wires) for a
+    tape that allocates; any other passes as it is (PennyLane's rebuilds every tape:
+    about 20 us for 47 gates, measured with timeit)."""
+    if not any(op.name == "Allocate" for op in tape.operations):
+        return (tape,), _first_result
+    return device_resolve_dynamic_wires(tape, wires=wires, allow_resets=allow_resets)
 
 
 @transform
@@ -527,6 +597,18 @@ _JAX_DIFFERENTIATING_TRACERS = ("JVPTracer", "LinearizeTracer")
 """jax's tracers of a value being differentiated (``jax.jit`` traces with others)."""
 
 
+NOT_ANGLE_PARAMETERS = (
+    qml.QubitUnitary,
+    qml.ControlledQubitUnitary,
+    qml.DiagonalQubitUnitary,
+    qml.BlockEncode,
+    StatePrepBase,
+)
+"""Operations whose parameters are matrices, phases or amplitudes, complex by nature:
+never cast to real (a trainable DiagonalQubitUnitary decomposes into gates whose real
+angles are its phases' differences; the others are refused by name when trainable)."""
+
+
 @transform
 def real_parameters_for_real_results(tape: QuantumScript):
     """Cast the trainable parameters given as complex numbers with a zero imaginary part to
@@ -545,6 +627,8 @@ def real_parameters_for_real_results(tape: QuantumScript):
     for index in tape.trainable_params:
         value = parameters[index]
         if not math.get_dtype_name(value).startswith("complex"):
+            continue
+        if isinstance(tape.get_operation(index)[0], NOT_ANGLE_PARAMETERS):
             continue
         if math.is_abstract(value):
             if type(value).__name__ in _JAX_DIFFERENTIATING_TRACERS:
@@ -698,12 +782,72 @@ def _diagonalized(tape: QuantumScript) -> QuantumScript:
     qubit-wise, with the options of counts (``all_outcomes``) and samples (``dtype``) kept:
     it rebuilds the measurements of observables without them (outcomes never sampled went
     missing from the dictionaries, samples came as float64)."""
+    tape = _rotated_by_own_gates(tape)
     (rotated,), _ = diagonalize_measurements(tape)
     kept = [
         _with_options_of(old, new)
         for old, new in zip(tape.measurements, rotated.measurements, strict=True)
     ]
     return rotated.copy(measurements=kept)
+
+
+def _rebuildable(obs) -> bool:
+    """Whether PennyLane's ``diagonalize_measurements`` can rotate ``obs``: it rebuilds a
+    symbolic operator from its parameters and hyperparameters with the base rotated,
+    which scalar products and powers accept and exponentials, adjoints and controlled
+    operators (CZ, ...) do not (a TypeError)."""
+    if isinstance(obs, CompositeOp):
+        return all(map(_rebuildable, obs.operands))
+    if isinstance(obs, SymbolicOp):
+        return isinstance(obs, (SProd, Pow)) and _rebuildable(obs.base)
+    return True
+
+
+class RotatedObservable(Operator):
+    """An observable after its own diagonalizing gates (``_rotated_by_own_gates``):
+    diagonal in the computational basis of its wires, with the eigenvalues of the
+    observable it stands for. Measured through PennyLane's observable path, which sums
+    the counts of equal eigenvalues (its counts by explicit ``eigvals`` keep one of them:
+    ``{eigenvalue: count}`` built from every outcome, the last equal one winning)."""
+
+    num_params = 1
+    grad_method = None
+
+    @staticmethod
+    def compute_eigvals(eigenvalues):  # pylint: disable=arguments-differ
+        return eigenvalues
+
+    @staticmethod
+    def compute_diagonalizing_gates(eigenvalues, wires):  # pylint: disable=arguments-differ
+        return []
+
+    @staticmethod
+    def compute_matrix(eigenvalues):  # pylint: disable=arguments-differ
+        return np.diag(eigenvalues)
+
+
+def _rotated_by_own_gates(tape: QuantumScript) -> QuantumScript:
+    """The tape with each observable that PennyLane cannot rotate (``_rebuildable``)
+    rotated by its own diagonalizing gates, once per observable, and measured as a
+    ``RotatedObservable``, as default.qubit samples it (the measurements commute
+    qubit-wise: such an observable claims its wires whole)."""
+    measurements = list(tape.measurements)
+    opaque = [i for i, mp in enumerate(measurements) if mp.obs and not _rebuildable(mp.obs)]
+    if not opaque:
+        return tape
+    gates, rotated = [], set()
+    for index in opaque:
+        mp = measurements[index]
+        obs = mp.obs
+        if observable_key(obs) not in rotated:
+            rotated.add(observable_key(obs))
+            gates.extend(obs.diagonalizing_gates())
+        if isinstance(mp, ProbabilityMP):
+            measurements[index] = ProbabilityMP(wires=obs.wires)
+        else:
+            diagonal = RotatedObservable(obs.eigvals(), wires=obs.wires)
+            measurements[index] = _with_options_of(mp, type(mp)(obs=diagonal))
+    return tape.copy(operations=tape.operations + gates, measurements=measurements)
 
 
 def _with_options_of(old, new):

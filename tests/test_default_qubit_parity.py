@@ -508,11 +508,11 @@ def _hessian(interface, node):
 
 
 @pytest.mark.parametrize("interface", ["torch", "autograd", "jax"])
-@pytest.mark.parametrize("method", ["best", "adjoint"])
+@pytest.mark.parametrize("method", ["best", "adjoint", "parameter-shift", "finite-diff"])
 def test_second_derivatives_under_max_diff_1_refused(interface, method):
     """PennyLane's interfaces differentiate the device's first derivatives as constants
     there: the Hessian came out all zeros with no error (default.qubit's "best" is
-    backpropagation, which gives it)."""
+    backpropagation, which gives it; its gradient transforms give the zeros too)."""
     dev = qml.device(DEVICE, wires=1, backend="cpu")
     node = qml.QNode(_hessian_circuit, dev, interface=interface, diff_method=method)
     with pytest.raises(qml.exceptions.DeviceError, match="max_diff=2"):
