@@ -54,6 +54,7 @@ from .transforms import (
     refuse_higher_derivatives,
     refuse_postselection_under_gradient_transforms,
     rotate_sampled_measurements,
+    sampled_apart,
     split_state_from_real_results,
     validate_adjoint_differentiation,
 )
@@ -550,6 +551,10 @@ class CuStateVecDevice(Device):
             _refuse_differentiable_backward()
         if _holds_differentiated_values(circuits):
             return self._execute_through_workflow(circuits, config)
+        apart = sampled_apart(circuits)
+        if apart is not None:
+            tapes, recombine = apart
+            return recombine(self._execute(tapes, config))
         return self._execute(circuits, config)
 
     def _execute_through_workflow(self, circuits: Sequence[QuantumScript], config):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pennylane as qml
 from autograd.tracer import Box
@@ -754,6 +756,35 @@ def rotate_sampled_measurements(tape: QuantumScript):
             alone = _diagonalized(alone)
         pieces.append(([index], [alone], _first_result))
     return [t for _, tapes, _ in pieces for t in tapes], _reassemble(tape, pieces)
+
+
+def sampled_apart(circuits: Sequence[QuantumScript]):
+    """For ``dev.execute`` of tapes that skipped the preprocessing (PennyLane's gradient
+    tests call it so): each sampled tape whose measurements do not commute qubit-wise
+    split as ``rotate_sampled_measurements`` splits it, so that no measurement is sampled
+    from a state rotated for another (default.qubit samples each group apart too).
+    ``(tapes, recombine)``, or None where every tape commutes (as every preprocessed tape
+    does)."""
+    split = [
+        bool(c.shots)
+        and not any(isinstance(mp, SHADOW_MEASUREMENTS) for mp in c.measurements)
+        and not _qubit_wise_commuting(c.measurements, c.wires)
+        for c in circuits
+    ]
+    if not any(split):
+        return None
+    tapes, pieces = [], []
+    for circuit, apart in zip(circuits, split, strict=True):
+        parts, postprocess = (
+            rotate_sampled_measurements(circuit) if apart else ((circuit,), _first_result)
+        )
+        pieces.append((len(tapes), len(parts), postprocess))
+        tapes.extend(parts)
+
+    def recombine(results):
+        return [postprocess(results[start : start + n]) for start, n, postprocess in pieces]
+
+    return tapes, recombine
 
 
 def _shadows_apart(tape: QuantumScript):

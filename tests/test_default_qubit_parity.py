@@ -585,7 +585,8 @@ def test_classical_fisher_under_torch():
 # ---------------------------------------------------------------------------------------
 # sampling a tape that has not been through the preprocessing (dev.execute directly, as
 # PennyLane's gradient-transform tests do): measurements that read a wire another
-# observable rotates were sampled from the rotated state
+# observable rotates were sampled from the rotated state (then refused); now the device
+# samples them apart, as its preprocessing and default.qubit do
 
 
 def _rotated_pair_tape(measurements, shots=100_000):
@@ -593,36 +594,52 @@ def _rotated_pair_tape(measurements, shots=100_000):
     return qml.tape.QuantumScript(ops, measurements, shots=shots)
 
 
-@pytest.mark.parametrize(
-    "measurements",
-    [
-        [qml.probs(wires=[0, 1]), qml.expval(qml.Z(0) @ qml.X(1))],
-        [qml.expval(qml.Z(1)), qml.expval(qml.X(1))],
-        [qml.sample(wires=[1]), qml.var(qml.Y(1))],
-        [qml.counts(), qml.expval(qml.Hermitian(np.array([[1.0, 0.5j], [-0.5j, -0.3]]), 0))],
+_NON_COMMUTING = {
+    "probs-word": [qml.probs(wires=[0, 1]), qml.expval(qml.Z(0) @ qml.X(1))],
+    "Z-X": [qml.expval(qml.Z(1)), qml.expval(qml.X(1))],
+    "var-Y-Z": [qml.var(qml.Y(1)), qml.expval(qml.Z(1)), qml.probs(wires=[1])],
+    "hermitian-probs": [
+        qml.expval(qml.Hermitian(np.array([[1.0, 0.5j], [-0.5j, -0.3]]), 0)),
+        qml.probs(wires=[0]),
     ],
-    ids=["probs-word", "Z-X", "sample-Y", "counts-hermitian"],
-)
-def test_unpreprocessed_tape_that_reads_a_rotated_wire_refused(measurements):
-    dev = qml.device(DEVICE, wires=2, backend="cpu", seed=1)
-    with pytest.raises(qml.exceptions.DeviceError, match="Cannot sample"):
-        dev.execute(_rotated_pair_tape(measurements))
+}
 
 
-def test_the_same_measurements_through_a_qnode_as_analytic():
-    """Through the preprocessing (which splits them) the values agree with the exact
-    ones to within five standard errors of 100,000 shots."""
-    measurements = [
-        qml.probs(wires=[0, 1]),
-        qml.expval(qml.Z(0) @ qml.X(1)),
-        qml.expval(qml.Z(1)),
-        qml.expval(qml.X(1)),
-    ]
+@pytest.mark.parametrize("name", sorted(_NON_COMMUTING))
+@pytest.mark.parametrize("entry", ["dev.execute", "qml.execute"])
+def test_measurements_that_do_not_commute_sampled_apart(name, entry):
+    """Within five standard errors of 100,000 shots of the exact values."""
+    measurements = _NON_COMMUTING[name]
     dev = qml.device(DEVICE, wires=2, backend="cpu", seed=1)
     exact = qml.device("default.qubit", wires=2).execute(
         _rotated_pair_tape(measurements, shots=None)
     )
-    sampled = qml.execute([_rotated_pair_tape(measurements)], dev, diff_method=None)[0]
-    bound = 5 / np.sqrt(100_000)
+    tape = _rotated_pair_tape(measurements)
+    if entry == "dev.execute":
+        sampled = dev.execute(tape)
+    else:
+        sampled = qml.execute([tape], dev, diff_method=None)[0]
+    bound = 5 * 2 / np.sqrt(100_000)  # eigenvalues within [-1.3, 1]
     for value, expected in zip(sampled, exact, strict=True):
         np.testing.assert_allclose(value, expected, atol=bound)
+
+
+def test_sampled_apart_with_a_shot_vector_and_samples():
+    dev = qml.device(DEVICE, wires=2, backend="cpu", seed=2)
+    tape = _rotated_pair_tape(
+        [qml.sample(wires=[1]), qml.expval(qml.X(1)), qml.counts(qml.Y(1))],
+        shots=(20_000, 30_000),
+    )
+    exact = qml.device("default.qubit", wires=2).execute(
+        _rotated_pair_tape([qml.probs(wires=[1]), qml.expval(qml.X(1)), qml.expval(qml.Y(1))], None)
+    )
+    results = dev.execute(tape)
+    assert len(results) == 2
+    for (samples, x_mean, y_counts), shots in zip(results, (20_000, 30_000), strict=True):
+        bound = 5 * 2 / np.sqrt(shots)
+        assert samples.shape == (shots, 1)
+        np.testing.assert_allclose(np.mean(samples), exact[0][1], atol=bound)
+        np.testing.assert_allclose(x_mean, exact[1], atol=bound)
+        assert sum(y_counts.values()) == shots
+        y_mean = (y_counts.get(1, 0) - y_counts.get(-1, 0)) / shots
+        np.testing.assert_allclose(y_mean, exact[2], atol=bound)
