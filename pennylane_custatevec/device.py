@@ -59,6 +59,37 @@ from .transforms import (
     validate_adjoint_differentiation,
 )
 
+
+def _measures_mid_circuit(jaxpr) -> bool:
+    """Whether a captured program (or a branch or body in it) measures mid-circuit."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "measure":
+            return True
+        for value in eqn.params.values():
+            inner = value if isinstance(value, (tuple, list)) else (value,)
+            for item in inner:
+                item = getattr(item, "jaxpr", item)  # a ClosedJaxpr's jaxpr
+                if hasattr(item, "eqns") and _measures_mid_circuit(item):
+                    return True
+    return False
+
+
+def _capture_paused(method):
+    """Run a device entry point with PennyLane's program capture paused: a captured
+    program under ``jax.jit`` reaches the device through PennyLane's pure callbacks,
+    which run while the user's ``qml.capture.enable()`` is in force, and the device's
+    operators and transforms are plain Python there (``eval_jaxpr``)."""
+
+    @functools.wraps(method)
+    def paused(*args, **kwargs):
+        if not qml.capture.enabled():
+            return method(*args, **kwargs)
+        with qml.capture.pause():
+            return method(*args, **kwargs)
+
+    return paused
+
+
 _DTYPE_CHOICES = (np.complex128, np.complex64)
 _MATRIX_DEFINED_OPS = (
     qml.QubitUnitary,
@@ -407,6 +438,8 @@ class CuStateVecDevice(Device):
         return dataclasses.replace(config, **updates)
 
     def preprocess_transforms(self, execution_config: ExecutionConfig | None = None):
+        if qml.capture.enabled():  # captured programs become tapes in eval_jaxpr
+            return PipelineWithoutQueuing()
         config = execution_config or ExecutionConfig()
         mcm_method = config.mcm_config.mcm_method
         differentiating = config.gradient_method == "adjoint"
@@ -537,6 +570,7 @@ class CuStateVecDevice(Device):
     def _observable_supported(self, obs: qml.operation.Operator) -> bool:
         return measurable(obs, self.capabilities.supports_observable)
 
+    @_capture_paused
     def execute(
         self,
         circuits: Sequence[QuantumScript],
@@ -556,6 +590,62 @@ class CuStateVecDevice(Device):
             tapes, recombine = apart
             return recombine(self._execute(tapes, config))
         return self._execute(circuits, config)
+
+    def eval_jaxpr(
+        self,
+        jaxpr,
+        consts: list,
+        *args,
+        execution_config: ExecutionConfig | None = None,
+        shots=None,
+    ) -> list:
+        """A program captured with ``qml.capture.enable()``: PennyLane's ``plxpr_to_tape``
+        makes it a tape, which runs through PennyLane's workflow with capture paused, so
+        that the device's whole preprocessing applies (``preprocess_transforms`` gives
+        captured programs none). Values jax traces (``jax.jit``, differentiation) reach
+        the device as in a jax QNode: ``jax.jit`` through a pure callback, derivatives by
+        the method of ``execution_config`` ("best": adjoint)."""
+        config = execution_config or ExecutionConfig()
+        with without_queuing():
+            # PennyLane's interpreter turns capture on as it evaluates: pause it after
+            tape = qml.tape.plxpr_to_tape(jaxpr, consts, *args, shots=shots)
+        with qml.capture.pause(), without_queuing():
+            method = config.gradient_method
+            result = qml.execute(
+                [tape],
+                self,
+                # each tape's own choice (parameter-shift with shots) unless one is set
+                diff_method="best" if method in (None, "backprop", "adjoint") else method,
+                gradient_kwargs=config.gradient_keyword_arguments,
+                mcm_method=config.mcm_config.mcm_method,
+                postselect_mode=config.mcm_config.postselect_mode,
+            )[0]
+        return list(result) if len(tape.measurements) > 1 else [result]
+
+    def jaxpr_jvp(
+        self, jaxpr, args: Sequence, tangents: Sequence, execution_config=None
+    ) -> tuple[list, list]:
+        """The results of a captured program and their JVP: jax differentiates
+        ``eval_jaxpr``, whose workflow takes the device's derivatives (adjoint)."""
+        import jax  # noqa: PLC0415 - program capture is jax's
+
+        if _measures_mid_circuit(jaxpr):
+            raise DeviceError(
+                "custatevec.qubit cannot differentiate a captured program with mid-circuit "
+                "measurements (PennyLane's plxpr_to_tape cannot rebuild its conditional "
+                "operations from traced values); differentiate it with capture disabled "
+                "(qml.capture.disable()), where mcm_method='deferred' differentiates it."
+            )
+
+        def run(*values):
+            return self.eval_jaxpr(jaxpr, [], *values, execution_config=execution_config)
+
+        zeros = [
+            jax.numpy.zeros_like(a) if type(t).__name__ == "Zero" else t
+            for a, t in zip(args, tangents, strict=True)
+        ]
+        results, jvps = jax.jvp(run, tuple(args), tuple(zeros))
+        return list(results), list(jvps)
 
     def _execute_through_workflow(self, circuits: Sequence[QuantumScript], config):
         """Circuits whose parameters a framework differentiates
@@ -694,6 +784,7 @@ class CuStateVecDevice(Device):
     # (``_execute``, ``_compute_derivatives``, ``_compute_vjp``), never another public
     # method, so that qml.Tracker counts every call once, as default.qubit does.
 
+    @_capture_paused
     def compute_derivatives(
         self,
         circuits: Sequence[QuantumScript],
@@ -721,6 +812,7 @@ class CuStateVecDevice(Device):
         _require_adjoint_serves(circuits, kept, execution_config, in_force)
         return _adjoint_jacobians(self._backend, circuits, self.wires, kept, in_force)
 
+    @_capture_paused
     def execute_and_compute_derivatives(
         self,
         circuits: Sequence[QuantumScript],
@@ -730,6 +822,7 @@ class CuStateVecDevice(Device):
         results = self._execute(circuits, config)
         return results, self._compute_derivatives(circuits, config)
 
+    @_capture_paused
     def compute_vjp(
         self,
         circuits: Sequence[QuantumScript],
@@ -798,6 +891,7 @@ class CuStateVecDevice(Device):
             for tape, dy, entry in zip(circuits, cotangents, kept, strict=True)
         )
 
+    @_capture_paused
     def execute_and_compute_vjp(
         self,
         circuits: Sequence[QuantumScript],
@@ -808,6 +902,7 @@ class CuStateVecDevice(Device):
         results = self._execute(circuits, config)
         return results, self._compute_vjp(circuits, cotangents, config)
 
+    @_capture_paused
     def compute_jvp(
         self,
         circuits: Sequence[QuantumScript],
@@ -822,6 +917,7 @@ class CuStateVecDevice(Device):
         (see ``pennylane_custatevec.gradients.jvp``)."""
         return self._compute_jvp(circuits, tangents, execution_config)
 
+    @_capture_paused
     def execute_and_compute_jvp(
         self,
         circuits: Sequence[QuantumScript],

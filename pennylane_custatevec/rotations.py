@@ -153,3 +153,6 @@ def structure(gates: tuple[RunGate, ...]) -> tuple[Operation, ...]:
     and generator) when the run is compiled; the angles live in the instructions."""
     with without_queuing():
         return tuple(_build(gate, 0.0) for gate in gates)
+
+
+PauliRotations._primitive = None  # plain Python under program capture (device.eval_jaxpr)

@@ -704,6 +704,23 @@ def _measured_bases(mp, all_wires) -> dict | None:
     return bases
 
 
+def _reads_a_rotated_wire(measurements, all_wires) -> bool:
+    """Whether a wire that one measurement reads in a basis other than Z is read by
+    another too (the device rotates a whole observable at execution, so that the other
+    would read it rotated): a tape the preprocessing has not rotated and split, such as
+    ``expval(X(0) @ Y(1))`` beside ``expval(Z(0))``, or ``Y(0) @ Y(2)`` beside
+    ``X(1) @ Y(2)`` (qubit-wise commuting, rotated per wire by the preprocessing)."""
+    readers: dict = {}  # {wire: {who reads it}}: "Z", or the observable that rotates it
+    for mp in measurements:
+        bases = _measured_bases(mp, all_wires)
+        if bases is None:  # a sum whose words do not commute qubit-wise
+            return True
+        for wire, basis in bases.items():
+            reader = "Z" if basis == "Z" else observable_key(mp.obs)
+            readers.setdefault(wire, set()).add(reader)
+    return any(len(who) > 1 and who != {"Z"} for who in readers.values())
+
+
 def _qubit_wise_commuting(measurements, all_wires) -> bool:
     """True when one rotation per wire diagonalizes every measurement together."""
     claimed: dict = {}
@@ -760,15 +777,15 @@ def rotate_sampled_measurements(tape: QuantumScript):
 
 def sampled_apart(circuits: Sequence[QuantumScript]):
     """For ``dev.execute`` of tapes that skipped the preprocessing (PennyLane's gradient
-    tests call it so): each sampled tape whose measurements do not commute qubit-wise
-    split as ``rotate_sampled_measurements`` splits it, so that no measurement is sampled
-    from a state rotated for another (default.qubit samples each group apart too).
-    ``(tapes, recombine)``, or None where every tape commutes (as every preprocessed tape
-    does)."""
+    tests call it so): each sampled tape with a measurement that reads a wire another
+    rotates (``_reads_a_rotated_wire``) rotated and split as
+    ``rotate_sampled_measurements`` does it, so that no measurement is sampled from a
+    state rotated for another (default.qubit samples each group apart too). ``(tapes,
+    recombine)``, or None where no tape needs it (as no preprocessed tape does)."""
     split = [
         bool(c.shots)
         and not any(isinstance(mp, SHADOW_MEASUREMENTS) for mp in c.measurements)
-        and not _qubit_wise_commuting(c.measurements, c.wires)
+        and _reads_a_rotated_wire(c.measurements, c.wires)
         for c in circuits
     ]
     if not any(split):
@@ -855,6 +872,9 @@ class RotatedObservable(Operator):
     @staticmethod
     def compute_matrix(eigenvalues):  # pylint: disable=arguments-differ
         return np.diag(eigenvalues)
+
+
+RotatedObservable._primitive = None  # plain Python under program capture (device.eval_jaxpr)
 
 
 def _rotated_by_own_gates(tape: QuantumScript) -> QuantumScript:

@@ -643,3 +643,15 @@ def test_sampled_apart_with_a_shot_vector_and_samples():
         assert sum(y_counts.values()) == shots
         y_mean = (y_counts.get(1, 0) - y_counts.get(-1, 0)) / shots
         np.testing.assert_allclose(y_mean, exact[2], atol=bound)
+
+
+def test_commuting_words_that_share_a_rotated_wire_sampled_apart():
+    """PennyLane's ``test_jacobian_products`` shot tests: ``Y(0) @ Y(2)`` beside
+    ``X(1) @ Y(2)`` commute qubit-wise but share wire 2, which the device rotates per
+    observable at execution; ``dev.execute`` rotates them per wire first now."""
+    measurements = [qml.expval(qml.Y(0) @ qml.Y(2)), qml.expval(qml.X(1) @ qml.Y(2))]
+    ops = [qml.RX(0.4, 0), qml.RY(0.7, 1), qml.RX(-0.3, 2), qml.CNOT([0, 2])]
+    tape = qml.tape.QuantumScript(ops, measurements, shots=100_000)
+    exact = qml.device("default.qubit", wires=3).execute(tape.copy(shots=None))
+    sampled = qml.device(DEVICE, wires=3, backend="cpu", seed=3).execute(tape)
+    np.testing.assert_allclose(sampled, exact, atol=5 * 2 / np.sqrt(100_000))
