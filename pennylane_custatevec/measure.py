@@ -76,7 +76,7 @@ class _ObservableForm:
     def hermitian(self) -> bool:
         """Whether the observable is Hermitian (its expectation value is real)."""
         if self.pauli is not None:
-            return all(real_valued(c) for c in self.pauli.values())
+            return real_sentence(self.pauli)
         matrix = self.matrix if self.matrix is not None else self.sparse
         difference = abs(matrix - matrix.conj().T).max()
         return difference <= HERMITIAN_TOLERANCE * max(1.0, abs(matrix).max())
@@ -92,13 +92,18 @@ def real_valued(value) -> bool:
     return bool(np.all(np.imag(qml.math.unwrap(value)) == 0))
 
 
+def real_sentence(sentence: qml.pauli.PauliSentence) -> bool:
+    """Whether a Pauli sentence is Hermitian: every coefficient real (``real_valued``)."""
+    return all(real_valued(c) for c in sentence.values())
+
+
 def is_hermitian(obs: Operator) -> bool:
     """Whether ``obs`` is Hermitian: a Pauli sentence whose coefficients are real; else
     where PennyLane verifies it from the operator's structure (``is_verified_hermitian``);
     else, on at most ``DENSE_OBSERVABLE_WIRES`` wires with concrete data, by its matrix
     (``qml.is_hermitian``, e.g. a product of operators on shared wires); else False."""
     if obs.pauli_rep is not None:
-        return all(real_valued(c) for c in obs.pauli_rep.values())
+        return real_sentence(obs.pauli_rep)
     if obs.is_verified_hermitian:
         return True
     if len(obs.wires) > DENSE_OBSERVABLE_WIRES or any(map(qml.math.is_abstract, obs.data)):
