@@ -17,7 +17,6 @@ from pennylane.devices import Device, ExecutionConfig
 from pennylane.devices.capabilities import validate_mcm_method
 from pennylane.devices.modifiers import simulator_tracking, single_tape_support
 from pennylane.devices.preprocess import (
-    decompose,
     validate_device_wires,
     validate_measurements,
     validate_observables,
@@ -42,10 +41,12 @@ from .structures import Structure, StructureCache, StructureKey, StructureRun
 from .templates import NATIVE_TEMPLATES, is_native_template
 from .transforms import (
     SecondDerivativesError,
+    TracedDecompositionError,
     allocate_dynamic_wires,
     complex_parameters_for_state,
     decompose_late_state_preps,
     decompose_templates_for_gradients,
+    decompose_traced,
     expand_broadcasts,
     gather_rotations,
     real_parameters_for_real_results,
@@ -381,8 +382,8 @@ class CuStateVecDevice(Device):
                 dataclasses.replace(config, gradient_method="adjoint"), circuit
             )
             self.preprocess_transforms(config)((circuit,))
-        except SecondDerivativesError:
-            raise  # every method but backpropagation would give zeros: say so
+        except (SecondDerivativesError, TracedDecompositionError):
+            raise  # every method but backpropagation would give zeros or fail: say so
         except (DeviceError, QuantumFunctionError, ValueError):
             return False
         return True
@@ -473,7 +474,7 @@ class CuStateVecDevice(Device):
         # decompositions made, e.g. trainable Rot gates)
         pipeline.add_transform(gather_rotations)
         pipeline.add_transform(
-            decompose,
+            decompose_traced,
             stopping_condition=self._stops_adjoint if differentiating else self._runs_natively,
             target_gates=self._target_gates,
             device_wires=self.wires,

@@ -43,7 +43,7 @@ from pennylane.wires import Wires
 
 from . import simulate
 from .backends.base import Backend, StateBatch
-from .exact import observable_key
+from .exact import operator_key
 from .instructions import apply_instruction
 from .program import Register, compile_operation
 from .queuing import diagonalizing_gates_of, matrix_of
@@ -420,34 +420,57 @@ def rotate_to_eigenbases(
     """Apply the diagonalizing gates of the observables that are not yet diagonal.
 
     The device's preprocessing rotates Pauli observables; what remains (Hermitian,
-    projectors onto states) is rotated here, once per distinct observable.
+    projectors onto states, and the observables of a tape that skipped the preprocessing)
+    is rotated here, wire by wire: each wire takes the gates of the observables that
+    rotate it, once, where they rotate it alike (``X(1)`` and ``Z(0) @ X(1)`` both take a
+    Hadamard on wire 1); a measurement reads every wire it reads rotated exactly as its
+    own observable rotates it (``Z(0)`` reads wire 0 beside ``Z(0) @ X(1)``, unrotated),
+    else the tape is refused (``probs(1)`` beside ``X(1)``: default.qubit samples such
+    measurements from circuits of their own, as the preprocessing splits them).
     """
-    rotated: dict = {}  # {observable_key: observable}: equal observables rotate once
+    rotations: dict = {}  # {wire: keys of the gates that rotate it, in order}
+    gates: list = []
     for mp in measurements:
-        if mp.obs is None or not diagonalizing_gates_of(mp.obs):
-            continue
-        key = observable_key(mp.obs)
-        if key in rotated:
-            continue
-        if any(set(mp.obs.wires) & set(done.wires) for done in rotated.values()):
+        own = _rotations_by_wire(mp)
+        clash = [w for w, keys in own.items() if rotations.get(w, keys) != keys]
+        if clash:
+            rotating = [
+                m.obs
+                for m in measurements
+                if m is not mp and set(_rotations_by_wire(m)) & set(clash)
+            ]
             raise DeviceError(
-                f"Cannot sample {mp.obs} together with {list(rotated.values())} on shared "
-                "wires; measure them in separate circuits."
+                f"Cannot sample {mp.obs} together with {rotating}: they rotate wires "
+                f"{clash} differently; measure them in separate circuits."
             )
-        rotated[key] = mp.obs
+        if mp.obs is None or set(own) <= set(rotations):
+            continue  # nothing to rotate, or rotated alike already
+        gates.extend(g for g in diagonalizing_gates_of(mp.obs) if not set(g.wires) & set(rotations))
+        rotations.update(own)
     for mp in measurements:  # what reads a wire another observable rotates would read it rotated
-        key = None if mp.obs is None else observable_key(mp.obs)
-        read = set(mp.wires or register.wires)
-        others = [obs for other, obs in rotated.items() if other != key and read & set(obs.wires)]
-        if others:
+        own = _rotations_by_wire(mp)
+        read = mp.wires or register.wires
+        if any(rotations.get(w, ()) != own.get(w, ()) for w in read):
+            others = [m.obs for m in measurements if m.obs is not None and m is not mp]
             raise DeviceError(
                 f"Cannot sample {mp} together with {others} on shared wires (a circuit that has "
                 "not been through the device's preprocessing, which splits it); measure them "
                 "in separate circuits."
             )
-    for obs in rotated.values():
-        for gate in diagonalizing_gates_of(obs):
-            apply_operator(backend, state, register, gate)
+    for gate in gates:
+        apply_operator(backend, state, register, gate)
+
+
+def _rotations_by_wire(mp) -> dict:
+    """{wire: the exact keys of the diagonalizing gates of ``mp``'s observable that act on
+    it, in order}; a gate on several wires is in each of theirs."""
+    if mp.obs is None:
+        return {}
+    rotations: dict = {}
+    for gate in diagonalizing_gates_of(mp.obs):
+        for wire in gate.wires:
+            rotations[wire] = (*rotations.get(wire, ()), operator_key(gate))
+    return rotations
 
 
 def sampled_wires(register: Register, measurements) -> Wires:

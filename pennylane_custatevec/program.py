@@ -281,10 +281,27 @@ def is_broadcast_power(op: Operator) -> bool:
     return isinstance(op, qml.ops.Pow) and np.ndim(op.z) != 0
 
 
+def is_broadcast_in_time(op: Operator) -> bool:
+    """Whether ``op`` is a pulse evolution broadcast over its intermediate times
+    (``qml.evolve(H)(params, t, return_intermediate=True)``, as ``stoch_pulse_grad`` with
+    ``use_broadcasting=True`` builds it): scalar parameters, one matrix per time."""
+    return (
+        isinstance(op, qml.pulse.ParametrizedEvolution)
+        and bool(op.hyperparameters.get("return_intermediate"))
+        and op.batch_size is not None
+    )
+
+
+def is_broadcast_by_hyperparameters(op: Operator) -> bool:
+    """Whether ``op`` is broadcast by what is not one of its parameters: a power's
+    exponent (``is_broadcast_power``) or a pulse's times (``is_broadcast_in_time``)."""
+    return is_broadcast_power(op) or is_broadcast_in_time(op)
+
+
 def scalar_parameters(op: Operator) -> bool:
-    """Whether every parameter of ``op`` is a scalar (so ``op`` is not broadcast); a
-    power's exponent counts as one (``is_broadcast_power``)."""
-    if is_broadcast_power(op):
+    """Whether every parameter of ``op`` is a scalar and nothing else broadcasts it (so
+    ``op`` is not broadcast): see ``is_broadcast_by_hyperparameters``."""
+    if is_broadcast_by_hyperparameters(op):
         return False
     return all(
         isinstance(d, (int, float, complex)) or getattr(d, "ndim", None) == 0 for d in op.data

@@ -8,7 +8,7 @@ import numpy as np
 import pennylane as qml
 from autograd.tracer import Box
 from pennylane import math
-from pennylane.devices.preprocess import device_resolve_dynamic_wires
+from pennylane.devices.preprocess import decompose, device_resolve_dynamic_wires
 from pennylane.exceptions import DeviceError
 from pennylane.measurements import (
     CountsMP,
@@ -37,7 +37,13 @@ from .gradients.common import (
     require_adjoint_serves,
 )
 from .measure import DENSE_OBSERVABLE_WIRES, SHADOW_MEASUREMENTS
-from .program import is_broadcast, is_broadcast_power, scalar_parameters, tape_batch_size
+from .program import (
+    is_broadcast,
+    is_broadcast_by_hyperparameters,
+    is_broadcast_power,
+    scalar_parameters,
+    tape_batch_size,
+)
 from .rotations import ROTATION_GATES, PauliRotations, gate_of
 from .templates import is_native_template, template_operations
 
@@ -361,6 +367,50 @@ def refuse_autograd_hessians_of_alike_measurements(tape: QuantumScript, method: 
     return (tape,), _first_result
 
 
+class TracedDecompositionError(DeviceError):
+    """A decomposition the adjoint method needs that cannot run on jit-traced parameters
+    (PennyLane's ``SpecialUnitary`` compares its angles with zero while decomposing).
+    No other of PennyLane's gradient methods runs there either (parameter-shift and
+    finite differences meet the same decomposition), so ``"best"`` says so too."""
+
+
+def _is_concretization_error(error: Exception) -> bool:
+    """jax's errors of a traced value used as a concrete one (``bool(tracer)``,
+    ``float(tracer)``): subclasses of its ``ConcretizationTypeError``."""
+    return any(
+        kind.__name__ == "ConcretizationTypeError" and kind.__module__.startswith("jax")
+        for kind in type(error).__mro__
+    )
+
+
+@transform
+def decompose_traced(tape: QuantumScript, **options):
+    """PennyLane's ``decompose`` (with the device's ``options``), refusing by name a
+    decomposition that fails on jax.jit-traced parameters (``TracedDecompositionError``)
+    instead of jax's ``TracerBoolConversionError`` from inside it."""
+    try:
+        return decompose(tape, **options)
+    except TypeError as error:
+        if not _is_concretization_error(error):
+            raise
+        stops = options["stopping_condition"]
+        traced = sorted(
+            {
+                op.name
+                for op in tape.operations
+                if not stops(op) and any(math.is_abstract(d) for d in op.data)
+            }
+        )
+        raise TracedDecompositionError(
+            f"The adjoint method differentiates {', '.join(traced) or 'an operation'} through "
+            "its decomposition, which needs concrete parameters, and jax.jit traces them "
+            "(under jax.jit every traced parameter counts as trainable). Call the QNode "
+            "without jax.jit (values and derivatives are right there), or with "
+            "diff_method=None under jax.jit for values only; default.qubit's "
+            "diff_method='backprop' differentiates it under jax.jit."
+        ) from error
+
+
 @transform
 def allocate_dynamic_wires(tape: QuantumScript, wires: Wires | None, allow_resets: bool):
     """PennyLane's ``device_resolve_dynamic_wires`` (work wires that ``qml.allocate`` and
@@ -398,23 +448,28 @@ def expand_broadcasts(tape: QuantumScript, trainable_only: bool = False):
 
 
 def _broadcast_expand(tape: QuantumScript):
-    """PennyLane's ``broadcast_expand``, with each power broadcast over its exponent
-    written as its matrices first: the expansion splits operators' parameters, and an
-    exponent is not one (the expansion recursed without end)."""
-    if any(map(is_broadcast_power, tape.operations)):
-        tape = tape.copy(operations=[_power_as_matrix(op) for op in tape.operations])
+    """PennyLane's ``broadcast_expand``, with each operator broadcast by its
+    hyperparameters (a power over its exponent, a pulse over its times) written as its
+    matrices first: the expansion splits operators' parameters, and an exponent or a time
+    is not one (the expansion recursed without end)."""
+    if any(map(is_broadcast_by_hyperparameters, tape.operations)):
+        tape = tape.copy(operations=[_broadcast_as_matrix(op) for op in tape.operations])
     return broadcast_expand(tape)
 
 
-def _power_as_matrix(op):
-    if not is_broadcast_power(op):
+def _broadcast_as_matrix(op):
+    if not is_broadcast_by_hyperparameters(op):
         return op
     if any(math.requires_grad(d) for d in op.data):
+        kind, over, entry = (
+            ("a power", "exponent", "exponents; write one power per exponent")
+            if is_broadcast_power(op)
+            else ("a pulse", "intermediate times", "times; write one pulse per time")
+        )
         raise DeviceError(
-            f"custatevec.qubit cannot differentiate {op.name}, a power broadcast over its "
-            "exponent with trainable parameters: the adjoint method expands it into one "
-            "circuit per exponent, and PennyLane's expansion splits parameters, not "
-            "exponents; write one power per exponent."
+            f"custatevec.qubit cannot differentiate {op.name}, {kind} broadcast over its "
+            f"{over} with trainable parameters: the adjoint method expands it into one "
+            f"circuit per entry, and PennyLane's expansion splits parameters, not {entry}."
         )
     return qml.QubitUnitary(op.matrix(), wires=op.wires)
 

@@ -470,3 +470,98 @@ def test_third_derivatives_under_max_diff_3_as_default_qubit(interface):
     )
     np.testing.assert_allclose(ours, reference, atol=1e-8)
     assert np.abs(reference).max() > 0.1
+
+
+# ---------------------------------------------------------------------------------------
+# SpecialUnitary under jax.jit (PennyLane's test_special_unitary.py::test_jax_jit): the
+# adjoint method decomposes a trainable SpecialUnitary into Pauli rotations, and its
+# decomposition compares the angles with zero: jax's TracerBoolConversionError came from
+# inside the preprocessing, for the forward pass too ("best" took the adjoint method)
+
+_SU_THETA = (0.4, 0.1, -0.3)
+
+
+def _special_unitary_qnode(dev, **kwargs):
+    @qml.qnode(dev, interface="jax", **kwargs)
+    def circuit(x):
+        qml.SpecialUnitary(x, 0)
+        return qml.probs(wires=[0])
+
+    return circuit
+
+
+@pytest.mark.parametrize("diff_method", ["best", "adjoint"])
+@pytest.mark.parametrize("differentiated", [False, True], ids=["values", "jacobian"])
+def test_special_unitary_under_jit_refused_by_name(diff_method, differentiated):
+    from pennylane_custatevec.transforms import TracedDecompositionError
+
+    circuit = jax.jit(_special_unitary_qnode(_ours(1), diff_method=diff_method))
+    call = jax.jacobian(circuit) if differentiated else circuit
+    with pytest.raises(TracedDecompositionError, match="SpecialUnitary.*without jax.jit"):
+        call(jnp.array(_SU_THETA))
+
+
+def test_special_unitary_without_jit_and_values_under_jit_as_default_qubit():
+    """The ways out the refusal names give default.qubit's (backpropagation's) numbers."""
+    theta = jnp.array(_SU_THETA)
+    reference = _special_unitary_qnode(qml.device("default.qubit", wires=1))
+    np.testing.assert_allclose(
+        jax.jacobian(_special_unitary_qnode(_ours(1)))(theta),
+        jax.jacobian(reference)(theta),
+        atol=TOL,
+    )
+    values = jax.jit(_special_unitary_qnode(_ours(1), diff_method=None))(theta)
+    np.testing.assert_allclose(values, reference(theta), atol=TOL)
+
+
+# ---------------------------------------------------------------------------------------
+# a pulse broadcast over its intermediate times (stoch_pulse_grad with
+# use_broadcasting=True builds them; PennyLane's test_pulse_gradient.py): its parameters
+# are scalars, so the device took it as not broadcast and returned one result for the
+# batch (and crashed where two such tapes ran as one batch)
+
+
+def _pulse_tape(amplitude, times=(0.0, 0.1, 0.25, 0.4)):
+    hamiltonian = qml.pulse.constant * qml.Y(0) + qml.pulse.constant * (qml.X(0) @ qml.Z(1))
+    ops = [
+        qml.RX(0.3, 1),
+        qml.evolve(hamiltonian)([amplitude, 0.7], jnp.array(times), return_intermediate=True),
+        qml.CNOT([0, 1]),
+        qml.RY(-0.2, 0),
+    ]
+    return qml.tape.QuantumScript(ops, [qml.probs(wires=[0]), qml.expval(qml.Z(0) @ qml.Y(1))])
+
+
+def test_pulse_broadcast_over_its_times_as_default_qubit():
+    tapes = [_pulse_tape(jnp.array(0.4)), _pulse_tape(jnp.array(-0.9))]
+    expected = qml.device("default.qubit", wires=2).execute(tapes)
+    for results in (_ours(2).execute(tapes), [_ours(2).execute(t) for t in tapes]):
+        for result, reference in zip(results, expected, strict=True):
+            assert np.shape(result[0]) == (4, 2)  # one entry per time
+            for value, exact in zip(result, reference, strict=True):
+                np.testing.assert_allclose(value, exact, atol=1e-8)  # the ODE solver's
+
+
+def test_stoch_pulse_grad_with_broadcasting_as_default_qubit():
+    hamiltonian = qml.pulse.constant * qml.Y(0)
+    gradient = {"num_split_times": 3, "use_broadcasting": True, "sampler_seed": 3}
+
+    def jacobian(dev):
+        @qml.qnode(
+            dev,
+            interface="jax",
+            diff_method=qml.gradients.stoch_pulse_grad,
+            **{"gradient_kwargs": gradient},
+        )
+        def circuit(params):
+            qml.evolve(hamiltonian)(params, 0.2)
+            return qml.probs(wires=0), qml.expval(qml.Z(0))
+
+        return jax.jacobian(circuit)([jnp.array(0.4)])
+
+    for ours, reference in zip(
+        jax.tree_util.tree_leaves(jacobian(_ours(1))),
+        jax.tree_util.tree_leaves(jacobian(qml.device("default.qubit", wires=1))),
+        strict=True,
+    ):
+        np.testing.assert_allclose(ours, reference, atol=1e-8)
