@@ -49,11 +49,14 @@ from .transforms import (
     decompose_traced,
     expand_broadcasts,
     gather_rotations,
+    measure_in_computational_bases,
     real_parameters_for_real_results,
     refuse_autograd_hessians_of_alike_measurements,
+    refuse_differentiated_measurement_bases,
     refuse_differentiated_shares,
     refuse_higher_derivatives,
     refuse_postselection_under_gradient_transforms,
+    refuse_shot_noise_fallback,
     rotate_sampled_measurements,
     sampled_apart,
     split_state_from_real_results,
@@ -417,6 +420,14 @@ class CuStateVecDevice(Device):
                 # the Jacobian in torch's backward pass, where a second derivative shows
                 # (_refuse_differentiable_backward); from the state the forward kept
                 updates["grad_on_execution"] = False
+        method = updates.get("gradient_method", config.gradient_method)
+        if circuit is not None and method not in (None, "adjoint"):
+            # here, before PennyLane's torch and jax interfaces fail on such an angle
+            name = getattr(method, "__name__", str(method))
+            refuse_differentiated_measurement_bases(circuit, name)
+            if name == "param_shift":
+                fallback_given = "fallback_fn" in config.gradient_keyword_arguments
+                refuse_shot_noise_fallback(circuit, fallback_given)
         shots_present = circuit is not None and bool(circuit.shots)
         mcm_method = config.mcm_config.mcm_method
         if mcm_method == "one-shot" and circuit is not None and not shots_present:
@@ -449,6 +460,7 @@ class CuStateVecDevice(Device):
         name = getattr(method, "__name__", str(method))
         if method is not None and method != "adjoint":  # a PennyLane gradient transform
             pipeline.add_transform(refuse_postselection_under_gradient_transforms, name)
+            pipeline.add_transform(refuse_differentiated_measurement_bases, name)
         if method is not None and config.interface in _TRACING_INTERFACES:
             # a gradient transform's pipeline runs inside the interface: jax's hides levels
             hides = method != "adjoint" and config.interface == Interface.JAX
@@ -467,6 +479,8 @@ class CuStateVecDevice(Device):
             pipeline.add_transform(refuse_autograd_hessians_of_alike_measurements, name)
         if differentiating and config.interface in _JAX_INTERFACES:
             pipeline.add_transform(real_parameters_for_real_results)  # the user's gates named
+        # qml.ftqc's measurements in other bases, before any method sees measurements
+        pipeline.add_transform(measure_in_computational_bases)
         if mcm_method == "deferred":
             pipeline.add_transform(defer_measurements, allow_postselect=True)
         pipeline.add_transform(decompose_late_state_preps)

@@ -599,11 +599,24 @@ def _(op: qml.Projector, register: Register) -> list[Instruction]:
 
 @compile_operation.register
 def _(op: MidMeasure, register: Register) -> list[Instruction]:
+    if type(op) is not MidMeasure:  # qml.ftqc's measurements in other bases, for one
+        raise DeviceError(
+            f"{op} measures in a basis this simulation does not apply directly; run the "
+            "tape through the device's preprocessing (dev.preprocess_transforms()), whose "
+            "measure_in_computational_bases makes it a Z-basis measurement."
+        )
     return [Instruction(Kind.MID_MEASURE, targets=register.bits(op.wires), source=op)]
 
 
 @compile_operation.register
 def _(op: Conditional, register: Register) -> list[Instruction]:
+    if isinstance(op.base, MidMeasure):
+        raise DeviceError(
+            f"A conditional mid-circuit measurement ({op.base}) needs the device's "
+            "preprocessing (dev.preprocess_transforms()), whose "
+            "measure_in_computational_bases makes qml.ftqc.cond_measure's pair one "
+            "measurement."
+        )
     return [
         dataclasses.replace(inner, condition=op.meas_val)
         for inner in compile_operation(op.base, register)

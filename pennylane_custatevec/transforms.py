@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -14,6 +16,7 @@ from pennylane.measurements import (
     CountsMP,
     DensityMatrixMP,
     ExpectationMP,
+    MeasurementValue,
     ProbabilityMP,
     SampleMP,
     StateMeasurement,
@@ -21,7 +24,16 @@ from pennylane.measurements import (
     VarianceMP,
 )
 from pennylane.operation import Operator, StatePrepBase
-from pennylane.ops import CompositeOp, LinearCombination, Pow, SProd, Sum, SymbolicOp
+from pennylane.ops import (
+    CompositeOp,
+    Conditional,
+    LinearCombination,
+    MidMeasure,
+    Pow,
+    SProd,
+    Sum,
+    SymbolicOp,
+)
 from pennylane.pytrees import flatten, unflatten
 from pennylane.queuing import QueuingManager
 from pennylane.tape import QuantumScript
@@ -67,6 +79,261 @@ def decompose_late_state_preps(tape: QuantumScript):
         else:
             operations.append(op)
     return (tape.copy(operations=operations),), _first_result
+
+
+@transform
+def measure_in_computational_bases(tape: QuantumScript):
+    r"""Mid-circuit measurements in other bases (``qml.ftqc``'s ``ParametricMidMeasure``:
+    ``measure_x``, ``measure_y``, ``measure_arbitrary_basis``) as Z-basis measurements.
+
+    A measurement in the eigenbasis of :math:`U^\dagger Z U` (U: the measurement's
+    ``diagonalizing_gates``) is U, then a Z-basis measurement. The measured qubit is left in
+    the computational basis state of the outcome, :math:`|m\rangle`, not rotated back: that is
+    PennyLane's convention (``qml.ftqc.diagonalize_mcms``, which its documentation asks for
+    before execution, and default.qubit's one-shot and tree-traversal methods without it; its
+    ftqc tests read ``Z`` of the measured wire afterwards and expect the outcome's sign).
+
+    ``qml.ftqc.cond_measure`` records two conditionals on one wire, the true branch's
+    measurement under its condition and the false branch's under the inverse: they become
+    each branch's basis change under its condition and one Z-basis measurement. A measurement
+    value that names replaced measurements is rebuilt over their replacements, a measurement
+    it names twice (both branches of one ``cond_measure``) once, so the deferred method does
+    not see the same measurement twice.
+
+    This is ``diagonalize_mcms`` without its two faults for a device: it writes the new
+    measurements into the original tape's measurement values (a shallow copy), and a value
+    built over both branches of a ``cond_measure`` names the new measurement twice. Without
+    the transform the deferred method would measure such a measurement in the Z basis:
+    silently wrong (default.qubit's deferred method rejects it only by an unrelated wire
+    error).
+    """
+    if not _needs_computational_bases(tape):
+        return (tape,), _first_result
+    replacements: list[tuple[MidMeasure, MidMeasure]] = []  # (original, Z-basis), by identity
+
+    def rebuilt(value):
+        if isinstance(value, list | tuple):
+            return [rebuilt(v) for v in value]
+        return _over_replacements(value, replacements)
+
+    operations: list[Operator] = []
+    ops = tape.operations
+    index = 0
+    with QueuingManager.stop_recording():
+        while index < len(ops):
+            op = ops[index]
+            if isinstance(op, Conditional) and isinstance(op.base, MidMeasure):
+                if index + 1 == len(ops) or not _pairs_with(op, ops[index + 1]):
+                    raise DeviceError(
+                        f"A mid-circuit measurement applied conditionally ({op.base}) must come "
+                        "from qml.ftqc.cond_measure, which measures the same wire in both "
+                        "branches; measure unconditionally, or use cond_measure."
+                    )
+                branches = (op, ops[index + 1])
+                measured = _z_measurement(op.base)
+                for branch in branches:
+                    condition = rebuilt(branch.meas_val)
+                    operations.extend(Conditional(condition, g) for g in _basis_change(branch))
+                operations.append(measured)
+                replacements.extend((branch.base, measured) for branch in branches)
+                index += 2
+                continue
+            if _is_in_other_basis(op):
+                measured = _z_measurement(op)
+                operations.extend(op.diagonalizing_gates())
+                operations.append(measured)
+                replacements.append((op, measured))
+            elif isinstance(op, Conditional):
+                condition = rebuilt(op.meas_val)
+                operations.append(
+                    op if condition is op.meas_val else Conditional(condition, op.base)
+                )
+            else:
+                operations.append(op)
+            index += 1
+        measurements = []
+        for mp in tape.measurements:
+            if mp.mv is None:
+                measurements.append(mp)
+                continue
+            value = rebuilt(mp.mv)
+            if value is mp.mv:
+                measurements.append(mp)
+                continue
+            renamed = copy.copy(mp)  # its options (all_outcomes, dtype) stay; mv is replaced
+            renamed.mv = value
+            measurements.append(renamed)
+    return (tape.copy(operations=operations, measurements=measurements),), _first_result
+
+
+def _needs_computational_bases(tape: QuantumScript) -> bool:
+    """A measurement in another basis, a conditional measurement, or a measurement value
+    that names one measurement twice (``diagonalize_mcms``'s output for a
+    ``cond_measure``, applied by the user: its ``v1 or v2`` takes scalars, and one-shot
+    evaluates values over arrays of outcomes)."""
+    values = [op.meas_val for op in tape.operations if isinstance(op, Conditional)]
+    for mp in tape.measurements:
+        if isinstance(mp.mv, list | tuple):
+            values.extend(mp.mv)
+        elif mp.mv is not None:
+            values.append(mp.mv)
+    return any(_measures_off_z(op) for op in tape.operations) or any(
+        _names_twice(value) for value in values
+    )
+
+
+def _names_twice(value: MeasurementValue) -> bool:
+    return len({id(m) for m in value.measurements}) < len(value.measurements)
+
+
+def _is_in_other_basis(op: Operator) -> bool:
+    """``qml.ftqc``'s ``ParametricMidMeasure``. Only a program that imported
+    ``pennylane.ftqc`` (which ``import pennylane`` does not, and which takes 0.1 s) can
+    hold one, so its class is looked up, never imported here."""
+    ftqc = sys.modules.get("pennylane.ftqc")
+    kind = getattr(ftqc, "ParametricMidMeasure", None)
+    return kind is not None and isinstance(op, kind)
+
+
+def _measures_off_z(op: Operator) -> bool:
+    """A measurement in another basis, or a conditional measurement (cond_measure's)."""
+    if isinstance(op, Conditional):
+        return isinstance(op.base, MidMeasure)
+    return _is_in_other_basis(op)
+
+
+def _pairs_with(true_branch: Conditional, false_branch: Operator) -> bool:
+    """cond_measure's two conditionals: measurements of one wire with the same reset and
+    postselection."""
+    return (
+        isinstance(false_branch, Conditional)
+        and isinstance(false_branch.base, MidMeasure)
+        and false_branch.base.wires == true_branch.base.wires
+        and false_branch.base.reset == true_branch.base.reset
+        and false_branch.base.postselect == true_branch.base.postselect
+    )
+
+
+def _z_measurement(op: MidMeasure) -> MidMeasure:
+    """The Z-basis measurement that stands for ``op``: same wire, reset, postselection and
+    uid (results keyed by it keep their keys)."""
+    return MidMeasure(op.wires, reset=op.reset, postselect=op.postselect, meas_uid=op.meas_uid)
+
+
+def _basis_change(branch: Conditional) -> list[Operator]:
+    measurement = branch.base
+    if _is_in_other_basis(measurement):
+        return measurement.diagonalizing_gates()
+    return []
+
+
+def _over_replacements(value, replacements):
+    """``value`` over the replacements of its measurements, each distinct one once, its
+    processing applied outcome by outcome to arrays; the value itself when it names none
+    of them and no measurement twice."""
+    named = [next((new for old, new in replacements if old is m), m) for m in value.measurements]
+    unchanged = all(new is m for new, m in zip(named, value.measurements, strict=True))
+    if unchanged and not _names_twice(value):
+        return value
+    distinct: list = []
+    for m in named:
+        if not any(m is d for d in distinct):
+            distinct.append(m)
+    positions = [next(i for i, d in enumerate(distinct) if d is m) for m in named]
+    processing = value.processing_fn
+
+    def over_distinct(*outcomes):
+        spread = [outcomes[i] for i in positions]
+        if any(np.ndim(outcome) for outcome in spread):
+            # one-shot passes arrays of outcomes; cond_measure's ``v1 or v2`` takes scalars
+            return np.vectorize(processing)(*spread)
+        return processing(*spread)
+
+    return MeasurementValue(distinct, over_distinct)
+
+
+class DifferentiatedMeasurementBasisError(DeviceError):
+    """A PennyLane gradient transform asked to differentiate the angle of a ``qml.ftqc``
+    measurement basis, which it cannot see."""
+
+
+def differentiated_measurement_bases(tape: QuantumScript) -> list[MidMeasure]:
+    """The ``qml.ftqc`` measurements of ``tape`` (alone or under ``cond_measure``) whose
+    angle is being differentiated: an autograd box or a jax differentiation tracer, or a
+    torch tensor that requires grad while torch records gradients."""
+    measurements = [op.base if isinstance(op, Conditional) else op for op in tape.operations]
+    return [
+        m
+        for m in measurements
+        if _is_in_other_basis(m) and _is_differentiated(m.hyperparameters["angle"])
+    ]
+
+
+def _is_differentiated(value) -> bool:
+    if _differentiation_depth(value) > 0:
+        return True
+    if math.get_interface(value) != "torch":
+        return False
+    import torch  # only reached with a torch value
+
+    return bool(value.requires_grad) and torch.is_grad_enabled()
+
+
+@transform
+def refuse_differentiated_measurement_bases(tape: QuantumScript, method: str):
+    """Refuse a tape in which ``method``, a PennyLane gradient transform, would
+    differentiate the angle of a ``qml.ftqc`` measurement basis
+    (``measure_arbitrary_basis(w, angle=a, ...)``). The angle is a hyperparameter, not a
+    parameter of the tape: the transform never sees it, and autograd returns 0 for its
+    derivative (torch and jax fail inside PennyLane). The basis change that
+    ``measure_in_computational_bases`` writes is a gate whose parameter the adjoint method
+    differentiates, and so does a transform once ``qml.ftqc.diagonalize_mcms`` has written
+    it into the QNode's tape."""
+    differentiated = differentiated_measurement_bases(tape)
+    if differentiated:
+        raise DifferentiatedMeasurementBasisError(
+            f"custatevec.qubit cannot differentiate the angle of {differentiated[0]} with "
+            f"diff_method={method!r}: PennyLane's gradient transforms do not see a "
+            "measurement's angle (autograd would return 0 for it). Use "
+            "diff_method='adjoint' (analytic), or apply qml.ftqc.diagonalize_mcms to the "
+            "QNode, which makes the basis change gates that the transform differentiates."
+        )
+    return (tape,), _first_result
+
+
+class ShotNoiseFallbackError(DeviceError):
+    """Parameter-shift with shots would take a parameter's derivative by finite
+    differences with a step of 1e-7: shot noise divided by the step."""
+
+
+FALLBACK_STEP = 1e-7
+"""The step of ``qml.gradients.finite_diff``, which ``param_shift`` calls, with its
+defaults, for parameters of gates without a shift rule (PennyLane 0.45)."""
+
+
+def refuse_shot_noise_fallback(tape: QuantumScript, fallback_given: bool) -> None:
+    r"""Refuse a sampled tape that ``param_shift`` would differentiate partly by its
+    finite-difference fallback: a differentiated parameter of a gate whose ``grad_method``
+    is ``"F"`` (a conditional gate, ``qml.cond(m, qml.RX)``: PennyLane gives
+    ``Conditional`` no shift rule; its decomposition keeps such gates). With shots, two
+    estimates 1e-7 apart differ by their shot noise, about :math:`1/\sqrt{N}`, and the
+    derivative comes out near :math:`10^7/\sqrt{N}` (measured: -24000 for a true -0.60 at
+    5,000 shots, default.qubit alike), with no warning. ``fallback_given``: the user chose
+    the fallback (``gradient_kwargs={"fallback_fn": ...}``), its step included."""
+    if fallback_given or not tape.shots:
+        return
+    for op in tape.operations:
+        if getattr(op, "grad_method", None) == "F" and any(map(_is_differentiated, op.data)):
+            raise ShotNoiseFallbackError(
+                f"custatevec.qubit: diff_method='parameter-shift' with shots would "
+                f"differentiate {op.name} by finite differences with a step of "
+                f"{FALLBACK_STEP:g} (PennyLane gives it no shift rule), so the derivative "
+                "would be shot noise divided by the step. Use diff_method='adjoint' without "
+                "shots (analytic), diff_method='finite-diff' or 'spsa' with a step suited to "
+                "the shots (gradient_kwargs={'h': ...}), or pass a fallback of your own: "
+                "gradient_kwargs={'fallback_fn': functools.partial("
+                "qml.gradients.finite_diff, h=...)}."
+            )
 
 
 @transform
