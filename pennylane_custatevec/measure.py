@@ -39,6 +39,7 @@ from pennylane.measurements import (
 )
 from pennylane.operation import Operator
 from pennylane.ops import CompositeOp, SymbolicOp
+from pennylane.queuing import QueuingManager
 from pennylane.wires import Wires
 
 from . import simulate
@@ -303,8 +304,20 @@ def measure_analytic(
         return backend.state_result(state)
     if isinstance(mp, StateMeasurement):
         vectors = backend.to_host(state)
-        return np.stack([mp.process_state(v, wire_order=register.wires) for v in vectors])
+        on_positions, standard = measured_on_positions(mp, register.wires)
+        return np.stack([on_positions.process_state(v, wire_order=standard) for v in vectors])
     raise DeviceError(f"Measurement {mp} is not supported analytically.")
+
+
+def measured_on_positions(mp: MeasurementProcess, wires: Wires) -> tuple:
+    """``mp`` on the positions of its wires among ``wires``, and the wire order
+    ``0 .. n-1`` to process a state with. Some of PennyLane's measurements take their
+    wire labels for positions in ``process_state`` (``vn_entropy``, ``mutual_info``:
+    with wires ``["a", "b"]`` they failed), as default.qubit measures circuits mapped to
+    standard wires."""
+    positions = {wire: position for position, wire in enumerate(wires)}
+    with QueuingManager.stop_recording():
+        return mp.map_wires(positions), Wires(range(len(wires)))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -159,23 +159,25 @@ class Program:
 def merge(compilations: Sequence[Compilation]) -> Compilation:
     """One compilation whose batch is the concatenation of the batches of
     ``compilations``: tapes whose programs share a kernel key and have no mid-circuit
-    measurements. Each step keeps the first compilation's operation and origin."""
+    measurements. The steps are the first compilation's (its operations, origins and
+    grouping of instructions); the kernel key makes the flat instruction lists alike, not
+    the steps (a step that compiles to nothing in one tape, as qml.cut_circuit's
+    preparations do, shifts the others), so the data are joined instruction by
+    instruction."""
     if len(compilations) == 1:
         return compilations[0]
     registers = [compilation.register for compilation in compilations]
     sizes = [register.batch_size for register in registers]
+    flat = (flatten(compilation).instructions for compilation in compilations)
+    joined = iter(
+        [
+            dataclasses.replace(parts[0], data=_concatenate_data([i.data for i in parts], sizes))
+            for parts in zip(*flat, strict=True)
+        ]
+    )
     steps = tuple(
-        Step(
-            group[0].operation,
-            tuple(
-                dataclasses.replace(
-                    parts[0], data=_concatenate_data([i.data for i in parts], sizes)
-                )
-                for parts in zip(*(step.instructions for step in group), strict=True)
-            ),
-            group[0].origin,
-        )
-        for group in zip(*(compilation.steps for compilation in compilations), strict=True)
+        Step(step.operation, tuple(next(joined) for _ in step.instructions), step.origin)
+        for step in compilations[0].steps
     )
     initial_state = None
     if registers[0].initial_state is not None:

@@ -49,7 +49,7 @@ from .gradients.common import (
     observable_derivatives,
     require_adjoint_serves,
 )
-from .measure import DENSE_OBSERVABLE_WIRES, SHADOW_MEASUREMENTS
+from .measure import DENSE_OBSERVABLE_WIRES, SHADOW_MEASUREMENTS, measured_on_positions
 from .program import (
     is_broadcast,
     is_broadcast_by_hyperparameters,
@@ -895,11 +895,12 @@ def _measured_from_state(mp, state, wires: Wires):
     """``mp``'s result from the state on ``wires``. Measured on the wires' positions (as
     default.qubit does): some measurements' (as ``vn_entropy``'s) ``process_state`` take
     their wire labels for positions."""
+    if not isinstance(mp, _OBSERVABLE_MEASUREMENTS):
+        on_positions, standard = measured_on_positions(mp, wires)
+        return on_positions.process_state(state, wire_order=standard)
     positions = {wire: position for position, wire in enumerate(wires)}
     standard = Wires(range(len(wires)))
     with QueuingManager.stop_recording():
-        if not isinstance(mp, _OBSERVABLE_MEASUREMENTS):
-            return mp.map_wires(positions).process_state(state, wire_order=standard)
         obs = mp.obs
         on_positions = [positions[w] for w in obs.wires]
         rho = DensityMatrixMP(wires=on_positions).process_state(state, wire_order=standard)

@@ -283,3 +283,30 @@ def test_forward_chunks_by_state_bytes(mocker, monkeypatch):
     expected = qml.device("default.qubit", wires=2).execute(tapes)
     for ours, theirs in zip(results, expected, strict=True):
         np.testing.assert_allclose(ours, theirs, atol=ATOL)
+
+
+@pytest.mark.parametrize("grad_accumulation", ["deferred", "eager"])
+def test_tapes_whose_steps_differ_but_kernels_agree_run_as_one_batch(grad_accumulation):
+    """An identity compiles to no instruction: [I, RX(a), H] and [RX(b), I, H] run the same
+    kernels with their steps grouped differently. Merging them zipped the steps and
+    crashed (qml.cut_circuit's fragment tapes met it); it joins the instructions now. Their
+    derivatives (each tape's own compilation, from the kept states) are default.qubit's."""
+    tapes = [
+        qml.tape.QuantumScript(ops, [qml.expval(qml.Z(0) @ qml.X(1))], trainable_params=[0])
+        for ops in (
+            [qml.Identity(0), qml.RX(0.3, 0), qml.Hadamard(1), qml.CNOT([1, 0])],
+            [qml.RX(0.5, 0), qml.Identity(0), qml.Hadamard(1), qml.CNOT([1, 0])],
+            [qml.RX(0.7, 0), qml.Hadamard(1), qml.Identity(1), qml.CNOT([1, 0])],
+        )
+    ]
+    ours = qml.device(DEVICE, wires=2, grad_accumulation=grad_accumulation)
+    reference = qml.device("default.qubit", wires=2)
+    np.testing.assert_allclose(ours.execute(tapes), reference.execute(tapes), atol=ATOL)
+    config = ours.setup_execution_config(ExecutionConfig(gradient_method="adjoint"))
+    results, jacobians = ours.execute_and_compute_derivatives(tapes, config)
+    expected = [
+        qml.gradients.param_shift(t)[1](reference.execute(qml.gradients.param_shift(t)[0]))
+        for t in tapes
+    ]
+    np.testing.assert_allclose(results, reference.execute(tapes), atol=ATOL)
+    np.testing.assert_allclose(np.ravel(jacobians), np.ravel(expected), atol=ATOL)

@@ -707,3 +707,37 @@ def test_measurements_rotating_a_wire_differently_refused():
     probs = [qml.probs(wires=[1]), qml.expval(qml.X(1))]
     with pytest.raises(qml.exceptions.DeviceError, match="on shared wires"):
         measure.rotate_to_eigenbases(backend, state, program.register, probs)
+
+
+@pytest.mark.parametrize("wires", [["a", "b", "c"], ["a", 1, 0], [0, 2, 1], [5, 3, 4]])
+@pytest.mark.parametrize("diff_method", [None, "adjoint"])
+def test_state_measurements_on_wire_labels_that_are_not_positions(wires, diff_method):
+    """vn_entropy and mutual_info take their wire labels for positions in PennyLane's
+    process_state: with labels, ``diff_method=None`` crashed ("cannot reshape"), and with
+    wires [0, 2, 1] mutual_info([0], [1]) measured wire 2 (0.33 for 0.0). Measured on
+    positions now (measure.measured_on_positions), as default.qubit does."""
+    a, b, c = wires
+
+    def circuit():
+        qml.RY(0.4, a)
+        qml.CNOT([a, b])
+        qml.RX(0.3, b)
+        qml.RY(1.1, c)
+        return (
+            qml.vn_entropy(wires=[a]),
+            qml.mutual_info([a], [c]),
+            qml.mutual_info([c, b], [a]),
+            qml.purity([b]),
+            qml.density_matrix([b, a]),
+            qml.state(),
+        )
+
+    expected = qml.QNode(circuit, qml.device("default.qubit", wires=wires))()
+    ours = qml.QNode(circuit, qml.device("custatevec.qubit", wires=wires), diff_method=diff_method)
+    for got, want in zip(ours(), expected, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-12)
+    dev = qml.device("custatevec.qubit", wires=wires)
+    tape = qml.tape.make_qscript(circuit)()
+    tapes, _ = dev.preprocess_transforms()([tape])
+    for got, want in zip(dev.execute(tapes)[0], expected, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-12)
