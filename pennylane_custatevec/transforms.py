@@ -280,7 +280,10 @@ def differentiated_measurement_bases(tape: QuantumScript) -> list[MidMeasure]:
 
 
 def _is_differentiated(value) -> bool:
-    if _differentiation_depth(value) > 0:
+    """Being differentiated, or maybe: traced by ``jax.jit``, whose derivative
+    (``jax.grad(jax.jit(f))``) reaches the device later through PennyLane's JVP rule, past
+    every check that sees the caller's values."""
+    if _differentiation_depth(value) > 0 or _is_jit_traced(value):
         return True
     if math.get_interface(value) != "torch":
         return False
@@ -289,24 +292,32 @@ def _is_differentiated(value) -> bool:
     return bool(value.requires_grad) and torch.is_grad_enabled()
 
 
+def _is_jit_traced(value) -> bool:
+    return type(value).__name__ == "DynamicJaxprTracer"
+
+
 @transform
 def refuse_differentiated_measurement_bases(tape: QuantumScript, method: str):
     """Refuse a tape in which ``method``, a PennyLane gradient transform, would
     differentiate the angle of a ``qml.ftqc`` measurement basis
     (``measure_arbitrary_basis(w, angle=a, ...)``). The angle is a hyperparameter, not a
     parameter of the tape: the transform never sees it, and autograd returns 0 for its
-    derivative (torch and jax fail inside PennyLane). The basis change that
+    derivative (torch and jax fail inside PennyLane, under ``jax.jit`` for values too: a
+    jit-traced angle is refused as well). The basis change that
     ``measure_in_computational_bases`` writes is a gate whose parameter the adjoint method
     differentiates, and so does a transform once ``qml.ftqc.diagonalize_mcms`` has written
     it into the QNode's tape."""
     differentiated = differentiated_measurement_bases(tape)
     if differentiated:
+        jit = _is_jit_traced(differentiated[0].hyperparameters["angle"])
         raise DifferentiatedMeasurementBasisError(
             f"custatevec.qubit cannot differentiate the angle of {differentiated[0]} with "
             f"diff_method={method!r}: PennyLane's gradient transforms do not see a "
-            "measurement's angle (autograd would return 0 for it). Use "
-            "diff_method='adjoint' (analytic), or apply qml.ftqc.diagonalize_mcms to the "
-            "QNode, which makes the basis change gates that the transform differentiates."
+            "measurement's angle (autograd would return 0 for it"
+            + ("; under jax.jit PennyLane fails on it, for values too" if jit else "")
+            + "). Use diff_method='adjoint' (analytic), or apply qml.ftqc.diagonalize_mcms "
+            "to the QNode, which makes the basis change gates that the transform "
+            "differentiates."
         )
     return (tape,), _first_result
 
@@ -325,7 +336,8 @@ def refuse_shot_noise_fallback(tape: QuantumScript, fallback_given: bool) -> Non
     r"""Refuse a sampled tape that ``param_shift`` would differentiate partly by its
     finite-difference fallback: a differentiated parameter of a gate whose ``grad_method``
     is ``"F"`` (a conditional gate, ``qml.cond(m, qml.RX)``: PennyLane gives
-    ``Conditional`` no shift rule; its decomposition keeps such gates). With shots, two
+    ``Conditional`` no shift rule; its decomposition keeps such gates), or one traced by
+    ``jax.jit`` (``jax.grad(jax.jit(f))`` gave -18000 for -0.60). With shots, two
     estimates 1e-7 apart differ by their shot noise, about :math:`1/\sqrt{N}`, and the
     derivative comes out near :math:`10^7/\sqrt{N}` (measured: -24000 for a true -0.60 at
     5,000 shots, default.qubit alike), with no warning. ``fallback_given``: the user chose
@@ -334,11 +346,18 @@ def refuse_shot_noise_fallback(tape: QuantumScript, fallback_given: bool) -> Non
         return
     for op in tape.operations:
         if getattr(op, "grad_method", None) == "F" and any(map(_is_differentiated, op.data)):
+            jit = any(map(_is_jit_traced, op.data))
             raise ShotNoiseFallbackError(
                 f"custatevec.qubit: diff_method='parameter-shift' with shots would "
                 f"differentiate {op.name} by finite differences with a step of "
                 f"{FALLBACK_STEP:g} (PennyLane gives it no shift rule), so the derivative "
-                "would be shot noise divided by the step. Use diff_method='adjoint' without "
+                "would be shot noise divided by the step"
+                + (
+                    " (under jax.jit the device cannot tell whether a derivative follows)"
+                    if jit
+                    else ""
+                )
+                + ". Use diff_method='adjoint' without "
                 "shots (analytic), diff_method='finite-diff' or 'spsa' with a step suited to "
                 "the shots (gradient_kwargs={'h': ...}), or pass a fallback of your own: "
                 "gradient_kwargs={'fallback_fn': functools.partial("

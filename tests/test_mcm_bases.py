@@ -357,3 +357,50 @@ def test_parameter_shift_without_shots_or_with_a_chosen_fallback_runs():
     np.testing.assert_allclose(sampled, EXACT_CONDITIONAL_GRADIENT, atol=0.06)
     node = qml.set_shots(qml.QNode(_conditional_circuit, dev, diff_method="parameter-shift"), 5000)
     assert abs(node(pnp.array(0.7, requires_grad=True)) - 0.77) < 0.05  # values run
+
+
+def _jax():
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    return jax
+
+
+@pytest.mark.parametrize("wrap", ["grad(jit)", "jit(grad)", "jit"])
+def test_jit_traced_conditional_parameters_are_refused_under_parameter_shift_with_shots(wrap):
+    """Under jax.jit the device cannot tell whether a derivative follows:
+    ``jax.grad(jax.jit(f))`` reaches it through PennyLane's JVP rule past the values it
+    sees, and gave -18000 for -0.60. Refused as under jax.grad; a fallback of the user's
+    runs."""
+    jax = _jax()
+    dev = qml.device("custatevec.qubit", seed=3)
+    node = qml.set_shots(qml.QNode(_conditional_circuit, dev, diff_method="parameter-shift"), 5000)
+    wrapped = {
+        "grad(jit)": lambda: jax.grad(jax.jit(node)),
+        "jit(grad)": lambda: jax.jit(jax.grad(node)),
+        "jit": lambda: jax.jit(node),
+    }[wrap]()
+    with pytest.raises(ShotNoiseFallbackError, match="jax.jit" if wrap != "jit(grad)" else ""):
+        wrapped(0.7)
+    fallback = functools.partial(qml.gradients.finite_diff, h=0.2, approx_order=2)
+    chosen = qml.QNode(
+        _conditional_circuit,
+        dev,
+        diff_method="parameter-shift",
+        gradient_kwargs={"fallback_fn": fallback},
+    )
+    got = jax.grad(jax.jit(qml.set_shots(chosen, 20000)))(0.7)
+    np.testing.assert_allclose(got, EXACT_CONDITIONAL_GRADIENT, atol=0.06)
+
+
+def test_jit_traced_measurement_angles_under_gradient_transforms_are_refused():
+    """PennyLane's jax-jit interface fails on a traced angle (an escaped tracer), for
+    values too: refused by name; the adjoint method differentiates it under jit."""
+    jax = _jax()
+    node = qml.QNode(_angle_circuit, qml.device("custatevec.qubit"), diff_method="parameter-shift")
+    for wrapped in (jax.jit(node), jax.grad(jax.jit(node), argnums=(0, 1))):
+        with pytest.raises(DifferentiatedMeasurementBasisError, match="jax.jit"):
+            wrapped(0.7, 0.4)
+    adjoint = qml.QNode(_angle_circuit, qml.device("custatevec.qubit"), diff_method="adjoint")
+    _, expected = _angle_reference()
+    got = jax.grad(jax.jit(adjoint), argnums=(0, 1))(0.7, 0.4)
+    np.testing.assert_allclose(np.array(got), expected, atol=1e-10)
