@@ -271,7 +271,8 @@ def differentiated_measurement_bases(tape: QuantumScript) -> list[MidMeasure]:
     """The ``qml.ftqc`` measurements of ``tape`` (alone or under ``cond_measure``) whose
     angle is being differentiated: an autograd box or a jax differentiation tracer, or a
     torch tensor that requires grad while torch records gradients."""
-    measurements = [op.base if isinstance(op, Conditional) else op for op in tape.operations]
+    dynamic = (op for op in tape.operations if _is_dynamic_type(type(op)))
+    measurements = [op.base if isinstance(op, Conditional) else op for op in dynamic]
     return [
         m
         for m in measurements
@@ -345,7 +346,8 @@ def refuse_shot_noise_fallback(tape: QuantumScript, fallback_given: bool) -> Non
     if fallback_given or not tape.shots:
         return
     for op in tape.operations:
-        if getattr(op, "grad_method", None) == "F" and any(map(_is_differentiated, op.data)):
+        # the data first: grad_method may compute an operator's parameter frequencies
+        if any(map(_is_differentiated, op.data)) and getattr(op, "grad_method", None) == "F":
             jit = any(map(_is_jit_traced, op.data))
             raise ShotNoiseFallbackError(
                 f"custatevec.qubit: diff_method='parameter-shift' with shots would "
