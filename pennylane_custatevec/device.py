@@ -50,6 +50,7 @@ from .transforms import (
     expand_broadcasts,
     gather_rotations,
     measure_in_computational_bases,
+    one_shot_where_sampled,
     real_parameters_for_real_results,
     refuse_autograd_hessians_of_alike_measurements,
     refuse_differentiated_measurement_bases,
@@ -111,6 +112,10 @@ differentiates."""
 
 
 ADJOINT_VALIDATED_IN_PREPROCESSING = "adjoint_validated_in_preprocessing"
+TORCH_RECORDS_GRADIENTS = "torch_records_gradients"
+"""device_options key: whether torch recorded gradients where the call was set up. PennyLane
+runs the preprocessing inside its ``torch.autograd.Function``'s forward, where torch never
+records, so a refusal there asks this instead of ``torch.is_grad_enabled()``."""
 """The key of ``ExecutionConfig.device_options`` that ``setup_execution_config`` sets (True)
 in a config for the adjoint method: the preprocessing of that config
 (``preprocess_transforms``) ends with ``validate_adjoint_differentiation``, so the
@@ -446,6 +451,9 @@ class CuStateVecDevice(Device):
         device_options.pop(ADJOINT_VALIDATED_IN_PREPROCESSING, None)
         if updates.get("gradient_method", config.gradient_method) == "adjoint":
             device_options[ADJOINT_VALIDATED_IN_PREPROCESSING] = True
+        device_options.pop(TORCH_RECORDS_GRADIENTS, None)
+        if config.interface is Interface.TORCH:
+            device_options[TORCH_RECORDS_GRADIENTS] = _torch_records_gradients()
         updates["device_options"] = device_options
         return dataclasses.replace(config, **updates)
 
@@ -459,7 +467,10 @@ class CuStateVecDevice(Device):
         method = config.gradient_method
         name = getattr(method, "__name__", str(method))
         if method is not None and method != "adjoint":  # a PennyLane gradient transform
-            pipeline.add_transform(refuse_postselection_under_gradient_transforms, name)
+            torch_records = config.device_options.get(TORCH_RECORDS_GRADIENTS, True)
+            pipeline.add_transform(
+                refuse_postselection_under_gradient_transforms, name, torch_records=torch_records
+            )
             pipeline.add_transform(refuse_differentiated_measurement_bases, name)
         if method is not None and config.interface in _TRACING_INTERFACES:
             # a gradient transform's pipeline runs inside the interface: jax's hides levels
@@ -534,6 +545,13 @@ class CuStateVecDevice(Device):
                 pipeline.add_transform(complex_parameters_for_state)
             return pipeline
         pipeline.add_transform(rotate_sampled_measurements)
+        if mcm_method == "tree-traversal":
+            # without shots every branch of one state (branches.py); with shots the
+            # one-shot method, which samples the same distribution shot by shot
+            pipeline.add_transform(expand_broadcasts, mid_measurements_only=True)
+            pipeline.add_transform(
+                one_shot_where_sampled, postselect_mode=config.mcm_config.postselect_mode
+            )
         if mcm_method == "one-shot":
             pipeline.add_transform(
                 dynamic_one_shot, postselect_mode=config.mcm_config.postselect_mode
@@ -1465,3 +1483,9 @@ def _refuse_differentiable_backward() -> None:
 
 def _is_sampled_measurement(mp) -> bool:
     return isinstance(mp, (SampleMeasurement, *SHADOW_MEASUREMENTS))
+
+
+def _torch_records_gradients() -> bool:
+    """torch's grad mode here (False where torch was never imported: nothing records)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.is_grad_enabled()

@@ -16,7 +16,7 @@ from pennylane.measurements import MeasurementProcess
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
-from . import batching, fusion, measure, sequences, simulate
+from . import batching, branches, fusion, measure, sequences, simulate
 from .backends.base import Backend
 from .exact import measurements_key
 from .instructions import Kind
@@ -84,8 +84,11 @@ def run_tapes(
         if ready is None:
             compilation = compile_steps(tape, device_wires)
             program = flatten(compilation)
-            if tape.shots or program.has_mid_measurements:
+            if tape.shots:
                 results[index] = _run_sampled(backend, program, tape, rng, postselect_mode)
+            elif program.has_mid_measurements:  # mcm_method="tree-traversal"
+                values = branches.measure_tree(backend, program, tape.measurements)
+                results[index] = _nest(tape, values)
             ready = PreparedTape(compilation, _BatchKey(program, tape))
         items.append(ready)
         if results[index] is None:
@@ -210,7 +213,8 @@ def _run_sampled(backend, program: Program, tape: QuantumScript, rng, postselect
         ):
             raise DeviceError(
                 "postselect_mode='fill-shots' is only supported with mcm_method='deferred'; "
-                "with mcm_method='one-shot' use postselect_mode='hw-like'."
+                "with mcm_method='one-shot' (or 'tree-traversal' with shots, which runs "
+                "one-shot) use postselect_mode='hw-like'."
             )
         return _run_one_shot(backend, program, tape, rng)
     state, kept = simulate.final_state(backend, program)

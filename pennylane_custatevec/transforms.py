@@ -497,7 +497,9 @@ _VALUE_DIFFERENCING_TRANSFORMS = ("finite_diff", "spsa_grad")
 
 
 @transform
-def refuse_postselection_under_gradient_transforms(tape: QuantumScript, method: str):
+def refuse_postselection_under_gradient_transforms(
+    tape: QuantumScript, method: str, torch_records: bool = True
+):
     r"""Refuse a tape that postselects a mid-circuit measurement where ``method``, a
     PennyLane gradient transform, would give wrong derivatives of it, and let the others
     through (PennyLane issue #5943: default.qubit returns those wrong numbers).
@@ -518,23 +520,29 @@ def refuse_postselection_under_gradient_transforms(tape: QuantumScript, method: 
     reaches a postselection and no terminal measurement; parameter-shift, Hadamard and
     any other transform are right only if no trainable parameter reaches a postselection
     (then :math:`D` is a constant). The tape's own graph decides, as it does for the
-    transforms. The adjoint method does not apply to postselection (``gradients.common``).
+    transforms. A ``qml.Projector`` applied as a gate is a postselection too: the state is
+    renormalised after it, here and on default.qubit. Only parameters whose derivative may
+    be taken count (``_may_be_differentiated``): a forward evaluation runs. The adjoint
+    method does not apply to postselection (``gradients.common``).
     """
-    postselections = [
-        index
-        for index, op in enumerate(tape.operations)
-        if isinstance(op, qml.ops.MidMeasure) and op.postselect is not None
+    postselections = [index for index, op in enumerate(tape.operations) if _postselects(op)]
+    if not postselections:
+        return (tape,), _first_result
+    parameters = tape.get_parameters(trainable_only=False)
+    differentiated = [
+        p for p in tape.trainable_params if _may_be_differentiated(parameters[p], torch_records)
     ]
-    if not postselections or not tape.trainable_params:
+    if not differentiated:
         return (tape,), _first_result
     graph, n_ops = tape.graph, len(tape.operations)
     measurements = range(n_ops, n_ops + len(tape.measurements))
     values_only = method in _VALUE_DIFFERENCING_TRANSFORMS
-    for param in tape.trainable_params:
+    for param in differentiated:
         op_index = tape.par_info[param]["op_idx"]
         if op_index >= n_ops:  # a measurement's parameter: after every postselection
             continue
-        reached = [p for p in postselections if graph.has_path_idx(op_index, p)]
+        # a Projector's own parameter (its basis) is not differentiable
+        reached = [p for p in postselections if p != op_index and graph.has_path_idx(op_index, p)]
         if not reached:
             continue
         if values_only and any(graph.has_path_idx(op_index, m) for m in measurements):
@@ -542,20 +550,63 @@ def refuse_postselection_under_gradient_transforms(tape: QuantumScript, method: 
         op, postselection = tape.operations[op_index], tape.operations[reached[0]]
         gate = f"{op.name} on wires {op.wires.tolist()}"
         why = (
-            f"reaches no measured wire, so {method} takes its derivative to be 0"
+            f"and reaches no measured wire, so {method} takes its derivative to be 0"
             if values_only
             else f"and {method}'s rule does not hold for the renormalised result"
         )
         raise DeviceError(
             f"custatevec.qubit cannot differentiate this circuit with {method}: trainable "
-            f"parameter {param} ({gate}) changes the probability of the postselection on "
-            f"wire {postselection.wires.tolist()[0]} {why} (PennyLane issue #5943; "
+            f"parameter {param} ({gate}) changes the probability of the "
+            f"{_postselection_name(postselection)} {why} (PennyLane issue #5943; "
             "default.qubit returns such wrong derivatives). Use diff_method='finite-diff' "
             "where every trainable gate reaches a measured wire; else evaluate it with "
             "parameters that are not trainable or diff_method=None, or differentiate it on "
             "default.qubit with diff_method='backprop'."
+            + (_JIT_CONSTANTS if math.get_interface(parameters[param]) == "jax" else "")
         )
     return (tape,), _first_result
+
+
+_JIT_CONSTANTS = (
+    " Under jax.jit PennyLane passes every gate parameter of the derivative's circuits as "
+    "a jax value, so a constant gate that reaches the postselection counts as trainable "
+    "there: differentiate such a circuit without jax.jit."
+)
+
+
+def _postselects(op: Operator) -> bool:
+    """A postselected mid-circuit measurement, or a ``qml.Projector`` applied as a gate:
+    the simulation renormalises the state after it (default.qubit too), so the result is
+    the same ratio N(x) / D(x) as a postselection's."""
+    if isinstance(op, qml.ops.MidMeasure):
+        return op.postselect is not None
+    return isinstance(op, qml.Projector)
+
+
+def _postselection_name(op: Operator) -> str:
+    if isinstance(op, qml.ops.MidMeasure):
+        return f"postselection on wire {op.wires.tolist()[0]}"
+    return f"postselection by the Projector gate on wires {op.wires.tolist()}"
+
+
+def _may_be_differentiated(value, torch_records: bool) -> bool:
+    """Whether a trainable parameter's derivative may be taken of this evaluation.
+
+    The device's preprocessing runs, for a gradient transform, on every execution: the
+    call's tape, whose trainable parameters are the interface's, and the transform's
+    shifted tapes, on which every parameter is trainable. So a parameter counts by its
+    value: an autograd box (an autograd derivative boxes exactly what it differentiates;
+    a bare ``pennylane.numpy`` tensor, ``requires_grad=True`` by default, is a
+    forward-only evaluation); a torch tensor that requires grad where the call recorded
+    gradients (``torch_records``: not under ``torch.no_grad()``); any jax value (jax's
+    interface marks as trainable what it differentiates, every parameter under
+    ``jax.jit``). A constant (Python or numpy number) never counts."""
+    if isinstance(value, Box):
+        return True
+    interface = math.get_interface(value)
+    if interface == "torch":
+        return bool(value.requires_grad) and torch_records
+    return interface == "jax"
 
 
 class SecondDerivativesError(DeviceError):
@@ -721,15 +772,34 @@ def allocate_dynamic_wires(tape: QuantumScript, wires: Wires | None, allow_reset
 
 
 @transform
-def expand_broadcasts(tape: QuantumScript, trainable_only: bool = False):
+def one_shot_where_sampled(tape: QuantumScript, postselect_mode: str | None = None):
+    """PennyLane's ``dynamic_one_shot`` for a tape with shots, and nothing for one without:
+    ``mcm_method="tree-traversal"`` samples as the one-shot method (the same distribution,
+    shot by shot, in memory of a chunk of shots) and follows every branch analytically
+    (``branches.py``)."""
+    if not tape.shots:
+        return (tape,), _first_result
+    return qml.transforms.dynamic_one_shot(tape, postselect_mode=postselect_mode)
+
+
+@transform
+def expand_broadcasts(
+    tape: QuantumScript, trainable_only: bool = False, mid_measurements_only: bool = False
+):
     """``broadcast_expand``, with ``trainable_only`` only for a tape in which a broadcast
     parameter is trainable (its gradient has one entry per broadcast entry): the deferred
-    mode differentiates other broadcast tapes whole, as one batch.
+    mode differentiates other broadcast tapes whole, as one batch; with
+    ``mid_measurements_only`` only for an analytic tape with mid-circuit measurements (the
+    tree traversal follows the branches of one state).
 
     The expanded tapes' operations are rebuilt where PennyLane's parameter binding kept a
     stale batch size (MultiRZ, PCPhase, their controlled and adjoint forms in 0.45), so
     that no expanded tape claims to be broadcast."""
     if tape_batch_size(tape) is None:
+        return (tape,), _first_result
+    if mid_measurements_only and (
+        tape.shots or not any(isinstance(op, qml.ops.MidMeasure) for op in tape.operations)
+    ):
         return (tape,), _first_result
     if trainable_only and not any(
         is_broadcast(op) and any(math.requires_grad(d) for d in op.data) for op in tape.operations

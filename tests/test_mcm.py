@@ -289,17 +289,21 @@ def test_one_shot_conditional_on_several_measurements_exactly():
     np.testing.assert_array_equal(bits[:, 2], 1 - m0)
 
 
-def test_tree_traversal_is_rejected():
+def test_unsupported_mcm_method_is_refused_naming_the_supported_ones():
+    """mcm_method="device" (a device's own method) is refused naming the three this
+    device runs (tree-traversal: tests/test_tree_traversal.py)."""
     dev = qml.device("custatevec.qubit", wires=W)
 
     @qml.set_shots(shots=10)
-    @qml.qnode(dev, mcm_method="tree-traversal")
+    @qml.qnode(dev, mcm_method="device")
     def circuit():
         qml.Hadamard("q0")
         m = qml.measure("q0")
         return qml.expval(m)
 
-    with pytest.raises(qml.exceptions.QuantumFunctionError, match="tree-traversal"):
+    with pytest.raises(
+        qml.exceptions.QuantumFunctionError, match='"one-shot", "tree-traversal", "deferred"'
+    ):
         circuit()
 
 
@@ -483,3 +487,142 @@ def test_gradient_transforms_without_postselection(diff_method):
     np.testing.assert_allclose(
         qml.jacobian(ours)(trainable), qml.jacobian(reference)(trainable), atol=tolerance
     )
+
+
+@pytest.mark.parametrize("interface", ["autograd", "torch", "jax"])
+def test_forward_evaluation_of_a_postselecting_circuit_under_a_gradient_transform(interface):
+    """A postselecting circuit evaluated with trainable parameters but no derivative taken
+    (autograd's ``requires_grad=True`` default, torch under ``no_grad``, jax without a
+    transform) gives default.qubit's value under parameter-shift; its derivative is still
+    refused (autograd's ``qml.jacobian``, torch's backward, ``jax.jacobian``)."""
+    from pennylane.exceptions import DeviceError
+
+    device = qml.device("custatevec.qubit", wires=W)
+    qnode = qml.QNode(_postselection_reached_by_x_alone, device, diff_method="parameter-shift")
+    reference = qml.QNode(_postselection_reached_by_x_alone, qml.device("default.qubit", wires=W))
+    expected = reference(PARAMS[:2])
+    refused = r"parameter 0 \(RX on wires \['q1'\]\) changes the probability.*#5943"
+    if interface == "autograd":
+        from pennylane import numpy as pnp
+
+        x = pnp.array(PARAMS[:2], requires_grad=True)
+        np.testing.assert_allclose(qnode(x), expected, atol=1e-12)
+        with pytest.raises(DeviceError, match=refused):
+            qml.jacobian(qnode)(x)
+    elif interface == "torch":
+        torch = pytest.importorskip("torch")
+
+        x = torch.tensor(PARAMS[:2], requires_grad=True)
+        with torch.no_grad():
+            np.testing.assert_allclose(qnode(x).numpy(), expected, atol=1e-12)
+        with pytest.raises(DeviceError, match=refused):
+            qnode(x).backward()
+    else:
+        jax = pytest.importorskip("jax")
+        jax.config.update("jax_enable_x64", True)
+
+        x = jax.numpy.array(PARAMS[:2])
+        np.testing.assert_allclose(qnode(x), expected, atol=1e-12)
+        with pytest.raises(DeviceError, match=refused):
+            jax.jacobian(qnode)(x)
+
+
+def _projected(a, b, c):
+    """A ``qml.Projector`` applied as a gate renormalises the state (here and on
+    default.qubit): <Z0> does not depend on ``a`` and ``b`` where they are equal, but
+    separately they change it (+-1.43 at 0.7); PennyLane's parameter-shift gives -0.07 and
+    0, finite differences -1.43 and 0 (RX(b) reaches no measured wire and is skipped), on
+    default.qubit."""
+    qml.RY(a, "q0")
+    qml.CNOT(["q0", "q1"])
+    qml.RX(b, "q1")
+    qml.Projector([1], wires="q1")
+    qml.RX(c, "q0")
+    return qml.expval(qml.Z("q0"))
+
+
+@pytest.mark.parametrize(
+    ("diff_method", "refused_parameter"),
+    [
+        ("parameter-shift", r"parameter 0 \(RY on wires \['q0'\]\)"),
+        ("finite-diff", r"parameter 1 \(RX on wires \['q1'\]\)"),
+    ],
+)
+def test_projector_gates_are_postselections_for_gradient_transforms(diff_method, refused_parameter):
+    """A Projector gate's renormalisation breaks the gradient transforms as a
+    postselection does: refused by name (default.qubit's numbers are asserted to be
+    wrong, so the test notices a PennyLane fix), the value is default.qubit's, and with
+    only the parameter after the Projector trainable the transform runs and is right."""
+    from pennylane import numpy as pnp
+    from pennylane.exceptions import DeviceError
+
+    args = [pnp.array(0.7), pnp.array(0.7), pnp.array(0.4)]
+    every = [0, 1, 2]
+    device = qml.device("custatevec.qubit", wires=W)
+    reference_device = qml.device("default.qubit", wires=W)
+    ours = qml.QNode(_projected, device, diff_method=diff_method)
+    backprop = qml.QNode(_projected, reference_device, diff_method="backprop")
+    theirs = qml.QNode(_projected, reference_device, diff_method=diff_method)
+    exact = np.array(qml.jacobian(backprop, argnums=every)(*args))
+    wrong = np.array(qml.jacobian(theirs, argnums=every)(*args))
+    assert np.max(np.abs(wrong[:2] - exact[:2])) > 0.3  # default.qubit's are wrong
+    np.testing.assert_allclose(ours(*args), backprop(*args), atol=1e-12)
+    match = refused_parameter + r" changes the probability of the postselection by the "
+    with pytest.raises(DeviceError, match=match + r"Projector gate on wires \['q1'\]"):
+        qml.jacobian(ours, argnums=every)(*args)
+
+    constants = [pnp.array(0.7, requires_grad=False), pnp.array(0.7, requires_grad=False)]
+    tolerance = 1e-6 if diff_method == "finite-diff" else 1e-10
+    np.testing.assert_allclose(
+        qml.grad(ours)(*constants, args[2]), qml.grad(backprop)(*constants, args[2]), atol=tolerance
+    )
+    assert abs(qml.grad(backprop)(*constants, args[2])) > 0.1
+
+
+def _constant_reaches_postselection(x):
+    """Only a constant gate (RY(0.3)) reaches the postselection: the postselection's
+    probability does not depend on ``x``, and parameter-shift is right."""
+    qml.Hadamard("q0")
+    qml.RY(0.3, "q1")
+    qml.CNOT(["q0", "q1"])
+    qml.measure("q1", postselect=1)
+    qml.RX(x, "q0")
+    return qml.expval(qml.Z("q0"))
+
+
+@pytest.mark.parametrize("interface", ["autograd", "torch", "jax", "jax-jit"])
+def test_parameter_shift_where_only_constants_reach_the_postselection(interface):
+    """The shifted circuits of parameter-shift mark every parameter trainable; a constant
+    (a Python number) is not taken for a trainable one there: the derivative runs and is
+    default.qubit's backprop derivative. Under ``jax.jit`` PennyLane makes the constant a
+    jax value too: refused, naming jit."""
+    device = qml.device("custatevec.qubit", wires=W)
+    qnode = qml.QNode(_constant_reaches_postselection, device, diff_method="parameter-shift")
+    backprop = qml.QNode(
+        _constant_reaches_postselection,
+        qml.device("default.qubit", wires=W),
+        diff_method="backprop",
+    )
+    from pennylane import numpy as pnp
+
+    expected = qml.grad(backprop)(pnp.array(0.5))
+    assert abs(expected) > 0.1
+    if interface == "autograd":
+        derivative = qml.grad(qnode)(pnp.array(0.5))
+    elif interface == "torch":
+        torch = pytest.importorskip("torch")
+
+        x = torch.tensor(0.5, requires_grad=True, dtype=torch.float64)
+        qnode(x).backward()
+        derivative = x.grad.numpy()
+    else:
+        jax = pytest.importorskip("jax")
+        jax.config.update("jax_enable_x64", True)
+
+        if interface == "jax":
+            derivative = jax.grad(qnode)(jax.numpy.array(0.5))
+        else:
+            with pytest.raises(Exception, match="differentiate such a circuit without jax.jit"):
+                jax.jit(jax.grad(qnode))(jax.numpy.array(0.5))
+            return
+    np.testing.assert_allclose(derivative, expected, atol=1e-10)

@@ -239,7 +239,9 @@ def test_unseeded_ranks_draw_the_same_samples():
     assert same_on_every_rank(circuit())
 
 
-@pytest.mark.parametrize("method, shots", [("one-shot", 300), ("deferred", None)])
+@pytest.mark.parametrize(
+    "method, shots", [("one-shot", 300), ("deferred", None), ("tree-traversal", None)]
+)
 def test_mid_circuit_measurements_equal_one_process(method, shots):
     x = np.array([1.1, 0.4, 2.3, -0.7])
 
