@@ -163,7 +163,8 @@ def _jax_key_words(seed) -> list[int] | None:
     """The words of a jax PRNG key (``jax.random.PRNGKey``'s uint32 array or a typed
     ``jax.random.key``), numpy's entropy for it, or None where ``seed`` is not a jax array
     (jax is imported only for one). default.qubit samples with jax under such a key: the
-    same key gives the same samples here, not default.qubit's."""
+    same key gives the same samples here (on every execution, as there), not
+    default.qubit's."""
     if not type(seed).__module__.startswith(("jax", "jaxlib")):
         return None
     import jax  # noqa: PLC0415 - only for a seed that is a jax array
@@ -226,8 +227,10 @@ class CuStateVecDevice(Device):
             wires of each circuit.
         shots (int, Sequence[int], None): default shots (deprecated on devices in
             PennyLane 0.45; prefer ``qml.set_shots``).
-        seed (int, None, "global", numpy.random.Generator): seeds sampling and
-            mid-circuit measurements; ``"global"`` draws the seed from numpy's global state.
+        seed (int, None, "global", numpy.random.Generator, jax PRNG key): seeds sampling
+            and mid-circuit measurements; ``"global"`` draws the seed from numpy's global
+            state; a jax key gives the same samples on every execution (default.qubit's
+            convention).
         c_dtype (numpy.complex128, numpy.complex64): amplitude precision.
         backend ("auto", "cpu", "custatevec"): where state vectors live; "auto" is
             "custatevec" when cupy, cuQuantum and a GPU are usable, else "cpu" (with a
@@ -306,6 +309,9 @@ class CuStateVecDevice(Device):
             device_id = distributed.node_rank(comm)  # one GPU per rank of a node
         super().__init__(wires=wires, shots=shots)
         self._rng = _rng_from_seed(seed)
+        # a jax key seeds every execution afresh: the same samples on every call, as
+        # default.qubit samples under a key that it never advances
+        self._execution_key = _jax_key_words(seed)
         self._backend = select_backend(
             backend, dtype, None if device_id is None else int(device_id)
         )
@@ -313,6 +319,7 @@ class CuStateVecDevice(Device):
             self._backend = distributed.DistributedBackend(self._backend, comm)
             self._backend.gather_results = bool(mpi_gather)
             self._rng = distributed.shared_generator(self._rng, comm)
+            self._execution_key = distributed.rank_zero_value(self._execution_key, comm)
         self._kept = _KeptStates()
         self._structures = StructureCache(self.wires)
         self._options = settings.DifferentiationOptions(
@@ -772,11 +779,12 @@ class CuStateVecDevice(Device):
     ):
         """``execution.run_tapes`` on this device's backend, wires and options; the final
         states kept with the adjoint method."""
+        key = self._execution_key
         return run_tapes(
             self._backend,
             circuits,
             self.wires,
-            self._rng,
+            self._rng if key is None else np.random.default_rng(key),
             config.mcm_config.postselect_mode,
             keep=config.gradient_method == "adjoint",
             fusion_qubits=self.options_in_force(config).fusion_qubits,

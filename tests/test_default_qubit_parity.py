@@ -444,6 +444,29 @@ def test_jax_key_seeds_the_device():
         qml.device(DEVICE, wires=1, seed=jax.numpy.array([1.5]))
 
 
+@pytest.mark.parametrize("seed_kind", ["key", "int"])
+def test_jax_key_gives_the_same_samples_on_every_execution(seed_kind):
+    """As default.qubit, which samples under a key that it never advances (PennyLane's
+    ``test_sample_with_prng_key``): with a key, every call returns the same samples and
+    mid-circuit outcomes; with an int the device's generator runs on, call after call."""
+    jax = pytest.importorskip("jax")
+
+    seed = jax.random.PRNGKey(5) if seed_kind == "key" else 5
+    dev = qml.device(DEVICE, wires=2, backend="cpu", seed=seed)
+
+    @qml.set_shots(200)
+    @qml.qnode(dev, mcm_method="one-shot")
+    def circuit():
+        qml.Hadamard(0)
+        m = qml.measure(0, postselect=1)
+        qml.Hadamard(1)
+        return qml.sample(wires=1), qml.sample(m)
+
+    first, second = circuit(), circuit()
+    same = len(first[0]) == len(second[0]) and np.array_equal(first[0], second[0])
+    assert same == (seed_kind == "key")
+
+
 @pytest.mark.parametrize("mode", ["deferred", "eager"])
 def test_power_with_a_broadcast_exponent_under_adjoint(mode):
     """The adjoint method differentiates the other gates of a circuit with a broadcast

@@ -934,4 +934,9 @@ def node_rank(comm) -> int:
 def shared_generator(generator: np.random.Generator, comm) -> np.random.Generator:
     """Rank 0's generator on every rank (a copy of its state), so that every rank draws
     the same samples and mid-circuit outcomes, whatever seed each rank was given."""
-    return comm.bcast(generator if comm.Get_rank() == 0 else None, root=0)
+    return rank_zero_value(generator, comm)
+
+
+def rank_zero_value(value, comm):
+    """Rank 0's ``value`` (a picklable object) on every rank."""
+    return comm.bcast(value if comm.Get_rank() == 0 else None, root=0)
