@@ -60,6 +60,7 @@ from .transforms import (
     refuse_shot_noise_fallback,
     rotate_sampled_measurements,
     sampled_apart,
+    snapshots_as_circuits,
     split_state_from_real_results,
     validate_adjoint_differentiation,
 )
@@ -321,6 +322,9 @@ class CuStateVecDevice(Device):
             self._rng = distributed.shared_generator(self._rng, comm)
             self._execution_key = distributed.rank_zero_value(self._execution_key, comm)
         self._kept = _KeptStates()
+        # qml.snapshots' debugger while one is active (PennyLane sets it; its presence
+        # tells PennyLane that the device records snapshots: snapshots_as_circuits)
+        self._debugger = None
         self._structures = StructureCache(self.wires)
         self._options = settings.DifferentiationOptions(
             grad_accumulation=grad_accumulation,
@@ -471,6 +475,8 @@ class CuStateVecDevice(Device):
         mcm_method = config.mcm_config.mcm_method
         differentiating = config.gradient_method == "adjoint"
         pipeline = PipelineWithoutQueuing()  # operators built here are queued nowhere
+        if self._debugger is not None and self._debugger.active:  # under qml.snapshots
+            pipeline.add_transform(snapshots_as_circuits, self._debugger)
         method = config.gradient_method
         name = getattr(method, "__name__", str(method))
         if method is not None and method != "adjoint":  # a PennyLane gradient transform

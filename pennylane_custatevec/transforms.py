@@ -772,6 +772,58 @@ def allocate_dynamic_wires(tape: QuantumScript, wires: Wires | None, allow_reset
 
 
 @transform
+def snapshots_as_circuits(tape: QuantumScript, debugger):
+    """Under ``qml.snapshots`` (``debugger`` active): each ``qml.Snapshot`` becomes a
+    circuit of the operations before it that measures the snapshot's measurement, analytic
+    or with its shots (``"workflow"``: the tape's), with no trainable parameters; the
+    results go into ``debugger.snapshots`` as default.qubit stores them (a tag seen again
+    collects a list), and the tape's own result, its snapshots removed, is returned. A
+    device-side split, unlike PennyLane's fallback for devices without a debugger, so
+    that a state snapshot of a circuit with shots is the exact state, as on
+    default.qubit."""
+    if debugger is None or not debugger.active:
+        return (tape,), _first_result
+    snapshots = [i for i, op in enumerate(tape.operations) if isinstance(op, qml.Snapshot)]
+    if not snapshots:
+        return (tape,), _first_result
+    operations = [op for op in tape.operations if not isinstance(op, qml.Snapshot)]
+    tapes, tags = [], []
+    for count, index in enumerate(snapshots):
+        op = tape.operations[index]
+        shots = op.hyperparameters["shots"]
+        shots = tape.shots if shots == "workflow" else shots
+        before = operations[: index - count]
+        measurement = op.hyperparameters["measurement"]
+        tapes.append(
+            tape.copy(
+                operations=before, measurements=[measurement], shots=shots, trainable_params=[]
+            )
+        )
+        tags.append(op.tag)
+    tapes.append(tape.copy(operations=operations))
+
+    def record(results):
+        for tag, snapshot in zip(tags, results[:-1], strict=True):
+            _store_snapshot(debugger, tag, snapshot)
+        return results[-1]
+
+    return tapes, record
+
+
+def _store_snapshot(debugger, tag, snapshot) -> None:
+    """default.qubit's storage (``apply_snapshot``): an untagged snapshot under the next
+    index; a tag seen again collects a list."""
+    if tag is None:
+        debugger.snapshots[len(debugger.snapshots)] = snapshot
+    elif tag not in debugger.snapshots:
+        debugger.snapshots[tag] = snapshot
+    elif isinstance(debugger.snapshots[tag], list):
+        debugger.snapshots[tag].append(snapshot)
+    else:
+        debugger.snapshots[tag] = [debugger.snapshots[tag], snapshot]
+
+
+@transform
 def one_shot_where_sampled(tape: QuantumScript, postselect_mode: str | None = None):
     """PennyLane's ``dynamic_one_shot`` for a tape with shots, and nothing for one without:
     ``mcm_method="tree-traversal"`` samples as the one-shot method (the same distribution,
