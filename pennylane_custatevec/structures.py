@@ -21,6 +21,8 @@ import functools
 from collections.abc import Sequence
 
 import numpy as np
+import pennylane as qml
+from autograd.tracer import Box
 from pennylane.ops.functions import bind_new_parameters
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
@@ -88,6 +90,72 @@ def _value_shape(value) -> tuple:
 
 
 _FLOAT_SCALAR = (np.dtype(np.float64).str, ())
+
+
+def adjoint_serve_key(tape: QuantumScript, config, options) -> tuple | None:
+    """What decides whether the adjoint method serves a user's tape (its preprocessing
+    refuses nothing: the device's ``_adjoint_serves``, asked on every call with "best"),
+    parameter values apart: the gates exactly without their data (``gate_key``), the
+    measurements exactly, the wires, the trainable parameters and each parameter's kind
+    (``_parameter_kind``: framework, autograd nesting, dtype, shape, requires_grad), the
+    shots, the execution config's fields that the preprocessing reads, the options in
+    force, and the global switches (program capture, graph decompositions). None where
+    values may decide (complex parameters, which the jax path checks for zero imaginary
+    parts; jax tracers; types not known here; mid-circuit measurements, whose ids differ
+    per call anyway): such a tape is checked every call."""
+    kinds = []
+    for value in tape.get_parameters(trainable_only=False):
+        kind = _parameter_kind(value)
+        if kind is None:
+            return None
+        kinds.append(kind)
+    try:
+        measurements = measurements_key(tape.measurements)
+    except (TypeError, ValueError, RuntimeError):  # framework data the key cannot take
+        return None
+    return (
+        tuple(gate_key(op) for op in tape.operations),
+        measurements,
+        tuple(tape.wires.labels),
+        tuple(tape.trainable_params),
+        tuple(kinds),
+        tape.shots,
+        config.interface,
+        config.derivative_order,
+        config.mcm_config,
+        config.grad_on_execution,
+        config.use_device_gradient,
+        config.use_device_jacobian_product,
+        options,
+        qml.capture.enabled(),
+        qml.decomposition.enabled_graph(),
+    )
+
+
+def _parameter_kind(value) -> tuple | None:
+    """A parameter's framework, autograd nesting depth, dtype, shape and requires_grad; None
+    for a complex value, a jax tracer or an unknown type."""
+    depth = 0
+    while isinstance(value, Box):
+        depth += 1
+        value = value._value
+    kind = type(value)
+    if kind is float or kind is int:
+        return (kind.__name__, depth)
+    if isinstance(value, (np.ndarray, np.generic)):  # pennylane.numpy's tensor too
+        if value.dtype.kind not in "biuf":
+            return None
+        trainable = bool(getattr(value, "requires_grad", False))
+        return ("numpy", depth, value.dtype.str, value.shape, trainable)
+    if kind.__module__.startswith("torch"):
+        if value.is_complex():
+            return None
+        return ("torch", depth, str(value.dtype), tuple(value.shape), bool(value.requires_grad))
+    if kind.__name__ == "ArrayImpl" and kind.__module__.startswith("jax"):
+        if np.dtype(value.dtype).kind not in "biuf":
+            return None
+        return ("jax", depth, str(value.dtype), tuple(value.shape))
+    return None
 
 
 class Structure:

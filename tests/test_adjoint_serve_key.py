@@ -1,0 +1,89 @@
+""" "best" asks on every call whether the adjoint method serves the circuit: answered once
+per ``structures.adjoint_serve_key`` (values apart), and never reused where anything it
+decides on differs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pennylane as qml
+import pytest
+from pennylane import numpy as pnp
+
+from pennylane_custatevec.structures import adjoint_serve_key
+
+
+def _circuit(x, v):
+    qml.StatePrep(v, wires=[0, 1])
+    qml.RX(x[0], 0)
+    qml.CNOT([0, 1])
+    qml.RY(x[1], 1)
+    return qml.expval(qml.Z(0) @ qml.Z(1))
+
+
+V = np.array([0.6, 0.2, 0.5, 0.3]) / np.sqrt(0.74)
+
+
+def test_one_answer_per_structure_whatever_the_values():
+    device = qml.device("custatevec.qubit", wires=2)
+    qnode = qml.QNode(_circuit, device)
+    for step in range(4):
+        x = pnp.array([0.3 + step, -0.2 * step], requires_grad=True)
+        qml.grad(lambda v: qnode(v, V))(x)
+    assert list(device._serve_answers.values()) == [True]
+
+
+def test_the_answer_follows_what_it_decides_on():
+    """A trainable state preparation: the adjoint method does not serve, "best" takes
+    parameter-shift, with the same derivatives as default.qubit's parameter-shift, also
+    after the same circuit with a constant state was served by the adjoint method; with
+    shots likewise."""
+    device = qml.device("custatevec.qubit", wires=2)
+    qnode = qml.QNode(_circuit, device)
+    reference = qml.QNode(
+        _circuit, qml.device("default.qubit", wires=2), diff_method="parameter-shift"
+    )
+    x = pnp.array([0.3, -0.2], requires_grad=True)
+    constant = pnp.array(V, requires_grad=False)
+    trainable = pnp.array(V, requires_grad=True)
+    qml.grad(qnode, argnums=0)(x, constant)
+    ours = qml.jacobian(qnode, argnums=[0, 1])(x, trainable)
+    theirs = qml.jacobian(reference, argnums=[0, 1])(x, trainable)
+    for a, b in zip(ours, theirs, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-8)
+    qml.set_shots(qnode, 100)(x, constant)
+    assert set(device._serve_answers.values()) == {True, False}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [np.array(0.3 + 0.0j), "tracer"],
+    ids=["complex", "jax tracer"],
+)
+def test_values_that_may_decide_are_checked_every_call(value):
+    config = qml.devices.ExecutionConfig()
+    if value == "tracer":
+        jax = pytest.importorskip("jax")
+        keys = []
+
+        def record(v):
+            tape = qml.tape.QuantumScript([qml.RX(v, 0)], [qml.expval(qml.Z(0))])
+            keys.append(adjoint_serve_key(tape, config, None))
+            return v
+
+        jax.jit(record)(0.3)
+        assert keys == [None]
+        return
+    tape = qml.tape.QuantumScript([qml.RX(value, 0)], [qml.expval(qml.Z(0))])
+    assert adjoint_serve_key(tape, config, None) is None
+
+
+def test_keys_differ_in_trainability_and_shots_but_not_in_values():
+    config = qml.devices.ExecutionConfig()
+
+    def key(x, shots=None):
+        tape = qml.tape.QuantumScript([qml.RX(x, 0)], [qml.expval(qml.Z(0))], shots=shots)
+        return adjoint_serve_key(tape, config, None)
+
+    assert key(pnp.array(0.3)) == key(pnp.array(1.7))
+    assert key(pnp.array(0.3)) != key(pnp.array(0.3, requires_grad=False))
+    assert key(pnp.array(0.3)) != key(pnp.array(0.3), shots=10)
