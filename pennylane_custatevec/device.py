@@ -6,6 +6,7 @@ import collections
 import dataclasses
 import functools
 import sys
+import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -122,6 +123,8 @@ differentiates."""
 ADJOINT_VALIDATED_IN_PREPROCESSING = "adjoint_validated_in_preprocessing"
 MAX_SERVE_ANSWERS = 256
 """How many ``adjoint_serve_key`` answers a device keeps (least recently used out)."""
+_SERVE_LOCK = threading.Lock()
+"""Guards every device's answers (module-level: a device stays copyable and picklable)."""
 TORCH_RECORDS_GRADIENTS = "torch_records_gradients"
 """device_options key: whether torch recorded gradients where the call was set up. PennyLane
 runs the preprocessing inside its ``torch.autograd.Function``'s forward, where torch never
@@ -412,10 +415,12 @@ class CuStateVecDevice(Device):
         of a 4-qubit QNode step with "best", every call; measured with
         ``benchmarks/w4_floor.py``-style steps: 1.92 -> 1.58 ms)."""
         key = adjoint_serve_key(circuit, config, self.options_in_force(config))
-        answer = None if key is None else self._serve_answers.get(key)
-        if answer is not None:
-            self._serve_answers.move_to_end(key)
-            return answer
+        if key is not None:
+            with _SERVE_LOCK:  # threads may share a device
+                answer = self._serve_answers.get(key)
+                if answer is not None:
+                    self._serve_answers.move_to_end(key)
+                    return answer
         try:
             config = self.setup_execution_config(
                 dataclasses.replace(config, gradient_method="adjoint"), circuit
@@ -427,9 +432,10 @@ class CuStateVecDevice(Device):
         except (DeviceError, QuantumFunctionError, ValueError):
             answer = False
         if key is not None:
-            if len(self._serve_answers) >= MAX_SERVE_ANSWERS:
-                self._serve_answers.popitem(last=False)
-            self._serve_answers[key] = answer
+            with _SERVE_LOCK:
+                if len(self._serve_answers) >= MAX_SERVE_ANSWERS:
+                    self._serve_answers.popitem(last=False)
+                self._serve_answers[key] = answer
         return answer
 
     def setup_execution_config(

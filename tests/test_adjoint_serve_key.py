@@ -87,3 +87,43 @@ def test_keys_differ_in_trainability_and_shots_but_not_in_values():
     assert key(pnp.array(0.3)) == key(pnp.array(1.7))
     assert key(pnp.array(0.3)) != key(pnp.array(0.3, requires_grad=False))
     assert key(pnp.array(0.3)) != key(pnp.array(0.3), shots=10)
+
+
+def test_threads_sharing_a_device_and_copies(monkeypatch):
+    """Two threads asking with more structures than the device keeps (answers evicted
+    while the other thread reads): every call right; a device with answers deep-copies."""
+    import copy
+    import threading
+
+    from pennylane_custatevec import device as device_module
+
+    monkeypatch.setattr(device_module, "MAX_SERVE_ANSWERS", 2)
+    device = qml.device("custatevec.qubit", wires=3)
+    errors = []
+
+    def work(offset):
+        try:
+            for depth in range(1, 13):
+
+                @qml.qnode(device)
+                def circuit(x, depth=depth):
+                    for layer in range(depth):
+                        qml.RX(x, (layer + offset) % 3)
+                    return qml.expval(qml.Z(offset % 3))
+
+                x = pnp.array(0.3, requires_grad=True)
+                turns = sum(1 for layer in range(depth) if (layer + offset) % 3 == offset % 3)
+                np.testing.assert_allclose(
+                    qml.grad(circuit)(x), -turns * np.sin(turns * 0.3), atol=1e-10
+                )
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(offset,)) for offset in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert 0 < len(device._serve_answers) <= 2
+    assert copy.deepcopy(device)._serve_answers == device._serve_answers
