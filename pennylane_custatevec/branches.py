@@ -43,13 +43,11 @@ from pennylane.measurements import (
     ProbabilityMP,
     VarianceMP,
 )
-from pennylane.ops import MidMeasure
 from pennylane.queuing import QueuingManager
 
 from . import batching, measure, simulate
 from .backends.base import Backend, StateBatch
 from .instructions import Kind, apply_instruction, masked
-from .pauli import pauli_word_matrix
 from .program import Program, Register
 
 _LINEAR = (ExpectationMP, ProbabilityMP, DensityMatrixMP)
@@ -148,7 +146,7 @@ def _outcome_rows(
     """([(outcome, probabilities (B,), rows)]: the branches that have each outcome with a
     nonzero probability, the postselected outcome only where the measurement postselects;
     whether they all fit in one batch)."""
-    op: MidMeasure = instruction.source
+    op = instruction.source
     probabilities = backend.probabilities(branches.state, instruction.targets)
     norms = probabilities.sum(axis=1)
     simulate.require_normalised(backend, norms)
@@ -173,28 +171,27 @@ def _child(
     """The branches of ``pairs`` (``_outcome_rows``), projected onto their outcomes and
     renormalised; in the vectors of ``branches`` where they are all of them, in order, and
     ``may_reuse``, else in new ones (refused before allocating where they do not fit)."""
-    op: MidMeasure = instruction.source
     if not pairs:
         return Branches(branches.state, np.zeros(0), {})
     rows = np.concatenate([r for _, _, r in pairs])
     outcome = np.concatenate([np.full(r.size, o, dtype=np.int64) for o, _, r in pairs])
     chosen = np.concatenate([p[r] for _, p, r in pairs])
     if may_reuse and len(pairs) == 1 and rows.size == branches.size:
-        state = branches.state
+        child = Branches(branches.state, branches.weights * chosen, dict(branches.outcomes))
     else:
         simulate.require_memory(backend, register.num_qubits, rows.size)
-        state = backend.concatenate(
-            [backend.vectors(branches.state, int(r), int(r) + 1) for r in rows]
-        )
-    projector = np.zeros((rows.size, 2))
-    projector[np.arange(rows.size), outcome] = 1.0 / np.sqrt(chosen)
-    backend.apply_diagonal(state, projector, instruction.targets)
-    if op.reset:
-        flip = np.where(outcome[:, None, None] == 1, pauli_word_matrix("X"), np.eye(2))
-        backend.apply_matrix(state, flip, instruction.targets)
+        child = _rows_of(backend, branches, rows, chosen)
+    simulate.project_onto_outcomes(backend, child.state, instruction, outcome, chosen)
+    child.outcomes[instruction.source] = outcome
+    return child
+
+
+def _rows_of(backend: Backend, branches: Branches, rows: np.ndarray, factors) -> Branches:
+    """New branches from the vectors ``rows`` of ``branches`` (copied), their weights
+    multiplied by ``factors`` (one per row)."""
+    state = backend.concatenate([backend.vectors(branches.state, int(r), int(r) + 1) for r in rows])
     outcomes = {m: values[rows] for m, values in branches.outcomes.items()}
-    outcomes[op] = outcome
-    return Branches(state, branches.weights[rows] * chosen, outcomes)
+    return Branches(state, branches.weights[rows] * factors, outcomes)
 
 
 def _projected(backend: Backend, branches: Branches, instruction) -> Branches:
@@ -209,9 +206,7 @@ def _projected(backend: Backend, branches: Branches, instruction) -> Branches:
         return Branches(branches.state, branches.weights * kept, branches.outcomes)
     if rows.size == 0:
         return Branches(branches.state, np.zeros(0), {})
-    state = backend.concatenate([backend.vectors(branches.state, r, r + 1) for r in rows])
-    outcomes = {m: values[rows] for m, values in branches.outcomes.items()}
-    return Branches(state, branches.weights[rows] * kept[rows], outcomes)
+    return _rows_of(backend, branches, rows, kept[rows])
 
 
 class _Totals:

@@ -296,10 +296,23 @@ def _measure_mid_circuit(
     p_one = probabilities[:, 1] / probabilities.sum(axis=1)
     outcome = (rng.random(p_one.shape[0]) < p_one).astype(np.int64)
     kept = np.where(outcome == 1, p_one, 1.0 - p_one)
+    project_onto_outcomes(backend, state, instruction, outcome, kept)
+    return outcome
+
+
+def project_onto_outcomes(
+    backend: Backend,
+    state: StateBatch,
+    instruction: Instruction,
+    outcome: np.ndarray,
+    probability: np.ndarray,
+) -> None:
+    """Project each vector of ``state`` onto its ``outcome`` (int, one per vector) of the
+    mid-circuit measurement ``instruction``, renormalised by the outcome's ``probability``,
+    and flip the outcome-1 vectors back to 0 where the measurement resets."""
     projector = np.zeros((outcome.shape[0], 2))
-    projector[np.arange(outcome.shape[0]), outcome] = 1.0 / np.sqrt(kept)
+    projector[np.arange(outcome.shape[0]), outcome] = 1.0 / np.sqrt(probability)
     backend.apply_diagonal(state, projector, instruction.targets)
     if instruction.source.reset:
         flip = np.where(outcome[:, None, None] == 1, pauli_word_matrix("X"), np.eye(2))
         backend.apply_matrix(state, flip, instruction.targets)
-    return outcome
