@@ -36,7 +36,7 @@ takes the angles, the matrix slots' matrices and the initial state from it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from pennylane.tape import QuantumScript
@@ -59,6 +59,8 @@ _DIRECT = ("direct", "plan")
 """The key of a structure's ``DirectPlan`` (or None: it has none) in its memo."""
 _DIRECT_SWEEP = ("direct", "sweep")
 """The key of its direct sweep's sequence (``DirectPlan.sweep``; None: none)."""
+_DIRECT_JACOBIAN = ("direct", "jacobian")
+"""The key of its ``ForwardJacobian`` (``forward_jacobian_of``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -370,34 +372,65 @@ def vjp(backend: Backend, run: DirectRun, index: int, cotangents) -> tuple | Non
     return tuple(circuit.fold(gradients[0]))
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class ForwardJacobian:
+    """``forward`` of one plan on one vector and the Jacobian of its M measurements by
+    gradient column, (M, columns), in one backend call with everything but the angles
+    bound once per structure (``Backend.bind_sequence_jacobian``, ``forward_jacobian_of``):
+    the forward pass, then one deferred sweep of the M bras of the unit cotangents (bra
+    m: c_mk = 2 W[m, k]), which consumes the final state. For a structure with trainable
+    parameters whose sweep is one gate sequence (``DirectPlan.sweep``)."""
+
+    backend: Backend
+    plan: DirectPlan
+    run: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+    """The bound backend call: angles (1, slots) -> the words' values (K,), (M, columns)."""
+
+    def __call__(self, angles: np.ndarray) -> tuple[object, np.ndarray]:
+        """The results for the rotation angles ``angles`` (1, slots), as ``forward``
+        gives them, and the Jacobian (M, columns); the memory checked first (the vector
+        and the M bras, and a scratch)."""
+        plan = self.plan
+        register = plan.structure.compilation.register
+        simulate.require_memory(self.backend, register.num_qubits, len(plan.pauli.terms) + 2)
+        values, jacobian = self.run(angles)
+        measured = measure.sentence_values(plan.pauli, values[None, :], 1)
+        return _results(plan, measured), jacobian
+
+
+def forward_jacobian_of(backend: Backend, plan: DirectPlan) -> ForwardJacobian:
+    """The plan's ``ForwardJacobian`` (kept in its structure's memo)."""
+    memo = plan.structure.compilation.memo
+    bound = memo.get(_DIRECT_JACOBIAN)
+    if bound is not None:
+        return bound
+    sweep = plan.sweep(backend)
+    register = plan.structure.compilation.register
+    if sweep is None or not plan.circuit.n_params or register.broadcast or plan.recompiles:
+        raise ValueError(
+            "direct.forward_jacobian: the structure has no direct sweep from |0...0> (its "
+            "parameters are read by angle rules, one vector)"
+        )
+    run = backend.bind_sequence_jacobian(
+        register.num_qubits,
+        plan.forward.prepared,
+        sweep.prepared,
+        plan.pauli.words,
+        (2.0 * plan.weights)[None, :, :],
+        plan.circuit.n_columns,
+    )
+    bound = memo[_DIRECT_JACOBIAN] = ForwardJacobian(backend, plan, run)
+    return bound
+
+
 def forward_jacobian(
     backend: Backend, plan: DirectPlan, call: CallData
 ) -> tuple[object, DirectRun, np.ndarray]:
-    """``forward`` of one plan on one vector (no broadcast) and the Jacobian of its M
-    measurements by gradient column, (M, columns), in one backend call
-    (``Backend.run_sequence_jacobian``): the forward pass, then one deferred sweep of the
-    M bras of the unit cotangents (bra m: c_mk = 2 W[m, k]). The sweep consumes the final
-    state: the run holds none (a VJP of it simulates again). For a structure with
-    trainable parameters whose sweep is one gate sequence (``DirectPlan.sweep``)."""
-    sweep = plan.sweep(backend)
-    register = plan.structure.compilation.register
-    if sweep is None or not plan.circuit.n_params or register.broadcast:
-        raise ValueError("direct.forward_jacobian: the structure has no direct sweep")
-    state = _initial_state(backend, plan, call)
-    coefficients = (2.0 * plan.weights)[None, :, :]
-    simulate.require_memory(backend, register.num_qubits, coefficients.shape[1] + 2)
-    words, jacobian = backend.run_sequence_jacobian(
-        state,
-        plan.forward.prepared,
-        sweep.prepared,
-        call.angles,
-        call.matrices,
-        plan.pauli.words,
-        coefficients,
-        plan.circuit.n_columns,
-    )
-    result = _results(plan, measure.sentence_values(plan.pauli, words, len(words)))
-    return result, DirectRun((plan,), (call,), [None]), jacobian[0]
+    """``ForwardJacobian`` of ``plan`` for ``call`` (its angles; no prepared state, no
+    matrices): the results, the run (holding no state: a VJP of it simulates again) and
+    the Jacobian (M, columns)."""
+    result, jacobian = forward_jacobian_of(backend, plan)(call.angles)
+    return result, DirectRun((plan,), (call,), [None]), jacobian
 
 
 def _swept(

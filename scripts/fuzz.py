@@ -26,7 +26,9 @@ default.qubit (backprop):
   parameter-shift takes finite differences for conditional gates) in both accumulation
   modes, and for a circuit that postselects the values and its Jacobians by finite
   differences and "best" (1e-5 and 1e-6), each either run and right or refused by name
-  (the run ends with how often each happened);
+  (the run ends with how often each happened); the same circuits again with
+  ``mcm_method="tree-traversal"``: the values, and the Jacobian by parameter-shift (to
+  1e-6, or refused by name where the circuit postselects);
 - with ``--shared-device``, four circuits of the same random gates, each with its own
   measurements and parameters, on one device (QNodes and compiled QNodes), called in
   turns: the device's caches meet circuits that share a structure but not their data;
@@ -356,7 +358,8 @@ def check_mid_measured(seed: int, n: int, layers: int) -> tuple[float, bool]:
     Jacobians by the adjoint method or parameter-shift; a circuit that postselects: the
     values, and the Jacobians by finite differences and by "best" (parameter-shift), each
     either refused by name or equal to default.qubit's backprop Jacobian (a derivative
-    that is neither is a mismatch)."""
+    that is neither is a mismatch); then with ``mcm_method="tree-traversal"``, the values
+    and the parameter-shift Jacobian, the same way."""
     rng = np.random.default_rng(seed)
     fn, count, diff_method = mid_measured_function(rng, n, layers)
     params = rng.uniform(0, 2 * np.pi, count)
@@ -400,6 +403,24 @@ def check_mid_measured(seed: int, n: int, layers: int) -> tuple[float, bool]:
                 tolerances.get(method, TOLERANCE),
                 f"{options} {method} Jacobian",
             )
+        tree = {"mcm_method": "tree-traversal"}
+        values = flat(qml.QNode(fn, device, **tree), False)(params)
+        compare(_difference(values, want), TOLERANCE, f"{options} tree-traversal values")
+        qnode = qml.QNode(fn, device, diff_method="parameter-shift", **tree)
+        try:
+            jacobian = qml.jacobian(flat(qnode, True))(pnp.array(params))
+        except qml.exceptions.DeviceError as error:
+            if diff_method or "probability of the postselection" not in str(error):
+                raise
+            POSTSELECTION_VERDICTS["tree-traversal parameter-shift", "refused"] += 1
+            continue
+        if not diff_method:
+            POSTSELECTION_VERDICTS["tree-traversal parameter-shift", "run"] += 1
+        compare(
+            _difference(jacobian, want_jacobian),
+            tolerances["parameter-shift"],
+            f"{options} tree-traversal parameter-shift Jacobian",
+        )
     return worst, mismatched
 
 

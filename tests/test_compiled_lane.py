@@ -384,3 +384,69 @@ def test_a_forward_pass_without_grad_takes_no_jacobian(lane_calls):
         np.testing.assert_allclose(got.numpy(), want.numpy(), atol=ATOL, rtol=0)
     assert lane_calls.run_direct_jacobian.call_count == 0
     assert lane_calls.run_direct.call_count == 3
+
+
+@pytest.mark.parametrize(
+    "func, wires, shapes", [(_chain, 4, [(4,)]), (_mixed, 3, [(5,), (2, 2), ()])]
+)
+def test_a_jacobian_lane_call_runs_as_one_lane_jacobian_function(func, wires, shapes):
+    """A replayed call of a Jacobian lane with grad mode on and no torch.func transform is
+    one ``LaneJacobian`` Function (torch's older Function form); its plain backward pass
+    of one output (a numpy product with the Jacobian; a float32 cotangent, which torch
+    casts) and its other backward passes (one output of several: two cotangents;
+    ``is_grads_batched``: a batched one), delegated to ``Circuits``'s, give default.qubit's
+    gradients; under ``torch.func.jacrev`` (a ``Circuits`` call) the same Jacobian."""
+    compiled, reference = _compiled(func, wires), _reference(func, wires)
+    rng = np.random.default_rng(11)
+    _warm(compiled, shapes, rng)
+    inputs = _inputs(rng, shapes)
+    result = compiled(*inputs)
+    outputs = result if isinstance(result, tuple) else (result,)
+    assert {type(out.grad_fn).__name__ for out in outputs} == {"LaneJacobianBackward"}
+    reference_inputs = [t.detach().clone().requires_grad_(True) for t in inputs]
+    want = reference(*reference_inputs)
+    wants = want if isinstance(want, tuple) else (want,)
+    for k, (out, out_want) in enumerate(zip(outputs, wants, strict=True)):
+        got = torch.autograd.grad(out, inputs, retain_graph=True, allow_unused=True)
+        expected = torch.autograd.grad(
+            out_want, reference_inputs, retain_graph=True, allow_unused=True
+        )
+        for a, b in zip(got, expected, strict=True):
+            if b is None:
+                assert a is None or not a.any()
+            else:
+                np.testing.assert_allclose(a.numpy(), b.numpy(), atol=ATOL, rtol=0, err_msg=k)
+    cotangent = torch.tensor(0.75, dtype=torch.float32)
+    got = torch.autograd.grad(outputs[0], inputs, cotangent, retain_graph=True, allow_unused=True)
+    expected = torch.autograd.grad(
+        wants[0],
+        reference_inputs,
+        0.75 * torch.ones((), dtype=torch.float64),
+        retain_graph=True,
+        allow_unused=True,
+    )
+    for a, b in zip(got, expected, strict=True):
+        if b is not None:
+            np.testing.assert_allclose(a.numpy(), b.numpy(), atol=ATOL, rtol=0)
+    rows = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    batched = torch.autograd.grad(
+        outputs[0], inputs, rows, is_grads_batched=True, allow_unused=True
+    )
+    for a, b in zip(batched, expected, strict=True):
+        if b is not None:
+            want_rows = torch.stack([row / 0.75 * b for row in rows])
+            np.testing.assert_allclose(a.numpy(), want_rows.numpy(), atol=ATOL, rtol=0)
+    jacobians = torch.func.jacrev(lambda *args: compiled(*args), argnums=0)(
+        *[t.detach() for t in inputs]
+    )
+    want_jacobians = torch.autograd.functional.jacobian(
+        lambda *args: reference(*args), tuple(t.detach() for t in inputs)
+    )
+    firsts = jacobians if isinstance(jacobians, tuple) else (jacobians,)  # by input 0
+    want_firsts = (
+        tuple(per_output[0] for per_output in want_jacobians)
+        if isinstance(want, tuple)
+        else (want_jacobians[0],)
+    )
+    for a, b in zip(firsts, want_firsts, strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), atol=ATOL, rtol=0)

@@ -358,16 +358,28 @@ def test_a_structure_with_gates_without_a_generator_runs_directly_for_parameter_
     assert sum(forward_runs) > 0
 
 
-@pytest.mark.parametrize("calls", ["cpu", "base"])
+@pytest.mark.parametrize("calls", ["cpu", "base binding", "base"])
 @pytest.mark.parametrize("name", sorted(_ROTATIONS))
 def test_the_forward_jacobian_is_the_vjps_of_unit_cotangents(name, calls, monkeypatch):
     """``run_direct_jacobian`` (the compiled path's Jacobian lanes): its result is
     ``execute``'s, its Jacobian's rows folded are ``compute_vjp`` of the unit cotangents,
-    on the CPU backend's one kernel and on the base class's composition of
-    ``run_sequence_measured`` and ``sweep_sequence_from_words``; its run holds no state
-    (a VJP of it simulates again)."""
+    on the CPU backend's bound kernel, on the base class's binding of the CPU backend's
+    ``run_sequence_jacobian`` (what the cuStateVec backend binds) and on the base class's
+    composition of ``run_sequence_measured`` and ``sweep_sequence_from_words``; its run
+    holds no state (a VJP of it simulates again)."""
+    if calls in ("base binding", "base"):
+        monkeypatch.setattr(CPUBackend, "bind_sequence_jacobian", Backend.bind_sequence_jacobian)
     if calls == "base":
         monkeypatch.setattr(CPUBackend, "run_sequence_jacobian", Backend.run_sequence_jacobian)
+    bound = []
+    original = (
+        Backend.bind_sequence_jacobian if calls != "cpu" else CPUBackend.bind_sequence_jacobian
+    )
+    monkeypatch.setattr(
+        CPUBackend,
+        "bind_sequence_jacobian",
+        lambda self, *args: bound.append(args) or original(self, *args),
+    )
     device = qml.device("custatevec.qubit", wires=_WIRES, backend="cpu")
     processed, config = _processed(device, _gate_tape(_gate(name, "plain", 0), 0))
     plan = device.direct_plan(device.structure_of(processed), config)
@@ -387,3 +399,4 @@ def test_the_forward_jacobian_is_the_vjps_of_unit_cotangents(name, calls, monkey
         _assert_gradients_close(
             device.vjp_direct(run, dy), device.compute_vjp([tape], [dy], config)[0]
         )
+    assert len(bound) == 1  # bound once per structure, for both calls

@@ -671,6 +671,32 @@ class Backend(abc.ABC):
         )
         return values, swept
 
+    def bind_sequence_jacobian(
+        self,
+        n_qubits: int,
+        prepared: object,
+        sweep: object,
+        words: Sequence[tuple[str, Sequence[int]]],
+        coefficients: np.ndarray,
+        n_columns: int,
+    ) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]:
+        """``run_sequence_jacobian`` of one vector from |0...0>, with everything but the
+        angles bound (sequences without matrix slots): a callable of the angles (1,
+        n_slots) giving the words' values (K,) and the sweep's gradient columns
+        (R, n_columns). Bound once per circuit structure, called once per call of a small
+        circuit, where the per-call host work around one backend call is most of its
+        time (the compiled torch path's Jacobian on the forward pass). The default binds
+        the arguments of ``run_sequence_jacobian``."""
+
+        def run(angles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            state = self.zero_state(n_qubits, 1)
+            values, swept = self.run_sequence_jacobian(
+                state, prepared, sweep, angles, (), words, coefficients, n_columns
+            )
+            return values[0], swept[0]
+
+        return run
+
     def gather(self, arrays: Sequence[Any]) -> list[np.ndarray]:
         """The reductions of a sweep (backend arrays, or host arrays from the default
         steps) as numpy arrays, in one transfer."""

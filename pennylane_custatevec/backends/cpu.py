@@ -3,7 +3,7 @@
 import functools
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numba
@@ -494,6 +494,39 @@ class CPUBackend(Backend):
             out,
         )
         return values, out
+
+    def bind_sequence_jacobian(
+        self, n_qubits, prepared, sweep, words, coefficients, n_columns
+    ) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]:
+        """The kernel's arguments converted once (the tables, the words' rows, the
+        coefficients); a call allocates the vector and the outputs and runs the serial
+        kernel (one vector: what ``_launch_sequence`` runs for it)."""
+        if prepared.slot_starts or sweep.slot_starts:
+            raise ValueError("bind_sequence_jacobian: the sequence has matrix slots")
+        kernel = run_sequence_jacobian.serial
+        tables = (
+            prepared.ops,
+            prepared.bits,
+            prepared.matrices,
+            sweep.ops,
+            sweep.bits,
+            sweep.matrices,
+        )
+        word_rows = _word_rows(tuple(words))
+        coefficients = np.ascontiguousarray(coefficients, dtype=np.complex128)
+        rows = coefficients.shape[1]
+        size, dtype = 1 << n_qubits, self.dtype
+
+        def run(angles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            state = np.zeros((1, size), dtype=dtype)
+            state[0, 0] = 1.0
+            values = np.empty((1, len(word_rows)))
+            out = np.zeros((1, rows, n_columns))
+            angles = np.ascontiguousarray(angles, dtype=np.float64)
+            kernel(state, *tables, angles, word_rows, coefficients, values, out)
+            return values[0], out[0]
+
+        return run
 
     def _measured_sequence(self, prepared: _PreparedSequence, angles, matrices, words) -> tuple:
         """The arguments that ``run_sequence_measured`` and ``sweep_sequence_from_words``

@@ -229,6 +229,13 @@ class DirectLane:
             tuple(input_shapes),
         )
 
+    @property
+    def nesting(self):
+        """How the flat outputs of a call nest into the structure's result (``flatten``):
+        a scalar per measurement (expectation values, one vector), bare for one."""
+        measurements = len(self.direct_plan.pauli.terms)
+        return None if measurements == 1 else (tuple, ((1, None),) * measurements)
+
     def angles(self, host: Sequence[np.ndarray], parameters: tuple) -> np.ndarray:
         """(1, slots): each rotation's angle for the inputs' data ``host`` and the call's
         ``parameters``."""
@@ -239,11 +246,11 @@ class DirectLane:
             angles[0, slot] = direct.slot_angle(parameters[0][position], source)
         return angles
 
-    def input_jacobians(self, jacobian: np.ndarray) -> tuple[torch.Tensor, ...]:
-        """Per Function input, (M, *its shape): the Jacobian of the M outputs by the
-        input's elements, from the sweep's (M, gradient columns) ``jacobian``."""
+    def input_jacobians(self, jacobian: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Per Function input, (M, *its shape) float64: the Jacobian of the M outputs by
+        the input's elements, from the sweep's (M, gradient columns) ``jacobian``."""
         return tuple(
-            torch.from_numpy(gradient_map.input_jacobian(jacobian).reshape((-1, *shape)))
+            gradient_map.input_jacobian(jacobian).reshape((-1, *shape))
             for gradient_map, shape in zip(self.gradient_maps, self.input_shapes, strict=True)
         )
 
@@ -510,7 +517,7 @@ class Circuits(torch.autograd.Function):
                 result, direct_run, jacobian = plan.device.run_direct_jacobian(
                     lane.direct_plan, angles
                 )
-                jacobians = lane.input_jacobians(jacobian)
+                jacobians = tuple(map(torch.from_numpy, lane.input_jacobians(jacobian)))
             else:
                 result, direct_run = plan.device.run_direct(lane.direct_plan, angles)
             leaves, nesting = flatten(result)
@@ -545,25 +552,87 @@ class Circuits(torch.autograd.Function):
         ``CircuitsVJP`` takes them as inputs as well: a second derivative then reaches its
         backward, which refuses it, instead of torch taking the gradients for constants of
         the inputs (a Hessian without the circuit's second derivatives: a wrong number)."""
-        if torch.is_grad_enabled() or torch._C._are_functorch_transforms_active():
-            return (
-                None,
-                None,
-                *apply(
-                    CircuitsVJP,
-                    ctx.call,
-                    ctx.layout,
-                    len(cotangents),
-                    *cotangents,
-                    *ctx.saved_tensors,
-                ),
-            )
-        run = ctx.layout.run
-        if type(run) is LaneRun and run.jacobians is not None:
-            gradients = run.torch_gradients(cotangents)
-            if gradients is not None:
-                return (None, None, *gradients)
-        return (None, None, *vjp(ctx.call, run, ctx.layout, cotangents))
+        return (None, None, *_backward(ctx.call, ctx.layout, cotangents, ctx.saved_tensors))
+
+
+def _backward(
+    call: CircuitCall,
+    layout: ResultsLayout,
+    cotangents: Sequence[torch.Tensor],
+    inputs: Sequence[torch.Tensor],
+) -> list[torch.Tensor]:
+    """The gradients of a call's ``inputs`` for its outputs' ``cotangents`` in a backward
+    pass (``Circuits.backward``)."""
+    if torch.is_grad_enabled() or torch._C._are_functorch_transforms_active():
+        return apply(CircuitsVJP, call, layout, len(cotangents), *cotangents, *inputs)
+    run = layout.run
+    if type(run) is LaneRun and run.jacobians is not None:
+        gradients = run.torch_gradients(cotangents)
+        if gradients is not None:
+            return gradients
+    return vjp(call, run, layout, cotangents)
+
+
+class LaneJacobian(torch.autograd.Function):
+    """A lane's call whose forward pass takes the Jacobian (``DirectLane.
+    jacobian_on_forward``) where grad mode is on and no torch.func transform is active:
+    what ``Circuits`` runs for it, in torch's older Function form (``forward`` with a
+    context, no ``setup_context``), which torch applies with less work per call, with the
+    plain backward pass (one real scalar cotangent per output, grad mode off) a product
+    with the Jacobian in numpy. Every other backward pass is ``Circuits``'s
+    (``_backward``, on the call and layout it would have built). torch.func transforms
+    need the ``setup_context`` form: under them a call is a ``Circuits`` call.
+
+    Measured with ``benchmarks/w4_floor.py`` (2 cores, W4's step, per forward and
+    backward pass): the compiled QNode took 145-149 us with its lane calls through
+    ``Circuits``, 120-122 us through this Function and the bound backend call
+    (``direct.ForwardJacobian``)."""
+
+    @staticmethod
+    def forward(ctx, plan: CircuitsPlan, lane: DirectLane, parameters: tuple, *trainable):
+        host = [tensor.detach().numpy() for tensor in trainable]  # lane.serves: CPU float64
+        result, _, jacobian = plan.device.run_direct_jacobian(
+            lane.direct_plan, lane.angles(host, parameters)
+        )
+        ctx.plan, ctx.lane, ctx.parameters, ctx.host, ctx.result = (
+            plan,
+            lane,
+            parameters,
+            host,
+            result,
+        )
+        ctx.jacobians = lane.input_jacobians(jacobian)
+        ctx.save_for_backward(*trainable)
+        leaves, ctx.nesting = flatten(result)
+        return tuple(torch.from_numpy(np.asarray(leaf)) for leaf in leaves)
+
+    @staticmethod
+    def backward(ctx, *cotangents: torch.Tensor):
+        if len(cotangents) == 1 and not torch.is_grad_enabled():
+            (dy,) = cotangents
+            if (
+                type(dy) is torch.Tensor
+                and dy.dtype is torch.float64
+                and dy.ndim == 0
+                and dy.is_cpu
+                and not _functorch.is_legacy_batchedtensor(dy)
+            ):
+                value = dy.item()
+                return (
+                    None,
+                    None,
+                    None,
+                    *(
+                        torch.from_numpy(np.asarray(jacobian[0] * value))
+                        for jacobian in ctx.jacobians
+                    ),
+                )
+        call = CircuitCall(ctx.plan, ctx.parameters, None, ctx.lane, True)
+        run = LaneRun(None, ctx.host, ctx.result, tuple(map(torch.from_numpy, ctx.jacobians)))
+        layout = ResultsLayout(
+            ((len(cotangents), ctx.nesting),), run, tuple(t.shape for t in ctx.saved_tensors)
+        )
+        return (None, None, None, *_backward(call, layout, cotangents, ctx.saved_tensors))
 
 
 class CircuitsVJP(torch.autograd.Function):

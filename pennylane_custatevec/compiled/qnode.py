@@ -69,6 +69,7 @@ from .function import (
     Circuits,
     CircuitsPlan,
     DirectLane,
+    LaneJacobian,
     ResultsLayout,
     apply,
     as_numpy,
@@ -629,11 +630,14 @@ class CompiledQNode:
         ``parameters`` per structure as the device takes them (the trainable ones filled
         in from ``tensors``, in order), the results on ``torch_device`` (None: the CPU);
         through ``lane`` where given."""
-        layout = ResultsLayout()
-        jacobian_on_forward = lane is not None and lane.jacobian_on_forward
-        call = CircuitCall(
-            plan, parameters, torch_device, lane, jacobian_on_forward and torch.is_grad_enabled()
+        jacobian_on_forward = (
+            lane is not None and lane.jacobian_on_forward and torch.is_grad_enabled()
         )
+        if jacobian_on_forward and not torch._C._are_functorch_transforms_active():
+            flat = apply(LaneJacobian, plan, lane, parameters, *tensors)
+            return batch.finish((unflatten(flat, lane.nesting),))
+        layout = ResultsLayout()
+        call = CircuitCall(plan, parameters, torch_device, lane, jacobian_on_forward)
         flat = apply(Circuits, call, layout, *tensors)
         results, start = [], 0
         for count, nesting in layout.nesting:
