@@ -1106,13 +1106,15 @@ def real_parameters_for_real_results(tape: QuantumScript):
         value = parameters[index]
         if not math.get_dtype_name(value).startswith("complex"):
             continue
-        if isinstance(tape.get_operation(index)[0], NOT_ANGLE_PARAMETERS):
+        # the operation of parameter ``index`` of all (get_operation counts trainable ones)
+        operation = tape.par_info[index]["op"]
+        if isinstance(operation, NOT_ANGLE_PARAMETERS):
             continue
         if math.is_abstract(value):
             if type(value).__name__ in _JAX_DIFFERENTIATING_TRACERS:
                 raise DeviceError(
                     f"custatevec.qubit cannot differentiate the complex-valued parameter "
-                    f"{index} of {tape.get_operation(index)[0].name} under jax.jit: its "
+                    f"{index} of {operation.name} under jax.jit: its "
                     "imaginary part cannot be checked while tracing, and the device's "
                     "angles are real. Pass real values (jnp.real(x)), or differentiate "
                     "without jax.jit."

@@ -701,6 +701,67 @@ def test_jax_complex_parameters_under_jit():
         jax.jacobian(ours)(jnp.array(0.5 + 0.1j), y)
 
 
+def _phase_after_a_constant(p):
+    qml.RX(0.5, wires=0)  # a constant first: its parameter is not among the trainable ones
+    qml.DiagonalQubitUnitary(jnp.exp(1j * jnp.array([0.0, 1.0]) * p[0]), wires=0)
+    qml.RZ(p[1], wires=0)
+    return qml.expval(qml.X(0))
+
+
+@MODES
+@pytest.mark.parametrize("device_vjp", [False, True])
+def test_jax_complex_matrix_parameters_are_never_cast_to_real(mode, device_vjp):
+    """A trainable DiagonalQubitUnitary whose phases are real at the point (exp(0i) = 1)
+    keeps its complex data: its derivative lies along the imaginary part. The cast to
+    real looked up each parameter's operation by its number among all parameters where
+    PennyLane's ``get_operation`` counts the trainable ones: behind a constant RX it read
+    the RZ, cast the phases to real, and the derivative came out 0 instead of
+    sin(0.5) cos(0.3) (a wrong number, no error)."""
+    p = jnp.array([0.0, 0.3])
+    dev = qml.device("custatevec.qubit", wires=1, backend="cpu", grad_accumulation=mode)
+    kwargs = {"diff_method": "adjoint", "device_vjp": device_vjp}
+    ours = qml.QNode(_phase_after_a_constant, dev, **kwargs)
+    ref = qml.QNode(_phase_after_a_constant, qml.device("default.qubit", wires=1), **kwargs)
+    want = jax.grad(ref)(p)
+    np.testing.assert_allclose(want[0], np.sin(0.5) * np.cos(0.3), atol=ATOL)
+    np.testing.assert_allclose(jax.grad(ours)(p), want, atol=ATOL)
+
+
+def _unitary_of(t):
+    c, s = jnp.cos(t[0]), jnp.sin(t[0])
+    phase, global_phase = jnp.exp(1j * t[1]), jnp.exp(1j * t[2])
+    return jnp.stack(
+        [
+            jnp.stack([c * global_phase, -s * jnp.conj(phase) * global_phase]),
+            jnp.stack([s * phase * global_phase, c * global_phase]),
+        ]
+    )
+
+
+def _trainable_unitary(t):
+    qml.RY(0.4, wires=0)
+    qml.RX(0.3, wires=1)
+    qml.QubitUnitary(_unitary_of(t), wires=0)
+    qml.CNOT(wires=[0, 1])
+    qml.RZ(0.7 * t[0], wires=1)
+    return qml.expval(qml.X(0) @ qml.Z(1) + 0.3 * qml.Y(1))
+
+
+def test_jax_best_with_a_trainable_qubit_unitary():
+    """diff_method="best" (a QNode's default) with jax and a trainable QubitUnitary after
+    constant gates: the device's answer whether the adjoint method serves it raised
+    IndexError (the same operation lookup by the wrong count); now "best" takes
+    parameter-shift, as with autograd and torch, and gives default.qubit's gradient; the
+    adjoint method refuses the gate by name."""
+    t = jnp.array([0.3, 1.1, -0.4])
+    dev = qml.device("custatevec.qubit", wires=2, backend="cpu")
+    ref = qml.QNode(_trainable_unitary, qml.device("default.qubit", wires=2))
+    want = jax.grad(ref)(t)
+    np.testing.assert_allclose(jax.grad(qml.QNode(_trainable_unitary, dev))(t), want, atol=1e-12)
+    with pytest.raises(DeviceError, match="QubitUnitary has trainable parameters but no gen"):
+        jax.grad(qml.QNode(_trainable_unitary, dev, diff_method="adjoint"))(t)
+
+
 @MODES
 def test_device_jvp_of_a_complex_tangent_is_real(mode):
     """A real result's JVP is real, as its primal: of a complex tangent only the real part
