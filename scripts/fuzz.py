@@ -32,6 +32,12 @@ default.qubit (backprop):
 - with ``--shared-device``, four circuits of the same random gates, each with its own
   measurements and parameters, on one device (QNodes and compiled QNodes), called in
   turns: the device's caches meet circuits that share a structure but not their data;
+- with ``--constants``, about one parameter in three a constant (a float the quantum
+  function closes over), the others trainable: constants before, between and after
+  trainable gates, through the QNode and the compiled QNode (``with_constants``);
+- with ``--jax``, jax instead of autograd and torch: about one parameter in three a
+  constant, the others elements of the differentiated jax array; the adjoint method (device
+  VJPs off and on, both accumulation modes), "best" and ``jax.jit`` (``check_jax``);
 - with ``--shots``, sampled results (20000 seeded shots; with ``fusion_qubits=4`` too)
   against the exact ones: probs of three wires, a Pauli word's expval and a Z's variance,
   each within 5 standard errors (the reported difference: the largest in standard
@@ -51,12 +57,15 @@ where one was seen.
     python scripts/fuzz.py --mid-measurements --count 40 --min-wires 4 --max-wires 16
     python scripts/fuzz.py --shots --count 40 --min-wires 3 --max-wires 19
     python scripts/fuzz.py --shared-device --count 40 --min-wires 3 --max-wires 16
+    python scripts/fuzz.py --jax --count 40 --min-wires 3 --max-wires 12
+    python scripts/fuzz.py --constants --count 40 --min-wires 3 --max-wires 16
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import sys
 import warnings
 
@@ -223,13 +232,36 @@ def _compiled_difference(compiled, params, want, want_jacobian, cotangent_seed: 
     )
 
 
-def check_plain(seed: int, n: int, layers: int) -> tuple[float, bool]:
+def with_constants(rng: np.random.Generator, fn, values: np.ndarray):
+    """(a quantum function of the trainable parameters, their values): about one of the
+    ``values`` in three becomes a constant that ``fn`` (a function of all of them) gets as
+    a Python float, the others come from the trainable array in order; None where none is
+    trainable."""
+    constant = rng.uniform(size=values.size) < 1 / 3
+    if constant.all():
+        return None
+    positions = np.cumsum(~constant) - 1  # a trainable parameter's element of the array
+
+    def mixed(params):
+        every = zip(values, constant, positions, strict=True)
+        return fn([float(v) if c else params[p] for v, c, p in every])
+
+    return mixed, values[~constant]
+
+
+def check_plain(seed: int, n: int, layers: int, constants: bool = False) -> tuple[float, bool]:
     """(the largest difference, whether one was above its tolerance) of one random circuit
-    (module docstring), without a batch."""
+    (module docstring), without a batch; ``constants``: about one parameter in three a
+    constant (``with_constants``)."""
     rng = np.random.default_rng(seed)
     gates = random_gates(rng, n, layers)
     fn = quantum_function(gates, random_measurements(rng, n), embedded=False)
     params = rng.uniform(0, 2 * np.pi, sum(n_parameters(g) for g, _ in gates))
+    if constants:
+        mixed = with_constants(rng, fn, params)
+        if mixed is None:
+            return 0.0, False
+        fn, params = mixed
     reference = qml.QNode(fn, qml.device("default.qubit", wires=n), diff_method="backprop")
 
     worst, mismatched = 0.0, False
@@ -254,6 +286,58 @@ def check_plain(seed: int, n: int, layers: int) -> tuple[float, bool]:
         if difference > TOLERANCE:
             mismatched = True
             print(f"MISMATCH seed {seed} n {n} compiled call {call}: {difference:.2e}", flush=True)
+    return worst, mismatched
+
+
+def check_jax(seed: int, n: int, layers: int) -> tuple[float, bool]:
+    """As ``check_plain``, with jax: each gate parameter is a constant (a float the
+    quantum function closes over) or an element of the differentiated jax array, at
+    random (about one in three constant: constants before, between and after trainable
+    gates); the values and ``jax.jacobian`` of the QNode with the adjoint method (device
+    VJPs off and on, both accumulation modes), with "best", and under ``jax.jit``, against
+    default.qubit's backprop."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    jnp = jax.numpy
+    rng = np.random.default_rng(seed)
+    gates = random_gates(rng, n, layers)
+    measurements = random_measurements(rng, n)
+    values = rng.uniform(0, 2 * np.pi, sum(n_parameters(g) for g, _ in gates))
+    mixed = with_constants(rng, quantum_function(gates, measurements, False), values)
+    if mixed is None:
+        return 0.0, False
+    fn, trainable_values = mixed
+
+    def flat(qnode):
+        return lambda params: jnp.hstack(qnode(params))
+
+    params = jnp.array(trainable_values)
+    reference = flat(qml.QNode(fn, qml.device("default.qubit", wires=n), diff_method="backprop"))
+    want, want_jacobian = reference(params), jax.jacobian(reference)(params)
+    worst, mismatched = 0.0, False
+    runs = [
+        ({}, {"diff_method": "adjoint"}, False),
+        ({}, {"diff_method": "adjoint", "device_vjp": True}, False),
+        ({"grad_accumulation": "eager"}, {"diff_method": "adjoint", "device_vjp": True}, False),
+        ({}, {}, False),  # "best"
+        ({}, {"diff_method": "adjoint"}, True),
+    ]
+    for device_options, qnode_options, jitted in runs:
+        device = qml.device("custatevec.qubit", wires=n, **device_options)
+        ours = flat(qml.QNode(fn, device, **qnode_options))
+        forward, jacobian = ours, jax.jacobian(ours)
+        if jitted:
+            forward, jacobian = jax.jit(forward), jax.jit(jacobian)
+        difference = max(
+            float(np.max(np.abs(np.asarray(forward(params)) - want))),
+            float(np.max(np.abs(np.asarray(jacobian(params)) - want_jacobian))),
+        )
+        worst = max(worst, difference)
+        if difference > TOLERANCE:
+            mismatched = True
+            label = f"{device_options} {qnode_options}" + (" jit" if jitted else "")
+            print(f"MISMATCH seed {seed} n {n} jax {label}: {difference:.2e}", flush=True)
     return worst, mismatched
 
 
@@ -566,6 +650,8 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--mid-measurements", action="store_true")
     mode.add_argument("--shots", action="store_true")
     mode.add_argument("--shared-device", action="store_true")
+    mode.add_argument("--jax", action="store_true")
+    mode.add_argument("--constants", action="store_true")
     args = parser.parse_args(argv)
     if args.min_wires < 3 or args.max_wires < args.min_wires:
         parser.error("--min-wires must be at least 3 and at most --max-wires")
@@ -578,6 +664,10 @@ def main(argv: list[str] | None = None) -> int:
         check = check_sampled
     if args.shared_device:
         check = check_shared
+    if args.jax:
+        check = check_jax
+    if args.constants:
+        check = functools.partial(check_plain, constants=True)
     worst, mismatches = 0.0, 0
     for seed in range(args.first_seed, args.first_seed + args.count):
         rng = np.random.default_rng([seed, 1])

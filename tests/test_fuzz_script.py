@@ -14,7 +14,16 @@ import fuzz  # noqa: E402
 
 
 @pytest.mark.parametrize(
-    "mode", [[], ["--broadcast"], ["--mid-measurements"], ["--shots"], ["--shared-device"]]
+    "mode",
+    [
+        [],
+        ["--broadcast"],
+        ["--mid-measurements"],
+        ["--shots"],
+        ["--shared-device"],
+        ["--jax"],
+        ["--constants"],
+    ],
 )
 def test_a_small_random_circuit_agrees(mode, capsys):
     argv = ["--first-seed", "3", "--count", "1", "--min-wires", "4", "--max-wires", "5"]
