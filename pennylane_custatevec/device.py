@@ -475,6 +475,11 @@ class CuStateVecDevice(Device):
             if name == "param_shift":
                 fallback_given = "fallback_fn" in config.gradient_keyword_arguments
                 refuse_shot_noise_fallback(circuit, fallback_given)
+        if config.interface is Interface.JAX and circuit is not None and _vmapped(circuit):
+            # PennyLane's jax boundary without jit reads the values as numpy, which a
+            # vmap's batch cannot be; its jit boundary (a pure callback) takes the batch
+            # whole, as a broadcast: what default.qubit gives by tracing
+            updates["interface"] = Interface.JAX_JIT
         shots_present = circuit is not None and bool(circuit.shots)
         mcm_method = config.mcm_config.mcm_method
         if mcm_method == "one-shot" and circuit is not None and not shots_present:
@@ -500,9 +505,9 @@ class CuStateVecDevice(Device):
         return dataclasses.replace(config, **updates)
 
     def preprocess_transforms(self, execution_config: ExecutionConfig | None = None):
-        if qml.capture.enabled():  # captured programs become tapes in eval_jaxpr
-            return PipelineWithoutQueuing()
         config = execution_config or ExecutionConfig()
+        if qml.capture.enabled():  # captured programs become tapes in eval_jaxpr
+            return self._capture_preprocess_transforms(config)
         mcm_method = config.mcm_config.mcm_method
         differentiating = config.gradient_method == "adjoint"
         pipeline = PipelineWithoutQueuing()  # operators built here are queued nowhere
@@ -668,6 +673,20 @@ class CuStateVecDevice(Device):
             return recombine(self._execute(tapes, config))
         return self._execute(circuits, config)
 
+    def _capture_preprocess_transforms(self, config: ExecutionConfig):
+        """A captured program's preprocessing, on the program itself: with
+        ``mcm_method="deferred"`` (the default there, as on default.qubit) PennyLane's
+        ``defer_measurements`` for programs, which needs the number of wires (the device's)
+        and turns a measurement's value used by classical processing (arithmetic,
+        jax.numpy functions, a gate parameter) into controlled operations on the wires of
+        the deferred measurements: ``plxpr_to_tape`` (``eval_jaxpr``) cannot rebuild such
+        processing around a mid-circuit measurement. Without device wires, and with the
+        other methods, the program reaches ``eval_jaxpr`` as it was captured."""
+        pipeline = PipelineWithoutQueuing()
+        if config.mcm_config.mcm_method in (None, "deferred") and self.wires is not None:
+            pipeline.add_transform(qml.transforms.defer_measurements, num_wires=len(self.wires))
+        return pipeline
+
     def eval_jaxpr(
         self,
         jaxpr,
@@ -706,16 +725,24 @@ class CuStateVecDevice(Device):
         ``eval_jaxpr``, whose workflow takes the device's derivatives (adjoint)."""
         import jax  # noqa: PLC0415 - program capture is jax's
 
+        consts: list = []
         if _measures_mid_circuit(jaxpr):
-            raise DeviceError(
-                "custatevec.qubit cannot differentiate a captured program with mid-circuit "
-                "measurements (PennyLane's plxpr_to_tape cannot rebuild its conditional "
-                "operations from traced values); differentiate it with capture disabled "
-                "(qml.capture.disable()), where mcm_method='deferred' differentiates it."
-            )
+            # PennyLane hands this method the program without the device's preprocessing
+            pipeline = self._capture_preprocess_transforms(execution_config or ExecutionConfig())
+            if not len(pipeline):
+                raise DeviceError(
+                    "custatevec.qubit differentiates a captured program with mid-circuit "
+                    "measurements by deferring them (mcm_method='deferred', on a device "
+                    "with wires: qml.device('custatevec.qubit', wires=n)); PennyLane's "
+                    "plxpr_to_tape cannot rebuild conditional operations from traced "
+                    "values. Or differentiate it with capture disabled "
+                    "(qml.capture.disable())."
+                )
+            deferred = pipeline(jaxpr, [], *args)
+            jaxpr, consts = deferred.jaxpr, deferred.consts
 
         def run(*values):
-            return self.eval_jaxpr(jaxpr, [], *values, execution_config=execution_config)
+            return self.eval_jaxpr(jaxpr, consts, *values, execution_config=execution_config)
 
         zeros = [
             jax.numpy.zeros_like(a) if type(t).__name__ == "Zero" else t
@@ -1318,6 +1345,20 @@ def _adjoint_config(config: ExecutionConfig | None) -> ExecutionConfig:
 
 
 _PLAIN_VALUE_TYPES = (float, int, complex, np.float64, np.complex128)
+
+
+def _vmapped(circuit: QuantumScript) -> bool:
+    """Whether a parameter of ``circuit`` is batched by ``jax.vmap`` (a batch tracer, or a
+    tracer of differentiation whose primal values are one: ``jax.vmap(jax.grad(f))``)."""
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return False
+    for value in circuit.get_parameters(trainable_only=False):
+        while isinstance(value, jax.core.Tracer):
+            if type(value).__name__ == "BatchTracer":  # jax deprecates its public name
+                return True
+            value = getattr(value, "primal", None)  # JVPTracer, LinearizeTracer
+    return False
 
 
 def _holds_differentiated_values(circuits: Sequence[QuantumScript]) -> bool:

@@ -334,11 +334,12 @@ def test_parameter_shift_gradient_matches():
 # Preprocessed tapes rebound to broadcast parameters (jax.vmap with device_vjp=True)
 
 
-def _rebound_tape(mode: str):
+def _rebound_tape(mode: str, single: int = 2):
     """A tape through the device's adjoint preprocessing (its rotations gathered into
-    ``PauliRotations`` runs), then rebound to broadcast values of all parameters but the
-    CRY's, as PennyLane's jax interface does under ``jax.vmap``; and the same circuit
-    built directly with those values, for default.qubit."""
+    ``PauliRotations`` runs), then rebound to broadcast values of all parameters but
+    parameter ``single`` (2: the CRY's; 1: the second RY's, inside a run of the first
+    RY's broadcast angles), as PennyLane's jax interface does under ``jax.vmap``; and the
+    same circuit built directly with those values, for default.qubit."""
     dev = qml.device(DEVICE, wires=3, backend="cpu", grad_accumulation=mode)
     config = dev.setup_execution_config(qml.devices.ExecutionConfig(gradient_method="adjoint"))
     measurements = [qml.expval(qml.Z(0) @ qml.Z(1)), qml.probs(wires=[2])]
@@ -358,23 +359,26 @@ def _rebound_tape(mode: str):
     assert any(isinstance(op, PauliRotations) for op in prepared.operations)
     rng = np.random.default_rng(31)
     values = [rng.uniform(0, np.pi, BATCH) for _ in range(5)]
-    values[2] = np.float64(0.7)  # a parameter that is not broadcast
+    values[single] = np.float64(0.7)  # a parameter that is not broadcast
     rebound = prepared.bind_new_parameters(values, list(range(5)))  # runs keep the order
     direct = qml.tape.QuantumScript(operations(values), measurements)
     return dev, config, rebound, direct, values
 
 
+@pytest.mark.parametrize("single", [2, 1])
 @pytest.mark.parametrize("mode", ["deferred", "eager"])
-def test_rebound_broadcast_tape_derivatives(mode):
+def test_rebound_broadcast_tape_derivatives(mode, single):
     """execute, compute_vjp, compute_derivatives and compute_jvp of the rebound tape equal
     default.qubit's derivatives of the same broadcast circuit (jax backprop): a broadcast
     parameter's gradient per entry, the others' summed over entries. Before, the rebound
     run claimed not to be broadcast (one entry's results), and after that was fixed the
-    deferred VJP summed a run's entries into the first: wrong numbers without an error."""
+    deferred VJP summed a run's entries into the first: wrong numbers without an error.
+    A run holding broadcast and single angles (``single`` 1) crashed in compiling it
+    (``jax.vmap`` over a QNode with a constant rotation)."""
     jax = pytest.importorskip("jax")
     jax.config.update("jax_enable_x64", True)
     jnp = jax.numpy
-    dev, config, rebound, direct, values = _rebound_tape(mode)
+    dev, config, rebound, direct, values = _rebound_tape(mode, single)
     assert rebound.batch_size == BATCH
     reference = qml.device("default.qubit", wires=3)
     assert_allclose_nested(dev.execute(rebound, config), reference.execute(direct), atol=1e-12)
@@ -388,7 +392,7 @@ def test_rebound_broadcast_tape_derivatives(mode):
     _, pullback = jax.vjp(results, *params)
     expected_vjp = pullback(tuple(jnp.asarray(d) for d in dy))
     assert_allclose_nested(vjp, expected_vjp, atol=1e-12)
-    assert np.shape(vjp[0]) == (BATCH,) and np.shape(vjp[2]) == ()
+    assert [np.shape(g) for g in vjp] == [() if k == single else (BATCH,) for k in range(5)]
 
     jacobian = dev.compute_derivatives([rebound], config)[0]
     tangents = tuple(np.full(np.shape(v), 0.3 + k) for k, v in enumerate(values))
@@ -433,3 +437,50 @@ def test_jax_vmap_of_grad_with_device_vjp(mode, jit):
     ours = jax.jit(ours) if jit else ours
     reference = jax.vmap(jax.grad(qml.QNode(circuit, qml.device("default.qubit", wires=2))))
     np.testing.assert_allclose(ours(batch), reference(batch), atol=1e-12)
+
+
+def _vmapped_circuit(x):
+    qml.RX(x, 0)
+    qml.RY(2.0, 1)  # a constant rotation: gathered with RX into one run
+    qml.CNOT([0, 1])
+    qml.CRZ(0.4 * x, [1, 0])
+    return qml.expval(qml.Z(1)), qml.probs(wires=[0])
+
+
+_VMAP_CALLS = {
+    "vmap": lambda node, x: jax_module().vmap(node)(x),
+    "vmap of grad": lambda node, x: jax_module().vmap(jax_module().grad(lambda v: node(v)[0]))(x),
+    "jacobian of vmap": lambda node, x: jax_module().jacobian(
+        lambda v: jax_module().vmap(node)(v)[1]
+    )(x),
+    "jit of vmap": lambda node, x: jax_module().jit(jax_module().vmap(node))(x),
+}
+
+
+def jax_module():
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    return jax
+
+
+@pytest.mark.parametrize("call", sorted(_VMAP_CALLS))
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"device_vjp": True}, {"diff_method": "parameter-shift"}],
+    ids=["adjoint", "adjoint-device-vjp", "parameter-shift"],
+)
+def test_jax_vmap_over_a_qnode(call, kwargs):
+    """jax.vmap over a QNode, without jax.jit too: PennyLane's jax boundary without jit
+    reads the values as numpy, which a vmap's batch cannot be (ValueError, on
+    lightning.qubit too): the device takes PennyLane's jit boundary, whose callback gets
+    the batch whole as a broadcast (``_vmapped``). With device VJPs the constant RY, in a
+    run with the vmapped RX, crashed the run's compilation. Values and derivatives equal
+    default.qubit's."""
+    jax = jax_module()
+    x = jax.numpy.array([1.0, 2.0, 3.0])
+    ours = qml.QNode(_vmapped_circuit, qml.device(DEVICE, wires=2, backend="cpu"), **kwargs)
+    reference = qml.QNode(_vmapped_circuit, qml.device("default.qubit", wires=2))
+    got, want = _VMAP_CALLS[call](ours, x), _VMAP_CALLS[call](reference, x)
+    leaves = jax.tree_util.tree_leaves
+    for a, b in zip(leaves(got), leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-12)
