@@ -149,7 +149,7 @@ def _outcome_rows(
     op = instruction.source
     probabilities = backend.probabilities(branches.state, instruction.targets)
     norms = probabilities.sum(axis=1)
-    simulate.require_normalised(backend, norms)
+    simulate.require_normalised(backend, norms, register)
     probabilities = probabilities / norms[:, None]
     outcomes = (0, 1) if op.postselect is None else (int(op.postselect),)
     pairs = [(o, probabilities[:, o], np.flatnonzero(probabilities[:, o] > 0.0)) for o in outcomes]

@@ -571,7 +571,7 @@ def computational_basis_samples(
 ) -> np.ndarray:
     """``shots`` samples per vector, int64 (B, shots, len(wires)): column j is wire j's bit.
     The states must be normalised (``simulate.require_normalised``: one pass for the norms)."""
-    require_normalised(backend, backend.probabilities(state, ())[:, 0])
+    require_normalised(backend, backend.probabilities(state, ())[:, 0], register)
     outcomes = backend.sample(state, register.targets(wires), shots, rng)
     shifts = np.arange(len(wires) - 1, -1, -1, dtype=np.int64)
     bits = outcomes[..., None] >> shifts

@@ -60,6 +60,11 @@ class Register:
     initial_state: np.ndarray | None = None
     """The prepared state (1 or batch_size, 2**n) of a leading state preparation, or None
     for |0...0>."""
+    single_precision_data: bool = False
+    """Whether an operation's data are single precision (float32, complex64): the gates
+    made from them (a QubitUnitary of a jax array with jax's float64 off, a pulse's
+    evolution) are unitary to single precision only, and so is the state's norm
+    (``simulate.require_normalised``)."""
 
     @functools.cached_property
     def num_qubits(self) -> int:
@@ -182,7 +187,12 @@ def merge(compilations: Sequence[Compilation]) -> Compilation:
     initial_state = None
     if registers[0].initial_state is not None:
         initial_state = _concatenate_data([r.initial_state for r in registers], sizes)
-    register = dataclasses.replace(registers[0], batch_size=sum(sizes), initial_state=initial_state)
+    register = dataclasses.replace(
+        registers[0],
+        batch_size=sum(sizes),
+        initial_state=initial_state,
+        single_precision_data=any(r.single_precision_data for r in registers),
+    )
     return Compilation(register, steps)
 
 
@@ -328,12 +338,24 @@ def compile_steps(tape: QuantumScript, device_wires: Wires | None) -> Compilatio
         batch_size=batch_size or 1,
         broadcast=batch_size is not None,
         initial_state=initial_state,
+        single_precision_data=any(
+            _single_precision(value) for op in operations for value in op.data
+        ),
     )
     steps: list[Step] = []
     with without_queuing():  # decompositions and matrices may build operators
         for index in range(first, len(operations)):
             steps.extend(operation_steps(operations[index], index, register))
     return Compilation(register, tuple(steps))
+
+
+_SINGLE_PRECISION = (np.dtype(np.float32), np.dtype(np.complex64))
+
+
+def _single_precision(value) -> bool:
+    """Whether a parameter (numpy or jax) is single precision."""
+    dtype = getattr(value, "dtype", None)
+    return dtype is not None and dtype in _SINGLE_PRECISION
 
 
 def initial_state_of(preparation: Operator, wires: Wires) -> np.ndarray:

@@ -46,18 +46,24 @@ complex128; at complex64 the round-off of float32 amplitudes grows with the circ
 (about 6e-8 per gate), and an unnormalised input is off by far more."""
 
 
-def require_normalised(backend: Backend, norms: np.ndarray) -> None:
+def require_normalised(backend: Backend, norms: np.ndarray, register: Register) -> None:
     """Refuse to sample from states whose squared norms (one per vector of the batch, the
     sum of all probabilities) are not 1 within ``NORM_TOLERANCE``: default.qubit refuses
-    them too, and each backend would draw different samples from them."""
+    them too, and each backend would draw different samples from them. The tolerance is
+    single precision's where the register's operations have single-precision data
+    (``Register.single_precision_data``: their round-off, not an unnormalised input;
+    default.qubit samples a jax state without a check)."""
     norms = np.asarray(norms, dtype=np.float64).reshape(-1)
-    bad = ~(np.abs(norms - 1.0) <= NORM_TOLERANCE[backend.dtype])  # NaN is bad
+    dtype = np.dtype(np.complex64) if register.single_precision_data else backend.dtype
+    tolerance = max(NORM_TOLERANCE[backend.dtype], NORM_TOLERANCE[dtype])
+    bad = ~(np.abs(norms - 1.0) <= tolerance)  # NaN is bad
     if not bad.any():
         return
     vector = int(np.argmax(bad))
     where = f" (vector {vector} of a batch of {norms.size})" if norms.size > 1 else ""
     raise UnnormalisedStateError(
-        f"Cannot sample from a state whose squared norm is {norms[vector]:.6g}{where}, not 1. "
+        f"Cannot sample from a state whose squared norm is {norms[vector]:.10g}{where}, not 1 "
+        f"within {tolerance:g}. "
         "Such states come from a postselected mid-circuit measurement outcome of probability "
         "0, a non-unitary matrix with its check turned off (QubitUnitary with "
         "unitary_check=False), or an unnormalised qml.StatePrep(..., normalize=False, "
@@ -278,7 +284,9 @@ def final_state_per_shot(
     outcomes: dict = {}
     for instruction in program.instructions:
         if instruction.kind is Kind.MID_MEASURE:
-            outcomes[instruction.source] = _measure_mid_circuit(backend, state, instruction, rng)
+            outcomes[instruction.source] = _measure_mid_circuit(
+                backend, state, instruction, rng, program.register
+            )
             continue
         if instruction.condition is not None:
             selected = np.asarray(instruction.condition.concretize(outcomes), dtype=bool)
@@ -288,11 +296,15 @@ def final_state_per_shot(
 
 
 def _measure_mid_circuit(
-    backend: Backend, state: StateBatch, instruction: Instruction, rng: np.random.Generator
+    backend: Backend,
+    state: StateBatch,
+    instruction: Instruction,
+    rng: np.random.Generator,
+    register: Register,
 ) -> np.ndarray:
     """Sample each vector's outcome, project onto it, renormalise, and reset if asked."""
     probabilities = backend.probabilities(state, instruction.targets)
-    require_normalised(backend, probabilities.sum(axis=1))
+    require_normalised(backend, probabilities.sum(axis=1), register)
     p_one = probabilities[:, 1] / probabilities.sum(axis=1)
     outcome = (rng.random(p_one.shape[0]) < p_one).astype(np.int64)
     kept = np.where(outcome == 1, p_one, 1.0 - p_one)
