@@ -389,16 +389,17 @@ def _gate_instructions(
     with the step's parameter position and element (see ``Origin``)."""
     if isinstance(op, PauliRotations):
         gates = structure(op.hyperparameters["gates"])
-        if len({np.shape(angle) for angle in op.data}) > 1:
+        try:
+            stacked = np.asarray(op.data)
+        except ValueError:
             # broadcast angles beside single ones: jax.vmap binds its batch into a run
             # that the preprocessing gathered from unbatched angles; each gate its own
+            stacked = None
+        if stacked is None or np.iscomplexobj(stacked):  # a complex angle named by its gate
             pairs = zip(op.data, gates, strict=True)
             per_gate = [real_angles(angle, gate.name) for angle, gate in pairs]
         else:
-            if np.iscomplexobj(np.asarray(op.data)):  # named by its gate, not by the run
-                for j, gate in enumerate(gates):
-                    real_angles(op.data[j], gate.name)
-            per_gate = real_angles(op.data, op.name)
+            per_gate = real_angles(stacked, op.name)
         return [
             (_gate_rotation(gate, _batched(per_gate[j], 0), register), j, 0)
             for j, gate in enumerate(gates)
