@@ -31,6 +31,7 @@ from pennylane.transforms import defer_measurements, dynamic_one_shot
 
 from . import direct, settings, simulate
 from .backends import BACKEND_CHOICES, distributed, select_backend
+from .entrywise import EntrywiseState, EntrywiseUnitary
 from .execution import PreparedTape, run_tapes
 from .gradients import deferred, eager, jvp
 from .gradients.common import require_adjoint_serves
@@ -55,6 +56,7 @@ from .transforms import (
     decompose_late_state_preps,
     decompose_templates_for_gradients,
     decompose_traced,
+    entrywise_trainable_operators,
     expand_broadcasts,
     gather_rotations,
     measure_in_computational_bases,
@@ -112,9 +114,11 @@ _MATRIX_DEFINED_OPS = (
     qml.operation.StatePrepBase,
 )
 """Operations whose parameters are matrices or states: never decomposed for the adjoint
-method, so that a trainable one is refused by name rather than silently expanded (the
-rotation angles of a general unitary's decomposition are not differentiable everywhere).
-A trainable DiagonalQubitUnitary decomposes, as default.qubit's adjoint method takes it:
+method (the rotation angles of a general unitary's decomposition are not differentiable
+everywhere). A trainable QubitUnitary, ControlledQubitUnitary or BlockEncode is then
+taken by its matrix's entries (``transforms.entrywise_trainable_operators``); any other
+trainable one, or a wider one, is refused by name rather than silently expanded. A
+trainable DiagonalQubitUnitary decomposes, as default.qubit's adjoint method takes it:
 into RZ, SelectPauliRot and GlobalPhase gates whose angles are differences of its
 entries' phases, smooth functions of unit-modulus entries, which the interface
 differentiates."""
@@ -554,6 +558,8 @@ class CuStateVecDevice(Device):
             device_wires=self.wires,
             name=self.name,
         )
+        if differentiating:  # after decomposing: an adjoint's decomposition may make one
+            pipeline.add_transform(entrywise_trainable_operators)
         # after decomposing: a decomposition may make a native template (a subclass's does)
         vjp_boundary = _vjps_reach_the_device(config)
         array_gradients = config.gradient_method is None or (differentiating and vjp_boundary)
@@ -632,22 +638,32 @@ class CuStateVecDevice(Device):
             if issubclass(base, qml.operation.Operator)
         ):
             return True
-        return op.has_matrix and not op.has_decomposition
+        return op.has_matrix and not _has_decomposition(op)
 
     def _stops_adjoint(self, op: qml.operation.Operator) -> bool:
         """Native, and differentiable as it stands: trainable gates with several parameters
         (Rot, U3, CRot, ...) decompose into gates with one parameter and a generator. Native
         templates differentiate by their gates (decompose_templates_for_gradients decided
-        which stay whole)."""
+        which stay whole). Trainable matrices and state preparations stay whole: the
+        preprocessing takes them by their entries (``entrywise_trainable_operators``). A
+        trainable operator without a generator or a decomposition stays too, and the
+        validation refuses it by name."""
         if not self._runs_natively(op):
             return False
         if (
-            isinstance(op, _MATRIX_DEFINED_OPS)
+            isinstance(op, (*_MATRIX_DEFINED_OPS, EntrywiseUnitary))
             or compiles_by_gate(op)
             or not any(math.requires_grad(d) for d in op.data)
         ):
             return True
-        return op.num_params == 1 and op.has_generator
+        try:
+            if op.num_params == 1 and op.has_generator:
+                return True
+        except ValueError:  # a broadcast qml.exp (see _has_decomposition): split later
+            return True
+        # nothing to decompose into (an operator that only its matrix defines): the
+        # validation refuses it naming the reason, not the decomposition's "not supported"
+        return not _has_decomposition(op)
 
     def _observable_supported(self, obs: qml.operation.Operator) -> bool:
         return measurable(obs, self.capabilities.supports_observable)
@@ -986,15 +1002,29 @@ class CuStateVecDevice(Device):
     def _general_vjps(
         self, circuits, cotangents, kept, in_force: settings.DifferentiationOptions
     ) -> tuple:
-        """``_vjps`` on the general path: from KeptStates (or None)."""
-        if in_force.grad_accumulation == "deferred":
-            return deferred.vjps(
-                self._backend, circuits, cotangents, self.wires, kept, in_force.fusion_qubits
+        """``_vjps`` on the general path: from KeptStates (or None). A tape with an
+        ``EntrywiseUnitary`` takes the eager sweep in either mode (``_swept_eagerly``)."""
+        eagerly = [
+            i
+            for i, tape in enumerate(circuits)
+            if in_force.grad_accumulation != "deferred" or _swept_eagerly(tape)
+        ]
+        gradients: list = [None] * len(circuits)
+        for i in eagerly:
+            gradients[i] = eager.vjp(self._backend, circuits[i], cotangents[i], self.wires, kept[i])
+        rest = [i for i in range(len(circuits)) if gradients[i] is None]
+        if rest:
+            swept = deferred.vjps(
+                self._backend,
+                [circuits[i] for i in rest],
+                [cotangents[i] for i in rest],
+                self.wires,
+                [kept[i] for i in rest],
+                in_force.fusion_qubits,
             )
-        return tuple(
-            eager.vjp(self._backend, tape, dy, self.wires, entry)
-            for tape, dy, entry in zip(circuits, cotangents, kept, strict=True)
-        )
+            for i, value in zip(rest, swept, strict=True):
+                gradients[i] = value
+        return tuple(gradients)
 
     @_capture_paused
     def execute_and_compute_vjp(
@@ -1332,12 +1362,41 @@ def _adjoint_jacobians(
 ) -> tuple:
     """The adjoint Jacobian of each tape by the accumulation mode in force, untracked
     (``kept[i]``: what the forward pass kept of tape i, or None)."""
-    if in_force.grad_accumulation == "deferred":
-        return deferred.jacobians(backend, tapes, device_wires, kept, in_force.fusion_qubits)
-    return tuple(
-        eager.jacobian(backend, tape, device_wires, entry)
-        for tape, entry in zip(tapes, kept, strict=True)
-    )
+    jacobians: list = [None] * len(tapes)
+    for i, (tape, entry) in enumerate(zip(tapes, kept, strict=True)):
+        if in_force.grad_accumulation != "deferred" or _swept_eagerly(tape):
+            jacobians[i] = eager.jacobian(backend, tape, device_wires, entry)
+    rest = [i for i in range(len(tapes)) if jacobians[i] is None]
+    if rest:
+        swept = deferred.jacobians(
+            backend,
+            [tapes[i] for i in rest],
+            device_wires,
+            [kept[i] for i in rest],
+            in_force.fusion_qubits,
+        )
+        for i, value in zip(rest, swept, strict=True):
+            jacobians[i] = value
+    return tuple(jacobians)
+
+
+def _has_decomposition(op: qml.operation.Operator) -> bool:
+    """``op.has_decomposition``, False where PennyLane cannot answer it: ``qml.exp`` of a
+    broadcast coefficient asks ``bool`` of the coefficients' array (ValueError in 0.45),
+    and runs as its matrix then, as default.qubit applies it."""
+    try:
+        return op.has_decomposition
+    except ValueError:
+        return False
+
+
+def _swept_eagerly(tape: QuantumScript) -> bool:
+    """Whether the deferred mode hands ``tape`` to the eager sweep: an ``EntrywiseUnitary``
+    or ``EntrywiseState`` (a trainable unitary or prepared state taken by its entries) is
+    differentiated by the eager sweep only,
+    whose step through it is one dense reduction (``gradients.eager``); the deferred
+    sweep's fused blocks differentiate gates by their generators."""
+    return any(isinstance(op, (EntrywiseUnitary, EntrywiseState)) for op in tape.operations)
 
 
 def _adjoint_config(config: ExecutionConfig | None) -> ExecutionConfig:

@@ -207,6 +207,8 @@ def _build(backend: Backend, structure: Structure) -> DirectPlan | None:
     ):  # the general path refuses to differentiate what is not Hermitian
         return None
     circuit = DifferentiatedTape(structure.template, structure.device_wires, compilation)
+    if circuit.entry_columns or circuit.state_columns is not None:
+        return None  # differentiated by entries, which the eager sweep alone takes
     recompiles = bool(structure.rebuilt_operations) or register.initial_state is not None
     rules = structure.angle_rules
     sources = []

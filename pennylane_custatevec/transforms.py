@@ -42,6 +42,15 @@ from pennylane.transforms import broadcast_expand, diagonalize_measurements, spl
 from pennylane.transforms.core import transform
 from pennylane.wires import Wires
 
+from .entrywise import (
+    ENTRYWISE_SOURCES,
+    MAX_ENTRYWISE_QUBITS,
+    MAX_ENTRYWISE_STATE_QUBITS,
+    EntrywiseState,
+    EntrywiseUnitary,
+    entrywise_state,
+    entrywise_unitary,
+)
 from .exact import observable_key
 from .gradients.common import (
     MatrixDerivative,
@@ -80,6 +89,43 @@ def decompose_late_state_preps(tape: QuantumScript):
         else:
             operations.append(op)
     return (tape.copy(operations=operations),), _first_result
+
+
+@transform
+def entrywise_trainable_operators(tape: QuantumScript):
+    """For the adjoint method: a trainable ``QubitUnitary``, ``ControlledQubitUnitary`` or
+    ``BlockEncode`` on at most ``entrywise.MAX_ENTRYWISE_QUBITS`` wires becomes an
+    ``EntrywiseUnitary``, and a trainable state preparation that opens the circuit on at
+    most ``entrywise.MAX_ENTRYWISE_STATE_QUBITS`` wires an ``EntrywiseState``: their
+    parameters, the real and imaginary parts of the matrix's entries or the state's
+    amplitudes, the ML framework takes from the operator here (the preprocessing runs where
+    it records), so that the derivative is exact everywhere (see ``entrywise``). A wider one
+    stays and is refused by name."""
+    operations = tape.operations
+    leading = bool(operations) and _entrywise_state(operations[0])
+    if not leading and not any(_entrywise(op) for op in operations):
+        return (tape,), _first_result
+    converted = [entrywise_unitary(op) if _entrywise(op) else op for op in operations]
+    if leading:
+        converted[0] = entrywise_state(operations[0])
+    return (tape.copy(operations=converted),), _first_result
+
+
+def _entrywise(op: Operator) -> bool:
+    return (
+        isinstance(op, ENTRYWISE_SOURCES)
+        and len(op.wires) <= MAX_ENTRYWISE_QUBITS
+        and math.requires_grad(op.data[0])
+    )
+
+
+def _entrywise_state(op: Operator) -> bool:
+    return (
+        isinstance(op, StatePrepBase)
+        and not isinstance(op, EntrywiseState)
+        and len(op.wires) <= MAX_ENTRYWISE_STATE_QUBITS
+        and any(math.requires_grad(d) for d in op.data)
+    )
 
 
 @transform
@@ -840,7 +886,8 @@ def expand_broadcasts(
 ):
     """``broadcast_expand``, with ``trainable_only`` only for a tape in which a broadcast
     parameter is trainable (its gradient has one entry per broadcast entry): the deferred
-    mode differentiates other broadcast tapes whole, as one batch; with
+    mode differentiates other broadcast tapes whole, as one batch, but for a tape with an
+    ``EntrywiseUnitary``, which the eager sweep differentiates (one vector); with
     ``mid_measurements_only`` only for an analytic tape with mid-circuit measurements (the
     tree traversal follows the branches of one state).
 
@@ -854,7 +901,9 @@ def expand_broadcasts(
     ):
         return (tape,), _first_result
     if trainable_only and not any(
-        is_broadcast(op) and any(math.requires_grad(d) for d in op.data) for op in tape.operations
+        (is_broadcast(op) and any(math.requires_grad(d) for d in op.data))
+        or isinstance(op, (EntrywiseUnitary, EntrywiseState))  # the eager sweep's only
+        for op in tape.operations
     ):
         return (tape,), _first_result
     tapes, recombine = _broadcast_expand(tape)
@@ -874,7 +923,31 @@ def _broadcast_expand(tape: QuantumScript):
     is not one (the expansion recursed without end)."""
     if any(map(is_broadcast_by_hyperparameters, tape.operations)):
         tape = tape.copy(operations=[_broadcast_as_matrix(op) for op in tape.operations])
+    if any(_lacks_parameter_dimensions(op) for op in tape.operations):
+        tape = tape.copy(operations=[_with_parameter_dimensions(op) for op in tape.operations])
     return broadcast_expand(tape)
+
+
+def _lacks_parameter_dimensions(op: Operator) -> bool:
+    """Whether PennyLane's expansion cannot split ``op``: a broadcast ``qml.exp`` has no
+    ``ndim_params`` in 0.45 (AttributeError)."""
+    if op.batch_size is None:
+        return False
+    try:
+        op.ndim_params  # noqa: B018
+    except AttributeError:
+        return isinstance(op, qml.ops.op_math.Exp)
+    return False
+
+
+def _with_parameter_dimensions(op: Operator) -> Operator:
+    """A copy of a broadcast ``qml.exp`` that knows its parameters' dimensions (its scalar
+    coefficient, then its base's), which the expansion reads to split it."""
+    if not _lacks_parameter_dimensions(op):
+        return op
+    op = copy.copy(op)
+    op._ndim_params = (0, *op.base.ndim_params)
+    return op
 
 
 def _broadcast_as_matrix(op):

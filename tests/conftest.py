@@ -86,6 +86,25 @@ def gpu_double(monkeypatch):
     custatevec.unavailable_reason.cache_clear()
 
 
+@pytest.fixture(params=["cpu", "custatevec"])
+def each_backend(request) -> str:
+    """Both backends by name: cuStateVec through its NumPy double (``gpu_double``)."""
+    if request.param == "custatevec":
+        request.getfixturevalue("gpu_double")
+    return request.param
+
+
+@pytest.fixture
+def jax_float64():
+    """jax in double precision, as the device computes (restored afterwards)."""
+    import jax
+
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", previous)
+
+
 # Non-contiguous integer and string labels, deliberately not in sorted order.
 MIXED_WIRES = ["a", 3, "q1", 0, "z"]
 

@@ -688,8 +688,6 @@ ERRORS = {
     "shots": (100, ["shots"]),
     "sample": (100, ["sample"]),
     "counts": (100, ["counts"]),
-    "qubit_unitary": (None, ["qubitunitary"]),
-    "state_prep": (None, ["stateprep"]),
     "postselect": (None, ["postselect"]),
 }
 
@@ -718,7 +716,26 @@ def test_adjoint_errors(kind, device_vjp):
         assert word in message.lower().replace("_", "").replace(" ", ""), message
 
 
-@pytest.mark.parametrize("kind", ["shots", "qubit_unitary"])
+@pytest.mark.parametrize("kind", ["qubit_unitary", "state_prep"])
+@pytest.mark.parametrize("diff_method", ["adjoint", "best"])
+def test_trainable_matrices_and_states_are_taken_by_their_entries(kind, diff_method):
+    """A trainable QubitUnitary or StatePrep (refused before; "best" took parameter-shift
+    through their decompositions): the adjoint method, backpropagation's gradient (at
+    x = 0 the prepared state has zero amplitudes, where Mottonen's angles give NaN)."""
+    dev, ref = make_devices(2)
+    circuit = _error_circuit(kind)
+    qnode = qml.QNode(circuit, dev, diff_method=diff_method)
+    config = qml.workflow.construct_execution_config(qnode)(_t(0.4))
+    assert config.gradient_method == "adjoint"
+    for value in (0.4, 0.0):
+        x, ref_x = _t(value), _t(value)
+        qnode(x).backward()
+        qml.QNode(circuit, ref, diff_method="backprop")(ref_x).backward()
+        np.testing.assert_allclose(x.grad, ref_x.grad, atol=ATOL, rtol=0)
+        assert np.isfinite(float(x.grad))
+
+
+@pytest.mark.parametrize("kind", ["shots"])
 def test_best_falls_back_to_parameter_shift(kind):
     shots = 20000 if kind == "shots" else None
     dev, ref = make_devices(2, seed=17)
@@ -1199,10 +1216,10 @@ DIRECT_CALLS = {
 def test_direct_calls_validate_what_the_preprocessing_did_not(entry_point, config):
     """The derivative entry points called without the device's preprocessing (a config of
     one's own, or none) refuse a tape the adjoint method cannot differentiate with the
-    preprocessing's DeviceError, naming the reason (a trainable QubitUnitary), in both
-    modes (``grad_accumulation``)."""
+    preprocessing's DeviceError, naming the reason (a trainable QubitUnitary, which only the
+    preprocessing takes by its entries), in both modes (``grad_accumulation``)."""
     dev = qml.device("custatevec.qubit", wires=2)
-    with pytest.raises(DeviceError, match="QubitUnitary has trainable parameters") as info:
+    with pytest.raises(DeviceError, match="QubitUnitary has a trainable matrix") as info:
         DIRECT_CALLS[entry_point](dev, _trainable_unitary_tape(), config)
     assert str(info.value).startswith(ERROR_PREFIX)
 
@@ -1227,5 +1244,5 @@ def test_the_adjoint_config_of_the_device_says_its_preprocessing_validates():
         ExecutionConfig(gradient_method=None, device_options={marker: True})
     )
     assert marker not in forward.device_options
-    with pytest.raises(DeviceError, match="QubitUnitary has trainable parameters"):
+    with pytest.raises(DeviceError, match="QubitUnitary has a trainable matrix"):
         dev.compute_derivatives([_trainable_unitary_tape()], forward)

@@ -32,24 +32,48 @@ def test_one_answer_per_structure_whatever_the_values():
     assert list(device._serve_answers.values()) == [True]
 
 
+class _PhaseByMatrix(qml.operation.Operation):
+    """diag(1, e^{i phi}) defined by its matrix alone: no generator, so the adjoint method
+    refuses it trainable; parameter-shift takes it by its frequency."""
+
+    num_wires = 1
+    num_params = 1
+    grad_method = "A"
+    parameter_frequencies = [(1,)]
+
+    @staticmethod
+    def compute_matrix(phi):
+        return qml.math.diag(qml.math.stack([qml.math.ones_like(phi), qml.math.exp(1j * phi)]))
+
+
+def _phased_circuit(x, phi):
+    qml.Hadamard(1)
+    _PhaseByMatrix(phi, wires=1)
+    qml.RX(x[0], 0)
+    qml.CNOT([0, 1])
+    qml.RY(x[1], 1)
+    return qml.expval(qml.X(1) + qml.Z(0) @ qml.Z(1))
+
+
 def test_the_answer_follows_what_it_decides_on():
-    """A trainable state preparation: the adjoint method does not serve, "best" takes
-    parameter-shift, with the same derivatives as default.qubit's parameter-shift, also
-    after the same circuit with a constant state was served by the adjoint method; with
-    shots likewise."""
+    """A gate the adjoint method takes constant but not trainable: "best" takes
+    parameter-shift where it is trainable, with the same derivatives as default.qubit's
+    parameter-shift, also after the same circuit with a constant gate was served by the
+    adjoint method; with shots likewise."""
     device = qml.device("custatevec.qubit", wires=2)
-    qnode = qml.QNode(_circuit, device)
+    qnode = qml.QNode(_phased_circuit, device)
     reference = qml.QNode(
-        _circuit, qml.device("default.qubit", wires=2), diff_method="parameter-shift"
+        _phased_circuit, qml.device("default.qubit", wires=2), diff_method="parameter-shift"
     )
     x = pnp.array([0.3, -0.2], requires_grad=True)
-    constant = pnp.array(V, requires_grad=False)
-    trainable = pnp.array(V, requires_grad=True)
+    constant = pnp.array(0.7, requires_grad=False)
+    trainable = pnp.array(0.7, requires_grad=True)
     qml.grad(qnode, argnums=0)(x, constant)
     ours = qml.jacobian(qnode, argnums=[0, 1])(x, trainable)
     theirs = qml.jacobian(reference, argnums=[0, 1])(x, trainable)
     for a, b in zip(ours, theirs, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-8)
+    assert abs(float(ours[1])) > 0.1
     qml.set_shots(qnode, 100)(x, constant)
     assert set(device._serve_answers.values()) == {True, False}
 

@@ -312,8 +312,10 @@ def test_trainable_diagonal_unitary_by_adjoint_as_default_qubit(interface, broad
     assert np.abs(results[1]).max() > 0.1
 
 
-def test_trainable_general_unitary_still_refused_by_adjoint():
-    """A general unitary's decomposition angles are not differentiable everywhere."""
+def test_trainable_general_unitary_taken_by_its_entries():
+    """A QubitUnitary of a trainable angle's matrix: the adjoint method takes it by its
+    entries (tests/test_entrywise.py), and the chain rule through RX's matrix gives RX's
+    derivative, -sin(x), also at x = 0, where the matrix is the identity."""
     dev = _ours(1)
 
     @qml.qnode(dev, diff_method="adjoint")
@@ -321,8 +323,9 @@ def test_trainable_general_unitary_still_refused_by_adjoint():
         qml.QubitUnitary(qml.RX.compute_matrix(x), wires=0)
         return qml.expval(qml.Z(0))
 
-    with pytest.raises(qml.exceptions.DeviceError, match="QubitUnitary"):
-        qml.grad(circuit)(pnp.array(0.3, requires_grad=True))
+    for x in (0.3, 0.0):
+        gradient = qml.grad(circuit)(pnp.array(x, requires_grad=True))
+        np.testing.assert_allclose(gradient, -np.sin(x), atol=1e-12, rtol=0)
 
 
 # ---------------------------------------------------------------------------------------

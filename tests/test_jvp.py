@@ -33,21 +33,12 @@ WIRES = ["a", 3, "q1"]
 MODES = pytest.mark.parametrize("mode", ["deferred", "eager"])
 
 
-@pytest.fixture(autouse=True)
-def float64():
-    """jax in double precision, as the device computes (restored afterwards)."""
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", previous)
+pytestmark = pytest.mark.usefixtures("jax_float64")
 
 
-@pytest.fixture(params=["cpu", "custatevec"])
-def backend(request):
-    """Both backends: cuStateVec through its NumPy double (conftest.gpu_double)."""
-    if request.param == "custatevec":
-        request.getfixturevalue("gpu_double")
-    return request.param
+@pytest.fixture
+def backend(each_backend):
+    return each_backend
 
 
 def _rng(*parts) -> np.random.Generator:
@@ -750,16 +741,16 @@ def _trainable_unitary(t):
 def test_jax_best_with_a_trainable_qubit_unitary():
     """diff_method="best" (a QNode's default) with jax and a trainable QubitUnitary after
     constant gates: the device's answer whether the adjoint method serves it raised
-    IndexError (the same operation lookup by the wrong count); now "best" takes
-    parameter-shift, as with autograd and torch, and gives default.qubit's gradient; the
-    adjoint method refuses the gate by name."""
+    IndexError (the same operation lookup by the wrong count); "best" and the adjoint
+    method take the matrix by its entries (tests/test_entrywise.py) and give
+    default.qubit's gradient."""
     t = jnp.array([0.3, 1.1, -0.4])
     dev = qml.device("custatevec.qubit", wires=2, backend="cpu")
     ref = qml.QNode(_trainable_unitary, qml.device("default.qubit", wires=2))
     want = jax.grad(ref)(t)
-    np.testing.assert_allclose(jax.grad(qml.QNode(_trainable_unitary, dev))(t), want, atol=1e-12)
-    with pytest.raises(DeviceError, match="QubitUnitary has trainable parameters but no gen"):
-        jax.grad(qml.QNode(_trainable_unitary, dev, diff_method="adjoint"))(t)
+    for method in ("best", "adjoint"):
+        qnode = qml.QNode(_trainable_unitary, dev, diff_method=method)
+        np.testing.assert_allclose(jax.grad(qnode)(t), want, atol=1e-12)
 
 
 @MODES
@@ -780,22 +771,41 @@ def test_device_jvp_of_a_complex_tangent_is_real(mode):
         np.testing.assert_allclose(got, want, atol=ATOL)
 
 
+class _PhaseByMatrix(qml.operation.Operation):
+    """diag(1, e^{i phi}) defined by its matrix alone (no generator)."""
+
+    num_wires = 1
+    num_params = 1
+
+    @staticmethod
+    def compute_matrix(phi):
+        return qml.math.diag(qml.math.stack([qml.math.ones_like(phi), qml.math.exp(1j * phi)]))
+
+
 def test_jit_traced_matrix_refusal_says_why_it_counts_as_trainable():
-    """Under jax.jit PennyLane takes every traced argument to be trainable, so a constant
-    QubitUnitary matrix passed as an argument is refused by the adjoint method (which does
-    not differentiate it); the error says so and how to avoid it, and closing over the
-    matrix works."""
+    """Under jax.jit PennyLane takes every traced argument to be trainable: a constant gate
+    parameter passed as an argument of a gate that the adjoint method does not
+    differentiate (one defined by its matrix alone) is refused; the error says so and how
+    to avoid it, and closing over the value works. A QubitUnitary matrix passed so is taken
+    by its entries (it was refused), with the same gradient as the closed-over one."""
     dev = qml.device("custatevec.qubit", wires=1, backend="cpu")
     flip = np.array([[0.0, 1.0], [1.0, 0.0]])
 
     @qml.qnode(dev, diff_method="adjoint")
-    def traced(matrix, a):
-        qml.QubitUnitary(matrix, wires=0)
+    def traced(phi, a):
+        qml.Hadamard(wires=0)
+        _PhaseByMatrix(phi, wires=0)
         qml.RY(a, wires=0)
         return qml.expval(qml.Z(0))
 
     with pytest.raises(DeviceError, match="Under jax.jit every traced argument counts as"):
-        jax.jit(jax.grad(traced, argnums=1))(jnp.asarray(flip), jnp.array(0.1))
+        jax.jit(jax.grad(traced, argnums=1))(jnp.array(0.5), jnp.array(0.1))
+
+    @qml.qnode(dev, diff_method="adjoint")
+    def traced_matrix(matrix, a):
+        qml.QubitUnitary(matrix, wires=0)
+        qml.RY(a, wires=0)
+        return qml.expval(qml.Z(0))
 
     @qml.qnode(dev, diff_method="adjoint")
     def closed(a):
@@ -803,7 +813,10 @@ def test_jit_traced_matrix_refusal_says_why_it_counts_as_trainable():
         qml.RY(a, wires=0)
         return qml.expval(qml.Z(0))
 
-    np.testing.assert_allclose(jax.jit(jax.grad(closed))(jnp.array(0.1)), np.sin(0.1), atol=ATOL)
+    want = np.sin(0.1)
+    np.testing.assert_allclose(jax.jit(jax.grad(closed))(jnp.array(0.1)), want, atol=ATOL)
+    got = jax.jit(jax.grad(traced_matrix, argnums=1))(jnp.asarray(flip), jnp.array(0.1))
+    np.testing.assert_allclose(got, want, atol=ATOL)
 
 
 @MODES

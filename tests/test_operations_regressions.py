@@ -460,3 +460,22 @@ def test_gathered_rotations_hash_as_their_gates(gates, angles, other):
         == PauliRotations(*other, gates=structure).hash
     )
     assert same_run == same_gates
+
+
+def test_broadcast_exp_of_a_trainable_coefficient():
+    """qml.exp with a broadcast trainable coefficient (PennyLane's own test_exp_batching):
+    PennyLane 0.45's Exp cannot say whether it has a decomposition or a generator for a
+    broadcast coefficient (ValueError), nor give its parameters' dimensions to the
+    expansion (AttributeError); the device ran into both, it now runs the batch."""
+    x = qml.numpy.array([1.234, 2.34, 3.456], requires_grad=True)
+    results = []
+    for name in ("custatevec.qubit", "default.qubit"):
+
+        @qml.qnode(qml.device(name, wires=1))
+        def circuit(x):
+            qml.exp(qml.PauliX(0), 0.5j * x)
+            return qml.expval(qml.PauliY(0))
+
+        results.append(circuit(x))
+    np.testing.assert_allclose(results[0], np.sin(x), atol=1e-12, rtol=0)
+    np.testing.assert_allclose(results[0], results[1], atol=1e-12, rtol=0)

@@ -61,6 +61,13 @@ from pennylane.wires import Wires
 
 from .. import measure, simulate
 from ..backends.base import Backend, StateBatch
+from ..entrywise import (
+    ENTRYWISE_SOURCES,
+    MAX_ENTRYWISE_QUBITS,
+    MAX_ENTRYWISE_STATE_QUBITS,
+    EntrywiseState,
+    EntrywiseUnitary,
+)
 from ..instructions import apply_instruction
 from ..program import (
     Compilation,
@@ -205,14 +212,32 @@ def _operation_reason(op: Operator, trainable: bool) -> str | None:
         )
     if not trainable:
         return None
+    if isinstance(op, EntrywiseState):
+        return None
     if isinstance(op, StatePrepBase):
         return (
-            f"the parameters of the state preparation {op.name} are trainable; the adjoint "
-            "method cannot differentiate a prepared state (use diff_method='backprop' on "
-            "default.qubit, or prepare the state with parametrized gates)" + _traced_hint(op)
+            f"the parameters of the state preparation {op.name} on {len(op.wires)} wires are "
+            "trainable; the adjoint method differentiates a trainable state preparation by "
+            "its amplitudes where it opens the circuit on at most "
+            f"{MAX_ENTRYWISE_STATE_QUBITS} wires, after the device's preprocessing (use "
+            "diff_method='backprop' on default.qubit otherwise, or prepare the state with "
+            "parametrized gates)" + _traced_hint(op)
         )
-    if compiles_by_gate(op):
+    if compiles_by_gate(op) or isinstance(op, EntrywiseUnitary):
         return None
+    if isinstance(op, ENTRYWISE_SOURCES):
+        if len(op.wires) > MAX_ENTRYWISE_QUBITS:
+            return (
+                f"{op.name} has a trainable matrix on {len(op.wires)} wires; the adjoint "
+                f"method takes a trainable unitary on at most {MAX_ENTRYWISE_QUBITS} wires "
+                "(by its entries: 2 * 4**k real parameters); use diff_method='backprop' on "
+                "default.qubit for a wider one" + _traced_hint(op)
+            )
+        return (
+            f"{op.name} has a trainable matrix, which the adjoint method takes by its "
+            "entries after the device's preprocessing (device.preprocess_transforms(), "
+            "which qml.execute and QNodes run); this tape did not go through it"
+        )
     if op.num_params != 1 or not op.has_generator:
         return (
             f"{op.name} has trainable parameters but no generator; the adjoint method "
@@ -429,9 +454,11 @@ class _ColumnLayout:
     starts: list
     observable_columns: tuple
     columns: dict
+    entry_columns: dict
+    state_columns: tuple | None
 
     @classmethod
-    def of(cls, tape: QuantumScript, steps: Sequence) -> _ColumnLayout:
+    def of(cls, tape: QuantumScript, steps: Sequence, register: Register) -> _ColumnLayout:
         # all of them, then the trainable: with trainable_only, PennyLane rebuilds an
         # observable's data for each of its entries (K**2 for a sum of K terms)
         every = tape.get_parameters(trainable_only=False)
@@ -462,12 +489,54 @@ class _ColumnLayout:
                 )
                 for p, m, entry in observed
             )
-        columns = {
-            index: starts[trainable[origin.operation, origin.parameter]] + origin.element
-            for index, origin in enumerate(step.origin for step in steps)
-            if (origin.operation, origin.parameter) in trainable
-        }
-        return cls(len(parameters), shapes, starts[-1], starts, observable_columns, columns)
+        columns = {}
+        entry_columns = {}
+        for index, step in enumerate(steps):
+            origin = step.origin
+            if isinstance(step.operation, EntrywiseUnitary):
+                parts = range(len(step.operation.data))
+                at = [
+                    starts[trainable[origin.operation, p]]
+                    if (origin.operation, p) in trainable
+                    else -1
+                    for p in parts
+                ]
+                if any(column >= 0 for column in at):
+                    entry_columns[index] = np.array(at)
+                    columns[index] = min(column for column in at if column >= 0)
+            elif (origin.operation, origin.parameter) in trainable:
+                p = trainable[origin.operation, origin.parameter]
+                columns[index] = starts[p] + origin.element
+        state_columns = None
+        operations = tape.operations
+        if operations and isinstance(operations[0], EntrywiseState):
+            at = [
+                starts[trainable[0, p]] if (0, p) in trainable else -1
+                for p in range(len(operations[0].data))
+            ]
+            if any(column >= 0 for column in at):
+                state_columns = (np.array(at), _amplitude_indices(operations[0], register))
+        return cls(
+            len(parameters),
+            shapes,
+            starts[-1],
+            starts,
+            observable_columns,
+            columns,
+            entry_columns,
+            state_columns,
+        )
+
+
+def _amplitude_indices(preparation: Operator, register: Register) -> np.ndarray:
+    """Where amplitude k of ``preparation``'s state (its wires, the first most significant)
+    sits in the register's vectors, the other wires in |0>: sum_j bit_j(k) 2**bit(w_j)."""
+    bits = register.bits(preparation.wires)
+    k = np.arange(2 ** len(bits))
+    indices = np.zeros_like(k)
+    for j, bit in enumerate(bits):
+        indices |= ((k >> (len(bits) - 1 - j)) & 1) << bit
+    return indices
 
 
 class DifferentiatedTape:
@@ -481,10 +550,15 @@ class DifferentiatedTape:
     One column per scalar of the trainable parameters (``n_columns`` in all), in
     ``tape.trainable_params`` order: a scalar parameter has one, an array parameter (a
     native template's weights, a Hermitian's matrix) one per element. The sweeps
-    differentiate by gate: ``columns`` maps each trainable step to its column. The
-    trainable data of observables, which come after the operations' parameters, have
-    ``observable_columns``, read off the final state (``observable_gradients``). ``fold``
-    turns per-column values into per-parameter ones."""
+    differentiate by gate: ``columns`` maps each trainable step to its column; an
+    ``EntrywiseUnitary``'s step, one column per trainable real part, has them in
+    ``entry_columns`` (an array per step, -1 for a constant part), and its first in
+    ``columns``, which only the eager sweep reads for it. A trainable ``EntrywiseState``
+    that opens the tape (the register's initial state, not a step) has ``state_columns``:
+    (its parts' columns, -1 for a constant; where each amplitude sits in the register's
+    vectors), else None. The trainable data of observables, which come after the
+    operations' parameters, have ``observable_columns``, read off the final state
+    (``observable_gradients``). ``fold`` turns per-column values into per-parameter ones."""
 
     def __init__(
         self,
@@ -501,7 +575,7 @@ class DifferentiatedTape:
         memo, key = self.compilation.memo, (*_LAYOUT, tuple(tape.trainable_params))
         layout = memo.get(key) if memo is not None else None
         if layout is None:
-            layout = _ColumnLayout.of(tape, self.steps)
+            layout = _ColumnLayout.of(tape, self.steps, self.register)
             if memo is not None:
                 memo[key] = layout
         self.n_params = layout.n_params
@@ -510,6 +584,8 @@ class DifferentiatedTape:
         self._starts = layout.starts
         self.observable_columns = layout.observable_columns
         self.columns = layout.columns
+        self.entry_columns = layout.entry_columns
+        self.state_columns = layout.state_columns
 
     def fold(self, values: Sequence) -> list:
         """Per trainable parameter, from one value per column: a scalar parameter's value,
@@ -787,13 +863,17 @@ def _add_variance_term(
 ) -> qml.pauli.PauliSentence:
     """bra += 2 dy (O^2 - 2<O> O) psi (module docstring), but for the part that is a
     Pauli sentence times psi, returned to join the other Pauli terms of the bra: all of
-    it for a Pauli word (O^2 = c^2 I, whose term vanishes), -4 dy <O> O for a sum."""
+    it for a Pauli word (O^2 = c^2 I: <O^2> = c^2 <psi|psi>, whose term 2 dy c^2 psi
+    vanishes for every gate with a generator, Re(i <psi|G|psi>) = 0, but not for a
+    matrix's entries, which move psi off the unit sphere: ``entrywise``), -4 dy <O> O
+    for a sum."""
     mean = float(measure.expval(backend, psi, register, obs)[0])
     sentence = obs.pauli_rep
     if sentence is not None and len(sentence) == 1:
         (coefficient,) = sentence.values()
         if np.imag(coefficient) == 0:
-            return (-4.0 * dy * mean) * sentence
+            norm = qml.pauli.PauliSentence({qml.pauli.PauliWord({}): 1.0})
+            return (-4.0 * dy * mean) * sentence + (2.0 * dy * np.real(coefficient) ** 2) * norm
     applied = measure.applied_observable(backend, psi, register, obs)
     if sentence is not None:
         measure.add_pauli_sentence(backend, bra, applied, register, sentence, 2.0 * dy)
@@ -822,7 +902,12 @@ def state_derivatives(backend: Backend, circuit: DifferentiatedTape) -> list[np.
     j, as host arrays (B, 2**n), one per column (the Jacobian of a state is that big)."""
     register = circuit.register
     n, batch = register.num_qubits, register.batch_size
-    vectors = (1 + len(circuit.columns)) * batch
+    differentiated = len(circuit.columns) + sum(
+        int(np.count_nonzero(columns >= 0)) - 1 for columns in circuit.entry_columns.values()
+    )
+    if circuit.state_columns is not None:
+        differentiated += int(np.count_nonzero(circuit.state_columns[0] >= 0))
+    vectors = (1 + differentiated) * batch
     vjp = eager_sweep_memory(backend, False, 1).bytes(backend, n) * batch
     simulate.require_total(
         backend,
@@ -840,14 +925,27 @@ def state_derivatives(backend: Backend, circuit: DifferentiatedTape) -> list[np.
     )
     state = simulate.initial_state(backend, register, batch)
     derivatives: list[StateBatch | None] = [None] * circuit.n_columns
+    if circuit.state_columns is not None:  # d psi_0/d Re v_k = e_(i_k), d/d Im v_k = i e_(i_k)
+        columns, indices = circuit.state_columns
+        for part, column in enumerate(columns):
+            if column >= 0:
+                basis = np.zeros((batch, 2**n), dtype=np.complex128)
+                basis[:, indices[part // 2]] = 1.0 if part % 2 == 0 else 1j
+                derivatives[int(column)] = backend.from_host(basis)
     for index, step in enumerate(circuit.steps):
+        entry_columns = circuit.entry_columns.get(index)
+        fresh = {}  # derivatives that start after this step (from the state before it)
+        if entry_columns is not None:
+            fresh = _entry_derivatives(backend, state, step, entry_columns)
         for instruction in step.instructions:
             apply_instruction(backend, state, instruction)
             for d in derivatives:
                 if d is not None:
                     apply_instruction(backend, d, instruction)
+        for column, derivative in fresh.items():
+            derivatives[column] = derivative
         column = circuit.columns.get(index)
-        if column is not None:
+        if column is not None and entry_columns is None:
             generator = generator_of(step.operation)
             derivative = measure.applied_observable(backend, state, register, generator)
             backend.scale(derivative, np.full(1, 1j))
@@ -855,3 +953,24 @@ def state_derivatives(backend: Backend, circuit: DifferentiatedTape) -> list[np.
     # the columns of observable data: the state does not depend on them
     zero = np.zeros((register.batch_size, 2**register.num_qubits), dtype=np.complex128)
     return [zero if d is None else backend.to_host(d) for d in derivatives]
+
+
+def _entry_derivatives(
+    backend: Backend, phi: StateBatch, step, entry_columns: np.ndarray
+) -> dict[int, StateBatch]:
+    """{column: the derivative of the state after an ``EntrywiseUnitary`` U by that
+    trainable real part}, from the state ``phi`` before it: d psi/d Re U_ac = E_ac phi and
+    d psi/d Im U_ac = i E_ac phi (E_ac = |a><c| on U's bits); the later steps apply to
+    them."""
+    (instruction,) = step.instructions
+    d = instruction.data.shape[-1]
+    derivatives = {}
+    for part, column in enumerate(entry_columns):
+        if column < 0:
+            continue
+        entry = np.zeros((1, d, d), dtype=np.complex128)
+        entry[0].flat[part // 2] = 1.0 if part % 2 == 0 else 1j
+        derivative = backend.copy(phi)
+        backend.apply_matrix(derivative, entry, instruction.targets)
+        derivatives[int(column)] = derivative
+    return derivatives

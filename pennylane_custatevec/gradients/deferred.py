@@ -44,6 +44,7 @@ from pennylane.wires import Wires
 
 from .. import batching, fusion, measure, sequences, settings, simulate
 from ..backends.base import Backend, DenseEntry, RotationEntry, StateBatch
+from ..entrywise import EntrywiseUnitary
 from ..exact import generator_key
 from ..instructions import Instruction, apply_instruction, inverse
 from ..kept import KeptState
@@ -284,7 +285,14 @@ def _circuit(
     tape: QuantumScript, device_wires: Wires | None, kept: KeptState | None
 ) -> DifferentiatedTape:
     """The tape compiled for the batched sweep, with the kept compilation if any."""
-    return DifferentiatedTape(tape, device_wires, kept.compilation if kept else None)
+    circuit = DifferentiatedTape(tape, device_wires, kept.compilation if kept else None)
+    if circuit.entry_columns or circuit.state_columns is not None:
+        raise TypeError(
+            "custatevec.qubit internal error: a tape differentiated by the entries of a "
+            "matrix or a state reached the deferred sweep; the eager sweep takes it "
+            "(device._swept_eagerly)"
+        )
+    return circuit
 
 
 def _no_parameters(entries: list) -> tuple:
@@ -1014,6 +1022,8 @@ def _sequence_generator(register: Register, step: Step) -> DenseEntry | Rotation
     """A trainable step's generator for a gate sequence (``sequences.sweep_plan``), as
     ``_generator`` has it: -P/2 of a plain rotation, else G on the operation's bits."""
     op = step.operation
+    if isinstance(op, EntrywiseUnitary):  # no generator: the eager sweep takes it
+        return None
     rotation = plain_rotation(op, step.instructions)
     if rotation is not None:
         return RotationEntry(rotation.paulis, tuple(rotation.targets), (), (), -1)

@@ -35,7 +35,7 @@ from pennylane.wires import Wires
 
 from .. import measure, simulate
 from ..backends.base import Backend, StateBatch
-from ..instructions import apply_instruction, inverse
+from ..instructions import Instruction, apply_instruction, inverse
 from ..kept import KeptState
 from ..program import (
     plain_rotation,
@@ -64,7 +64,7 @@ def _require_eager_memory(
     """Refuse, before allocating, an eager sweep with ``rows`` bras that does not fit,
     naming device_vjp=True (one bra) for a Jacobian of several outputs. (The deferred
     mode needs as many bras for one tape: it is no alternative here.)"""
-    if not circuit.columns:
+    if not circuit.columns and circuit.state_columns is None:
         return  # no sweep
     n = circuit.register.num_qubits
     alternatives = []
@@ -180,15 +180,22 @@ def batched_vjp(
 def _sweep(backend: Backend, circuit: DifferentiatedTape, state: StateBatch, rows: Sequence[tuple]):
     """d/dtheta of the real cotangent products of every row, float64 (rows, columns)."""
     gradients = np.zeros((len(rows), circuit.n_columns))
-    if not circuit.columns:
+    if not circuit.columns and circuit.state_columns is None:
         return gradients
     bras = _bras(backend, circuit, state, rows)
     phi = state
-    first = min(circuit.columns)
-    for index in range(len(circuit.steps) - 1, first - 1, -1):
+    # a trainable initial state: every step is undone, the bras then read at the start
+    first = -1 if circuit.state_columns is not None else min(circuit.columns)
+    for index in range(len(circuit.steps) - 1, max(first, 0) - 1, -1):
         op, instructions = circuit.steps[index].operation, circuit.steps[index].instructions
         column = circuit.columns.get(index)
         rotation = plain_rotation(op, instructions)
+        entry_columns = circuit.entry_columns.get(index)
+        if entry_columns is not None:
+            _entrywise_step(backend, phi, bras, instructions, entry_columns, gradients)
+            if index == first:
+                break
+            continue
         if column is not None and rotation is not None:
             # G = -P/2: the inner product and both undos in one backend step
             products = -0.5 * backend.adjoint_pauli_rotation_step(
@@ -205,7 +212,49 @@ def _sweep(backend: Backend, circuit: DifferentiatedTape, state: StateBatch, row
             undo = inverse(instruction)
             apply_instruction(backend, phi, undo)
             apply_instruction(backend, bras, undo)
+    if circuit.state_columns is not None:
+        _add_state_gradients(backend.to_host(bras), circuit.state_columns, gradients)
     return gradients
+
+
+def _add_state_gradients(bras: np.ndarray, state_columns: tuple, gradients: np.ndarray) -> None:
+    """The gradients by a trainable initial state's parts, from the bras carried back to
+    the start (R, 2**n): psi_0[i_k] = v_k, so d/d Re v_k = Re lambda_0[i_k] and
+    d/d Im v_k = Re(i conj(lambda_0[i_k])) = Im lambda_0[i_k]."""
+    columns, indices = state_columns
+    amplitudes = bras[:, indices]  # (R, 2**k)
+    parts = np.empty((bras.shape[0], 2 * len(indices)))
+    parts[:, 0::2] = amplitudes.real
+    parts[:, 1::2] = amplitudes.imag
+    live = columns >= 0
+    np.add.at(gradients.T, columns[live], parts[:, live].T)
+
+
+def _entrywise_step(
+    backend: Backend,
+    phi: StateBatch,
+    bras: StateBatch,
+    instructions: Sequence[Instruction],
+    entry_columns: np.ndarray,
+    gradients: np.ndarray,
+) -> None:
+    """The step back through an ``EntrywiseUnitary`` U (its one dense instruction): U^dagger
+    on phi and on the bras in the pass that takes T[r, a, c] = sum_rest conj(bra_r[a, rest])
+    phi_before[c, rest] (``Backend.adjoint_block_step``), then for its entry (a, c)
+
+        d/d Re U_ac = Re T[r, a, c],    d/d Im U_ac = Re(i T[r, a, c])
+
+    in the columns of its trainable real parts (``entry_columns``, row by row, real part
+    first; -1 for a constant)."""
+    (instruction,) = instructions
+    reduction = backend.adjoint_block_step(phi, bras, instruction.data, instruction.targets)
+    (t,) = backend.gather([reduction])
+    t = t[0].reshape(t.shape[1], -1)  # (R, d * d), one vector
+    parts = np.empty((t.shape[0], 2 * t.shape[1]))
+    parts[:, 0::2] = t.real
+    parts[:, 1::2] = -t.imag
+    live = entry_columns >= 0
+    np.add.at(gradients.T, entry_columns[live], parts[:, live].T)
 
 
 def _bras(backend: Backend, circuit: DifferentiatedTape, psi: StateBatch, rows: Sequence[tuple]):

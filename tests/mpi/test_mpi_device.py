@@ -319,6 +319,62 @@ def test_torch_vjp_with_broadcasting(grad_accumulation):
     assert same_on_every_rank(result[1])
 
 
+@pytest.mark.parametrize("grad_accumulation", ["deferred", "eager"])
+def test_trainable_unitary_by_its_entries(grad_accumulation):
+    """A trainable QubitUnitary on global and local bits (the eager sweep's dense step on
+    split vectors), at the identity and a random matrix: backpropagation's gradient."""
+    rng = np.random.default_rng(stable_seed("mpi-entrywise", grad_accumulation))
+    one = random_unitary(2, rng)
+
+    def circuit(one, two, x):
+        qml.RX(x, wires=0)
+        qml.Hadamard(wires=5)
+        qml.QubitUnitary(one, wires=[5])
+        qml.QubitUnitary(two, wires=[4, 1])
+        qml.CNOT(wires=[5, 4])
+        return qml.expval(qml.X(5) @ qml.Z(1) + 0.3 * qml.Y(4)), qml.probs(wires=[0, 4])
+
+    _split_gradients_equal_backpropagation(
+        circuit, (one, np.eye(4, dtype=np.complex128), 0.4), grad_accumulation
+    )
+
+
+def _split_gradients_equal_backpropagation(circuit, values, grad_accumulation: str) -> None:
+    """The split device's adjoint gradients of ``circuit`` at ``values`` are
+    backpropagation's on default.qubit, and the same on every rank."""
+    split = split_device(WIRES, grad_accumulation=grad_accumulation)
+    result = _weighted_gradients(circuit, split, "adjoint", values)
+    reference = qml.device("default.qubit", wires=WIRES)
+    expected = _weighted_gradients(circuit, reference, "backprop", values)
+    assert_allclose_nested(result, expected, atol=1e-10)
+    assert all(same_on_every_rank(gradient) for gradient in result)
+
+
+def _weighted_gradients(circuit, dev, method: str, values) -> list[np.ndarray]:
+    """torch's gradients by ``values`` of sum_i (i + 1) out_i, the QNode's outputs stacked."""
+    arguments = [torch.tensor(np.asarray(value), requires_grad=True) for value in values]
+    node = qml.QNode(circuit, dev, interface="torch", diff_method=method)
+    out = torch.hstack(node(*arguments))
+    (out * torch.arange(1.0, 1.0 + out.numel(), dtype=out.dtype)).sum().backward()
+    return [a.grad.numpy() for a in arguments]
+
+
+@pytest.mark.parametrize("grad_accumulation", ["deferred", "eager"])
+def test_trainable_state_preparation_by_its_amplitudes(grad_accumulation):
+    """A trainable StatePrep on a global and a local wire, with zero amplitudes: the bras
+    carried back to the start are read where its amplitudes sit on split vectors."""
+
+    def circuit(v, x):
+        qml.StatePrep(v, wires=[5, 0])
+        qml.RX(x, wires=4)
+        qml.CNOT(wires=[0, 4])
+        qml.CNOT(wires=[5, 1])
+        return qml.expval(qml.X(0) @ qml.Z(4) + 0.3 * qml.Y(5)), qml.probs(wires=[1, 0])
+
+    arguments = (np.array([0.6, 0.0, 0.8j, 0.0]), 0.4)
+    _split_gradients_equal_backpropagation(circuit, arguments, grad_accumulation)
+
+
 def test_small_circuits_run_replicated():
     """A circuit with fewer local bits than the threshold runs whole on every rank."""
     dev = qml.device(DEVICE, wires=3, backend="cpu", mpi=True)

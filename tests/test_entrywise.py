@@ -1,0 +1,382 @@
+"""Trainable unitary matrices under the adjoint method, taken by their entries.
+
+The derivative of a QNode by a ``QubitUnitary``'s matrix (or a ``ControlledQubitUnitary``'s,
+or a ``BlockEncode``'s data) is compared with default.qubit's backpropagation through the
+matrix product, in every interface, both accumulation modes and both backends; the
+directional derivatives along the unitary directions are compared with finite differences
+of the circuit at matrices where the rotation-angle decomposition that PennyLane's
+gradient transforms (and default.qubit's adjoint method) differentiate is degenerate: the
+identity and diagonal matrices, where that decomposition's derivative is wrong.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pennylane as qml
+import pytest
+import scipy.linalg
+from conftest import make_devices, stable_seed
+from pennylane.exceptions import DeviceError
+from pennylane.tape import QuantumScript
+from scipy.stats import unitary_group
+
+from pennylane_custatevec.entrywise import (
+    MAX_ENTRYWISE_QUBITS,
+    MAX_ENTRYWISE_STATE_QUBITS,
+    EntrywiseUnitary,
+)
+from pennylane_custatevec.transforms import entrywise_trainable_operators
+
+torch = pytest.importorskip("torch")
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+
+ATOL = 1e-10
+WIRES = ["a", 3, "q1"]
+MODES = pytest.mark.parametrize("mode", ["deferred", "eager"])
+PAULIS = [np.eye(2), qml.matrix(qml.X(0)), qml.matrix(qml.Y(0)), qml.matrix(qml.Z(0))]
+
+
+pytestmark = pytest.mark.usefixtures("jax_float64")
+
+
+@pytest.fixture
+def backend(each_backend):
+    return each_backend
+
+
+def _matrices(kind: str, dimension: int) -> np.ndarray:
+    if kind == "identity":
+        return np.eye(dimension, dtype=np.complex128)
+    if kind == "diagonal":
+        phases = np.linspace(0.2, -0.9, dimension)
+        return np.diag(np.exp(1j * phases))
+    return unitary_group.rvs(dimension, random_state=stable_seed("entrywise", dimension) % 2**31)
+
+
+def _body(kind: str, measurement: str):
+    """A circuit around a trainable matrix gate ``kind`` on WIRES, with ``measurement``."""
+
+    def circuit(U, x):
+        qml.RX(x, wires="a")
+        qml.Hadamard(wires=3)
+        qml.RY(0.3, wires="q1")
+        if kind == "one":
+            qml.QubitUnitary(U, wires=[3])
+        elif kind == "two":
+            qml.QubitUnitary(U, wires=["q1", "a"])
+        elif kind == "controlled":
+            qml.ControlledQubitUnitary(U, wires=["a", "q1", 3], control_values=[1, 0])
+        qml.CNOT(wires=["a", 3])
+        qml.RZ(0.2, wires=3)
+        qml.CRY(0.4, wires=[3, "q1"])
+        return _measured(measurement)
+
+    return circuit
+
+
+def _weights(size: int) -> np.ndarray:
+    return np.linspace(0.3, 1.1, size)
+
+
+def _torch_gradients(qnode, U, x):
+    U = torch.tensor(U, requires_grad=True)
+    x = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    out = qnode(U, x)
+    out = torch.hstack(out) if isinstance(out, tuple) else out
+    if out.is_complex():
+        out = torch.cat([out.real, out.imag])
+    (out * torch.tensor(_weights(out.numel())).reshape(out.shape)).sum().backward()
+    # torch's gradient of a complex parameter is the conjugate of jax's and autograd's
+    return np.conj(U.grad.numpy()), x.grad.numpy()
+
+
+def _jax_gradients(qnode, U, x, jit: bool = False):
+    def loss(U, x):
+        out = qnode(U, x)
+        out = jnp.hstack(out) if isinstance(out, tuple) else out
+        if jnp.iscomplexobj(out):
+            out = jnp.concatenate([out.real, out.imag])
+        return (out * jnp.array(_weights(out.size)).reshape(out.shape)).sum()
+
+    gradient = jax.grad(loss, argnums=(0, 1))
+    if jit:
+        gradient = jax.jit(gradient)
+    return tuple(np.asarray(g) for g in gradient(jnp.array(U), jnp.array(x)))
+
+
+def _autograd_gradients(qnode, U, x):
+    def loss(U, x):
+        out = qnode(U, x)
+        out = qml.math.hstack(out) if isinstance(out, tuple) else out
+        if np.iscomplexobj(qml.math.unwrap(out)):
+            out = qml.math.concatenate([qml.math.real(out), qml.math.imag(out)])
+        return qml.math.sum(out * _weights(qml.math.size(out)).reshape(qml.math.shape(out)))
+
+    values = (qml.numpy.array(U, requires_grad=True), qml.numpy.array(x, requires_grad=True))
+    return tuple(np.asarray(g) for g in qml.grad(loss, argnums=[0, 1])(*values))
+
+
+GRADIENTS = {
+    "torch": _torch_gradients,
+    "jax": _jax_gradients,
+    "jax-jit": lambda qnode, U, x: _jax_gradients(qnode, U, x, jit=True),
+    "autograd": _autograd_gradients,
+}
+
+
+def _compare(backend, mode, interface, kind, measurement, point, device_vjp):
+    dimension = 4 if kind == "two" else 2
+    body = _body(kind, measurement)
+    _compare_with_backpropagation(
+        backend, mode, interface, body, _matrices(point, dimension), device_vjp
+    )
+
+
+def _compare_with_backpropagation(backend, mode, interface, body, argument, device_vjp):
+    """The device's adjoint gradients of ``body(argument, 0.4)`` equal default.qubit's
+    backpropagation's (and are finite)."""
+    dev, ref = make_devices(WIRES, backend=backend, grad_accumulation=mode)
+    framework = "jax" if interface.startswith("jax") else interface
+    qnode = qml.QNode(body, dev, interface=framework, diff_method="adjoint", device_vjp=device_vjp)
+    expected = GRADIENTS[interface](
+        qml.QNode(body, ref, interface=framework, diff_method="backprop"), argument, 0.4
+    )
+    got = GRADIENTS[interface](qnode, argument, 0.4)
+    for g, e in zip(got, expected, strict=True):
+        assert np.all(np.isfinite(g))
+        np.testing.assert_allclose(g, e, atol=ATOL, rtol=0)
+
+
+@MODES
+@pytest.mark.parametrize("interface", ["torch", "jax", "autograd"])
+@pytest.mark.parametrize("measurement", ["expval", "var", "probs", "several", "state"])
+@pytest.mark.parametrize("device_vjp", [True, False])
+def test_equals_backpropagation(backend, mode, interface, measurement, device_vjp):
+    """The gradient by every entry of U (and by the angle beside it) is default.qubit's
+    backpropagation's, at the identity, where the decompositions' derivatives are wrong."""
+    _compare(backend, mode, interface, "one", measurement, "identity", device_vjp)
+
+
+@pytest.mark.parametrize("interface", ["torch", "jax", "jax-jit"])
+@pytest.mark.parametrize("kind", ["one", "two", "controlled"])
+@pytest.mark.parametrize("point", ["identity", "diagonal", "random"])
+def test_gates_and_points(interface, kind, point):
+    """One- and two-qubit unitaries on unordered wires and a controlled unitary with a
+    control value 0 (PennyLane cannot build a ControlledQubitUnitary of an autograd
+    array), at the identity, a diagonal matrix and a random unitary."""
+    _compare("cpu", "deferred", interface, kind, "expval", point, True)
+
+
+@pytest.mark.parametrize("diff_method", ["adjoint", "best"])
+@pytest.mark.parametrize("point", ["identity", "diagonal"])
+def test_directional_derivatives_along_unitary_directions(diff_method, point):
+    """d/dt f(U exp(i t P)) at t = 0 for every Pauli P, from the device's gradient, equals the
+    finite difference of the circuit. Before, "best" (parameter-shift through the ZYZ
+    decomposition) gave 0 along X at the identity, where the value changes; the adjoint
+    method refused."""
+    U = _matrices(point, 2)
+    dev, ref = make_devices(WIRES)
+    body = _body("one", "expval")
+    matrix = torch.tensor(U, requires_grad=True)
+    qml.QNode(body, dev, interface="torch", diff_method=diff_method)(matrix, 0.4).backward()
+    gradient = np.conj(matrix.grad.numpy())  # jax's convention: df = Re sum g dU
+
+    def value(matrix):
+        return float(qml.QNode(body, ref)(matrix, 0.4))
+
+    for pauli in PAULIS:
+        direction = U @ (1j * pauli)
+        step = 1e-5
+        difference = (
+            value(U @ scipy.linalg.expm(1j * step * pauli))
+            - value(U @ scipy.linalg.expm(-1j * step * pauli))
+        ) / (2 * step)
+        assert np.real(np.sum(gradient * direction)) == pytest.approx(difference, abs=1e-8)
+    # at the identity the value is not stationary along X: a zero gradient is wrong there
+    assert np.abs(gradient).max() > 0.1
+
+
+@MODES
+def test_a_real_matrix_gets_a_real_gradient(mode):
+    """A float64 orthogonal matrix (torch): its imaginary parts are zeros that the
+    framework differentiates away; the gradient is real and backpropagation's."""
+    angle = 0.7
+    U = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
+    dev, ref = make_devices(WIRES, grad_accumulation=mode)
+    body = _body("one", "expval")
+    gradients = []
+    for device, method in ((dev, "adjoint"), (ref, "backprop")):
+        matrix = torch.tensor(U, requires_grad=True)
+        qml.QNode(body, device, interface="torch", diff_method=method)(matrix, 0.4).backward()
+        assert matrix.grad.dtype == torch.float64
+        gradients.append(matrix.grad.numpy())
+    np.testing.assert_allclose(gradients[0], gradients[1], atol=ATOL, rtol=0)
+
+
+@MODES
+def test_a_broadcast_matrix(mode):
+    """A batch of unitaries (a broadcast trainable parameter): one circuit per entry."""
+    batch = np.stack([_matrices(point, 2) for point in ("identity", "diagonal", "random")])
+    dev, ref = make_devices(WIRES, grad_accumulation=mode)
+    body = _body("one", "expval")
+    gradients = []
+    for device, method in ((dev, "adjoint"), (ref, "backprop")):
+        matrix = torch.tensor(batch, requires_grad=True)
+        qml.QNode(body, device, interface="torch", diff_method=method)(matrix, 0.4).sum().backward()
+        gradients.append(matrix.grad.numpy())
+    np.testing.assert_allclose(gradients[0], gradients[1], atol=ATOL, rtol=0)
+
+
+def test_block_encoding():
+    """A trainable BlockEncode: its matrix, a function of its data that jax
+    differentiates; before, "best" took parameter-shift, which leaked a jax tracer
+    (default.qubit's parameter-shift does too)."""
+    dev, ref = make_devices(2)
+
+    def body(a):
+        qml.BlockEncode(a, wires=[0, 1])
+        return qml.expval(qml.Z(0) + 0.5 * qml.X(1))
+
+    a = jnp.array([[0.2, 0.1], [0.3, -0.4]])
+    got = jax.grad(qml.QNode(body, dev))(a)
+    expected = jax.grad(qml.QNode(body, ref, diff_method="backprop"))(a)
+    np.testing.assert_allclose(got, expected, atol=ATOL, rtol=0)
+
+
+def test_the_preprocessing_takes_a_trainable_unitary_by_its_entries():
+    """Only where it is trainable; a constant one stays a QubitUnitary."""
+    U = torch.tensor(_matrices("random", 2), requires_grad=True)
+    operations = [
+        qml.QubitUnitary(U, wires=[0]),
+        qml.QubitUnitary(torch.tensor(_matrices("diagonal", 2)), wires=[1]),
+    ]
+    tape = QuantumScript(operations, [qml.expval(qml.Z(0))])
+    (tape,), _ = entrywise_trainable_operators(tape)
+    first, second = tape.operations
+    assert isinstance(first, EntrywiseUnitary) and len(first.data) == 8
+    assert all(value.requires_grad for value in first.data)
+    assert type(second) is qml.QubitUnitary
+    np.testing.assert_allclose(first.matrix().detach().numpy(), U.detach().numpy(), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["unitary", "state"])
+def test_too_wide_is_refused_by_name(kind):
+    """A trainable unitary on more than MAX_ENTRYWISE_QUBITS wires, a trainable state
+    preparation on more than MAX_ENTRYWISE_STATE_QUBITS: a DeviceError naming the limit."""
+    limit = MAX_ENTRYWISE_QUBITS if kind == "unitary" else MAX_ENTRYWISE_STATE_QUBITS
+    wires = limit + 1
+    dev = qml.device("custatevec.qubit", wires=wires)
+    if kind == "unitary":
+        value = torch.tensor(np.eye(2**wires, dtype=np.complex128), requires_grad=True)
+    else:
+        value = torch.tensor(np.eye(1, 2**wires, dtype=np.complex128)[0], requires_grad=True)
+
+    @qml.qnode(dev, interface="torch", diff_method="adjoint")
+    def circuit(value):
+        if kind == "unitary":
+            qml.QubitUnitary(value, wires=range(wires))
+        else:
+            qml.StatePrep(value, wires=range(wires))
+        return qml.expval(qml.Z(0))
+
+    with pytest.raises(DeviceError, match=f"at most {limit} wires"):
+        circuit(value)
+
+
+def test_a_tape_that_skipped_the_preprocessing_is_refused_by_name():
+    """compute_vjp on a tape with a trainable QubitUnitary that the device's preprocessing
+    did not see: a clear error, not a wrong number."""
+    dev = qml.device("custatevec.qubit", wires=1)
+    U = qml.numpy.array(_matrices("random", 2), requires_grad=True)
+    tape = QuantumScript([qml.QubitUnitary(U, wires=0)], [qml.expval(qml.Z(0))])
+    tape.trainable_params = [0]
+    with pytest.raises(DeviceError, match="device's preprocessing"):
+        dev.compute_vjp([tape], [1.0])
+
+
+# ---------------------------------------------------------------------------------------
+# A trainable state preparation, taken by its amplitudes
+
+
+def _state_body(kind: str, measurement: str):
+    """A circuit opened by a trainable state preparation ``kind`` on two of WIRES."""
+
+    def circuit(v, x):
+        if kind == "stateprep":
+            qml.StatePrep(v, wires=["q1", "a"])
+        elif kind == "normalized":
+            qml.StatePrep(v, wires=["q1", "a"], normalize=True)
+        else:  # three features padded to four, normalised
+            qml.AmplitudeEmbedding(v[..., :3], wires=[3, "q1"], pad_with=0.0, normalize=True)
+        qml.RX(x, wires="a")
+        qml.CNOT(wires=["a", 3])
+        qml.RY(0.3, wires="q1")
+        return _measured(measurement)
+
+    return circuit
+
+
+def _measured(measurement: str):
+    if measurement == "expval":
+        return qml.expval(qml.X("a") @ qml.Z(3) + 0.3 * qml.Y(3) + 0.2 * qml.Z("q1"))
+    if measurement == "var":
+        return qml.var(qml.X(3) @ qml.Y("q1"))
+    if measurement == "probs":
+        return qml.probs(wires=[3, "q1"])
+    if measurement == "several":
+        return qml.expval(qml.X("a") @ qml.Z(3)), qml.probs(wires=["a"])
+    return qml.state()
+
+
+STATES = {
+    "basis": np.array([1.0, 0.0, 0.0, 0.0], dtype=np.complex128),
+    "sparse": np.array([0.6, 0.0, 0.8j, 0.0]),
+    "random": np.array([0.5, 0.5j, -0.5, 0.5]),
+}
+
+
+def _compare_state(backend, mode, interface, kind, measurement, point, device_vjp):
+    v = STATES[point]
+    if kind == "normalized":
+        v = 2.5 * v
+    if kind == "embedding":
+        v = np.real(v) + 0.1  # real features
+    body = _state_body(kind, measurement)
+    _compare_with_backpropagation(backend, mode, interface, body, v, device_vjp)
+
+
+@MODES
+@pytest.mark.parametrize("interface", ["torch", "jax", "autograd"])
+@pytest.mark.parametrize("measurement", ["expval", "var", "probs", "several", "state"])
+@pytest.mark.parametrize("device_vjp", [True, False])
+def test_state_preparation_equals_backpropagation(
+    backend, mode, interface, measurement, device_vjp
+):
+    """The gradient by every amplitude of a prepared state with zero amplitudes (where the
+    Mottonen decomposition that parameter-shift and default.qubit's adjoint method
+    differentiate gives NaN) is default.qubit's backpropagation's."""
+    _compare_state(backend, mode, interface, "stateprep", measurement, "sparse", device_vjp)
+
+
+@pytest.mark.parametrize("interface", ["torch", "jax", "jax-jit"])
+@pytest.mark.parametrize("kind", ["stateprep", "normalized", "embedding"])
+@pytest.mark.parametrize("point", ["basis", "sparse", "random"])
+def test_state_preparations_and_points(interface, kind, point):
+    """StatePrep, StatePrep(normalize=True) and a padded, normalised AmplitudeEmbedding
+    (whose normalisation and padding the framework differentiates), on wires out of the
+    device's order, at a basis state, a state with zero amplitudes and a generic one."""
+    _compare_state("cpu", "deferred", interface, kind, "expval", point, True)
+
+
+def test_state_preparation_at_a_basis_state_is_not_nan():
+    """ "best" took parameter-shift through Mottonen's decomposition: NaN at |00>."""
+    dev, ref = make_devices(WIRES)
+    body = _state_body("stateprep", "expval")
+    gradients = []
+    for device, method in ((dev, "best"), (ref, "backprop")):
+        v = torch.tensor(STATES["basis"], requires_grad=True)
+        qml.QNode(body, device, interface="torch", diff_method=method)(v, 0.4).backward()
+        gradients.append(v.grad.numpy())
+    assert np.all(np.isfinite(gradients[0]))
+    np.testing.assert_allclose(gradients[0], gradients[1], atol=ATOL, rtol=0)
