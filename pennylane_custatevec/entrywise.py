@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 import pennylane as qml
 from pennylane import math
+from pennylane.exceptions import DeviceError
 from pennylane.operation import Operation, Operator, StatePrepBase
 from pennylane.ops.functions import bind_new_parameters
 from pennylane.queuing import QueuingManager
@@ -113,6 +114,14 @@ def entrywise_unitary(op: Operator) -> EntrywiseUnitary:
     ``QubitUnitary``'s parameter, a block encoding's ``matrix()``. A controlled
     unitary's whole matrix on controls and targets: the entries outside the controlled
     block are constants (not trainable), the block's come from the base matrix."""
+    if isinstance(op, qml.BlockEncode) and math.get_interface(op.data[0]) == "torch":
+        raise DeviceError(
+            "custatevec.qubit cannot differentiate a trainable BlockEncode of torch data: "
+            "PennyLane 0.45 builds its matrix from copies of the data that torch does not "
+            "differentiate (the derivative comes out 0; default.qubit's backpropagation "
+            "gives that 0 too); use autograd or jax, or a QubitUnitary of the "
+            "block-encoding matrix built with torch operations"
+        )
     matrix = op.data[0] if isinstance(op, ENTRYWISE_SOURCES[:2]) else op.matrix()
     dtype = math.get_dtype_name(matrix)
     if "complex" not in dtype:  # a real matrix: its imaginary parts are zeros

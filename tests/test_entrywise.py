@@ -380,3 +380,18 @@ def test_state_preparation_at_a_basis_state_is_not_nan():
         gradients.append(v.grad.numpy())
     assert np.all(np.isfinite(gradients[0]))
     np.testing.assert_allclose(gradients[0], gradients[1], atol=ATOL, rtol=0)
+
+
+def test_block_encoding_of_torch_data_is_refused_by_name():
+    """PennyLane 0.45's BlockEncode matrix loses torch's gradient (d/da of its
+    sqrt(1 - a**2) entry comes out 0, on default.qubit's backpropagation too): a clear
+    error rather than that 0."""
+    dev = qml.device("custatevec.qubit", wires=1)
+
+    @qml.qnode(dev, interface="torch", diff_method="adjoint")
+    def circuit(a):
+        qml.BlockEncode(a, wires=[0])
+        return qml.expval(qml.X(0))
+
+    with pytest.raises(DeviceError, match="BlockEncode of torch data"):
+        circuit(torch.tensor(0.3, dtype=torch.float64, requires_grad=True))
