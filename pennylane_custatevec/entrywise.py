@@ -1,4 +1,5 @@
-"""Trainable unitary matrices as gates whose parameters are their entries.
+"""Trainable unitary matrices and prepared states as operators whose parameters are their
+entries.
 
 A QNode's value is a polynomial in the entries of a ``QubitUnitary``'s matrix U and their
 conjugates, so its derivative by U is well defined everywhere, and default.qubit's
@@ -23,6 +24,15 @@ phi[c, r] (the bra after the gate, the state before it; ``gradients.eager``):
     d/d Im U_ac  Re <lambda|psi> = Re(i T[a, c]) = -Im T[a, c]
 
 which are the derivatives that backpropagation through the matrix product gives.
+
+A trainable state preparation that opens the circuit (``StatePrep``, ``AmplitudeEmbedding``)
+is taken the same way, by its amplitudes (``EntrywiseState``): the Mottonen decomposition
+that the others differentiate gives NaN where the state has zero amplitudes (a basis
+state). With lambda_0 the bra carried back to the start and i_k where amplitude k sits,
+
+    d/d Re v_k = Re lambda_0[i_k],    d/d Im v_k = Im lambda_0[i_k].
+
+The MAX_ constants below bound what PennyLane carries (2 real parameters per entry).
 """
 
 from __future__ import annotations

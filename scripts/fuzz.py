@@ -38,6 +38,13 @@ default.qubit (backprop):
 - with ``--jax``, jax instead of autograd and torch: about one parameter in three a
   constant, the others elements of the differentiated jax array; the adjoint method (device
   VJPs off and on, both accumulation modes), "best" and ``jax.jit`` (``check_jax``);
+- with ``--matrices``, trainable matrices and a trainable prepared state: about one
+  one-qubit gate in three a ``QubitUnitary`` of the matrix RZ(a) RY(b) RZ(c) and one
+  entangler gate in three a two-qubit ``QubitUnitary`` of IsingXY(a) (RX(b) x I), their
+  angles 0 half the time (the identity and diagonal matrices, where the decompositions
+  that PennyLane's gradient transforms differentiate are degenerate), and the circuit
+  opened by a ``StatePrep`` on two wires of the normalised vector (1, a, 0, b i) (zero
+  amplitudes): through the QNode and the compiled QNode, as without it;
 - with ``--shots``, sampled results (20000 seeded shots; with ``fusion_qubits=4`` too)
   against the exact ones: probs of three wires, a Pauli word's expval and a Z's variance,
   each within 5 standard errors (the reported difference: the largest in standard
@@ -59,6 +66,7 @@ where one was seen.
     python scripts/fuzz.py --shared-device --count 40 --min-wires 3 --max-wires 16
     python scripts/fuzz.py --jax --count 40 --min-wires 3 --max-wires 12
     python scripts/fuzz.py --constants --count 40 --min-wires 3 --max-wires 16
+    python scripts/fuzz.py --matrices --count 40 --min-wires 3 --max-wires 14
 """
 
 from __future__ import annotations
@@ -88,6 +96,7 @@ WIDE = {  # the other gates of the wide pool, by their number of wires
 }
 WIDE[2] += ("SingleExcitation", "MultiRZ")
 WIDE[4] = ("DoubleExcitation", "MultiRZ")
+PARAMETERS.update({"Matrix1": 3, "Matrix2": 2, "Prep": 2})
 FIXED = {"H": qml.Hadamard, "S": qml.S, "T": qml.T, "SX": qml.SX}
 TOLERANCE = 1e-8
 
@@ -148,6 +157,20 @@ def apply_gate(name: str, wires: tuple, parameters) -> None:
         qml.adjoint(qml.RX(parameters[0], wires=wires))
     elif name == "AdjS":
         qml.adjoint(qml.S(wires))
+    elif name == "Matrix1":  # RZ(a) RY(b) RZ(c) as a matrix
+        a, b, c = (qml.RZ.compute_matrix, qml.RY.compute_matrix, qml.RZ.compute_matrix)
+        rotation = qml.math.dot(a(parameters[0]), qml.math.dot(b(parameters[1]), c(parameters[2])))
+        qml.QubitUnitary(rotation, wires=wires)
+    elif name == "Matrix2":  # IsingXY(a) (RX(b) x I) as a matrix
+        local = qml.math.kron(qml.RX.compute_matrix(parameters[1]), np.eye(2))
+        qml.QubitUnitary(qml.math.dot(qml.IsingXY.compute_matrix(parameters[0]), local), wires)
+    elif name == "Prep":  # (1, a, 0, b i) / sqrt(1 + a**2 + b**2): zero amplitudes
+        a, b = parameters[0], parameters[1]
+        # the norm from the real parameters: autograd's derivative of a complex vector's
+        # norm is wrong (default.qubit's backpropagation gives it too)
+        norm = qml.math.sqrt(1.0 + a**2 + b**2)
+        vector = qml.math.stack([1.0 + 0 * a, a, 0 * a, 1j * b]) / norm
+        qml.StatePrep(vector, wires=wires)
     elif name in FIXED:
         FIXED[name](wires)
     else:
@@ -249,14 +272,38 @@ def with_constants(rng: np.random.Generator, fn, values: np.ndarray):
     return mixed, values[~constant]
 
 
-def check_plain(seed: int, n: int, layers: int, constants: bool = False) -> tuple[float, bool]:
+def with_matrices(rng: np.random.Generator, gates: list, n: int) -> tuple[list, np.ndarray]:
+    """(the gates with about one in three one-qubit gates a ``Matrix1`` and one in three
+    two-qubit gates a ``Matrix2``, opened by a ``Prep`` on two wires; a mask of the
+    parameters of those matrices, which the caller sets to 0 half the time)."""
+    changed = [("Prep", tuple(int(w) for w in rng.choice(n, 2, replace=False)))]
+    for name, wires in gates:
+        if len(wires) == 1 and name != "none" and rng.uniform() < 1 / 3:
+            name = "Matrix1"
+        elif len(wires) == 2 and rng.uniform() < 1 / 3:
+            name = "Matrix2"
+        changed.append((name, wires))
+    mask = np.concatenate(
+        [np.full(n_parameters(g), g.startswith("Matrix")) for g, _ in changed] or [[]]
+    )
+    return changed, mask.astype(bool)
+
+
+def check_plain(
+    seed: int, n: int, layers: int, constants: bool = False, matrices: bool = False
+) -> tuple[float, bool]:
     """(the largest difference, whether one was above its tolerance) of one random circuit
     (module docstring), without a batch; ``constants``: about one parameter in three a
-    constant (``with_constants``)."""
+    constant (``with_constants``); ``matrices``: trainable matrices and a prepared state
+    (``with_matrices``)."""
     rng = np.random.default_rng(seed)
     gates = random_gates(rng, n, layers)
+    if matrices:
+        gates, at_matrices = with_matrices(rng, gates, n)
     fn = quantum_function(gates, random_measurements(rng, n), embedded=False)
     params = rng.uniform(0, 2 * np.pi, sum(n_parameters(g) for g, _ in gates))
+    if matrices and rng.uniform() < 0.5:  # the identity and diagonal matrices
+        params[at_matrices & (rng.uniform(size=params.size) < 0.5)] = 0.0
     if constants:
         mixed = with_constants(rng, fn, params)
         if mixed is None:
@@ -652,6 +699,7 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--shared-device", action="store_true")
     mode.add_argument("--jax", action="store_true")
     mode.add_argument("--constants", action="store_true")
+    mode.add_argument("--matrices", action="store_true")
     args = parser.parse_args(argv)
     if args.min_wires < 3 or args.max_wires < args.min_wires:
         parser.error("--min-wires must be at least 3 and at most --max-wires")
@@ -668,6 +716,8 @@ def main(argv: list[str] | None = None) -> int:
         check = check_jax
     if args.constants:
         check = functools.partial(check_plain, constants=True)
+    if args.matrices:
+        check = functools.partial(check_plain, matrices=True)
     worst, mismatches = 0.0, 0
     for seed in range(args.first_seed, args.first_seed + args.count):
         rng = np.random.default_rng([seed, 1])

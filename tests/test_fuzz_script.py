@@ -23,6 +23,7 @@ import fuzz  # noqa: E402
         ["--shared-device"],
         ["--jax"],
         ["--constants"],
+        ["--matrices"],
     ],
 )
 def test_a_small_random_circuit_agrees(mode, capsys):
