@@ -112,11 +112,11 @@ def entrywise_trainable_operators(tape: QuantumScript):
 
 
 def _entrywise(op: Operator) -> bool:
-    if not isinstance(op, ENTRYWISE_SOURCES) or len(op.wires) > MAX_ENTRYWISE_QUBITS:
-        return False
-    if isinstance(op, qml.pulse.ParametrizedEvolution):  # its data: the pulse's parameters
-        return any(math.requires_grad(d) for d in op.data)
-    return math.requires_grad(op.data[0])
+    return (
+        isinstance(op, ENTRYWISE_SOURCES)
+        and len(op.wires) <= MAX_ENTRYWISE_QUBITS
+        and math.requires_grad(op.data[0])
+    )
 
 
 def _entrywise_state(op: Operator) -> bool:

@@ -395,34 +395,3 @@ def test_block_encoding_of_torch_data_is_refused_by_name():
 
     with pytest.raises(DeviceError, match="BlockEncode of torch data"):
         circuit(torch.tensor(0.3, dtype=torch.float64, requires_grad=True))
-
-
-@MODES
-@pytest.mark.parametrize("diff_method", ["adjoint", "best"])
-@pytest.mark.parametrize("jit", [False, True])
-def test_pulse_by_its_evolution(mode, diff_method, jit):
-    """A pulse (qml.evolve of a parametrized Hamiltonian) by its evolution's matrix
-    entries, which jax differentiates through its ODE solver: default.qubit's
-    backpropagation to the solvers' tolerance (they solve different ODEs: the matrix's, the
-    state's). Before, the adjoint method refused it, and parameter-shift has no rule."""
-    hamiltonian = (
-        qml.pulse.pwc((1, 6)) * qml.X(0)
-        + qml.pulse.pwc((0.5, 3)) * qml.Y(1)
-        + 0.3 * qml.Z(0) @ qml.Z(1)
-    )
-
-    def body(params):
-        qml.Hadamard(0)
-        qml.evolve(hamiltonian, atol=1e-13, rtol=1e-13)(params=params, t=(0, 4))
-        qml.CNOT([0, 1])
-        return qml.expval(qml.Z(0) @ qml.X(1) + 0.5 * qml.Y(0))
-
-    params = [jnp.linspace(0, 0.9, 10), jnp.linspace(0.3, -0.4, 10)]
-    ref = qml.QNode(body, qml.device("default.qubit", wires=2), diff_method="backprop")
-    want = jax.grad(ref)(params)
-    dev = qml.device("custatevec.qubit", wires=2, grad_accumulation=mode)
-    gradient = jax.grad(qml.QNode(body, dev, diff_method=diff_method))
-    got = (jax.jit(gradient) if jit else gradient)(params)
-    for g, w in zip(got, want, strict=True):
-        np.testing.assert_allclose(g, w, atol=1e-8, rtol=0)
-    assert np.abs(np.asarray(want[0])).max() > 0.1
