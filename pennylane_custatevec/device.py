@@ -23,7 +23,7 @@ from pennylane.devices.preprocess import (
     validate_measurements,
     validate_observables,
 )
-from pennylane.exceptions import DeviceError, QuantumFunctionError
+from pennylane.exceptions import DeviceError, QuantumFunctionError, WireError
 from pennylane.math import Interface
 from pennylane.measurements import SampleMeasurement, StateMeasurement
 from pennylane.tape import QuantumScript
@@ -51,6 +51,7 @@ from .templates import NATIVE_TEMPLATES, is_native_template
 from .transforms import (
     SecondDerivativesError,
     TracedDecompositionError,
+    TracedPulseDerivativeError,
     allocate_dynamic_wires,
     complex_parameters_for_state,
     decompose_late_state_preps,
@@ -68,6 +69,7 @@ from .transforms import (
     refuse_higher_derivatives,
     refuse_postselection_under_gradient_transforms,
     refuse_shot_noise_fallback,
+    refuse_traced_pulse_times,
     rotate_sampled_measurements,
     sampled_apart,
     snapshots_as_circuits,
@@ -431,9 +433,11 @@ class CuStateVecDevice(Device):
             )
             self.preprocess_transforms(config)((circuit,))
             answer = True
-        except (SecondDerivativesError, TracedDecompositionError):
+        except (SecondDerivativesError, TracedDecompositionError, TracedPulseDerivativeError):
             raise  # every method but backpropagation would give zeros or fail: say so
-        except (DeviceError, QuantumFunctionError, ValueError):
+        except (DeviceError, QuantumFunctionError, ValueError, WireError):
+            # a circuit on wires the device lacks is refused when it runs, not here:
+            # qml.draw and qml.specs resolve "best" without running it (as on default.qubit)
             answer = False
         if key is not None:
             with _SERVE_LOCK:
@@ -472,6 +476,8 @@ class CuStateVecDevice(Device):
                 # (_refuse_differentiable_backward); from the state the forward kept
                 updates["grad_on_execution"] = False
         method = updates.get("gradient_method", config.gradient_method)
+        if circuit is not None and config.interface in _JAX_INTERFACES:
+            refuse_traced_pulse_times(circuit)  # here, where jax.jit traces, not in its callback
         if circuit is not None and method not in (None, "adjoint"):
             # here, before PennyLane's torch and jax interfaces fail on such an angle
             name = getattr(method, "__name__", str(method))
@@ -543,7 +549,8 @@ class CuStateVecDevice(Device):
             pipeline.add_transform(refuse_autograd_hessians_of_alike_measurements, name)
         if differentiating and config.interface in _JAX_INTERFACES:
             pipeline.add_transform(real_parameters_for_real_results)  # the user's gates named
-        # qml.ftqc's measurements in other bases, before any method sees measurements
+        # qml.ftqc's measurements in other bases (and Pauli product measurements), before
+        # any method sees measurements
         pipeline.add_transform(measure_in_computational_bases)
         if mcm_method == "deferred":
             pipeline.add_transform(defer_measurements, allow_postselect=True)

@@ -47,10 +47,15 @@ from pennylane.queuing import QueuingManager
 
 from .queuing import recording_elsewhere
 
-ENTRYWISE_SOURCES = (qml.QubitUnitary, qml.ControlledQubitUnitary, qml.BlockEncode)
+ENTRYWISE_SOURCES = (
+    qml.QubitUnitary,
+    qml.ControlledQubitUnitary,
+    qml.BlockEncode,
+    qml.pulse.ParametrizedEvolution,
+)
 """The operations that the adjoint method differentiates by their matrix's entries where
-they are trainable (a block encoding's matrix is a function of its data that the framework
-differentiates, as default.qubit's backpropagation does)."""
+they are trainable (a block encoding's matrix and a pulse's evolution are functions of
+their data that the framework differentiates, as default.qubit's backpropagation does)."""
 
 MAX_ENTRYWISE_STATE_QUBITS = 12
 """The widest prepared state taken amplitude by amplitude (2 * 2**12 = 8192 real
@@ -121,7 +126,7 @@ def _(op: EntrywiseUnitary, params) -> EntrywiseUnitary:
 def entrywise_unitary(op: Operator) -> EntrywiseUnitary:
     """``op`` (of ``ENTRYWISE_SOURCES``) as an ``EntrywiseUnitary`` whose parts the ML
     framework takes from its matrix (call it where the framework records): a
-    ``QubitUnitary``'s parameter, a block encoding's ``matrix()``. A controlled
+    ``QubitUnitary``'s parameter, a block encoding's or a pulse's ``matrix()``. A controlled
     unitary's whole matrix on controls and targets: the entries outside the controlled
     block are constants (not trainable), the block's come from the base matrix."""
     if isinstance(op, qml.BlockEncode) and math.get_interface(op.data[0]) == "torch":

@@ -30,6 +30,7 @@ from pennylane.ops import (
     Conditional,
     LinearCombination,
     MidMeasure,
+    PauliMeasure,
     Pow,
     SProd,
     Sum,
@@ -100,8 +101,11 @@ def entrywise_trainable_operators(tape: QuantumScript):
     parameters, the real and imaginary parts of the matrix's entries or the state's
     amplitudes, the ML framework takes from the operator here (the preprocessing runs where
     it records), so that the derivative is exact everywhere (see ``entrywise``). A wider one
-    stays and is refused by name."""
+    stays and is refused by name. A pulse differentiated under ``jax.jit`` is refused by
+    name (``TracedPulseDerivativeError``); a jit-traced pulse that is only evaluated stays
+    as it is and runs as its matrix inside the device's callback."""
     operations = tape.operations
+    refuse_traced_pulse_derivatives(operations)
     leading = bool(operations) and _entrywise_state(operations[0])
     if not leading and not any(_entrywise(op) for op in operations):
         return (tape,), _first_result
@@ -111,12 +115,42 @@ def entrywise_trainable_operators(tape: QuantumScript):
     return (tape.copy(operations=converted),), _first_result
 
 
+class TracedPulseDerivativeError(DeviceError):
+    """A pulse differentiated under ``jax.jit``. The adjoint method takes a pulse by its
+    evolution's matrix, which jax computes with its ODE solver where the framework records:
+    under ``jax.jit`` that solver would be compiled into one program beside the device's
+    callback, and jaxlib 0.7.1 aborts the process there (measured: PennyLane's
+    ``pulse/test_pwc_functions.py::test_qnode_pwc_jit``). Parameter-shift has no rule for
+    a pulse, so ``"best"`` says so too, rather than PennyLane's reshape error."""
+
+
+def refuse_traced_pulse_derivatives(operations: Sequence[Operator]) -> None:
+    """Raise ``TracedPulseDerivativeError`` where a pulse's parameters are jit-traced and
+    differentiated (a jax differentiation tracer over a jit tracer: ``jax.jit(jax.grad(f))``).
+    A forward ``jax.jit(qnode)`` traces them too, but takes no derivative: it passes."""
+    for op in operations:
+        if isinstance(op, qml.pulse.ParametrizedEvolution) and any(
+            math.is_abstract(d) and _differentiation_depth(d) > 0 for d in op.data
+        ):
+            raise TracedPulseDerivativeError(
+                "custatevec.qubit cannot differentiate a pulse (ParametrizedEvolution on "
+                f"wires {op.wires.tolist()}) under jax.jit: it takes a pulse by its "
+                "evolution's matrix, which jax computes with its ODE solver, and jaxlib "
+                "0.7.1 can abort the process when that solver is compiled beside the "
+                "device's callback. Differentiate it without jax.jit (jax.grad(qnode)), or "
+                "use default.qubit with diff_method='backprop' for a compiled gradient."
+            )
+
+
 def _entrywise(op: Operator) -> bool:
-    return (
-        isinstance(op, ENTRYWISE_SOURCES)
-        and len(op.wires) <= MAX_ENTRYWISE_QUBITS
-        and math.requires_grad(op.data[0])
-    )
+    if not isinstance(op, ENTRYWISE_SOURCES) or len(op.wires) > MAX_ENTRYWISE_QUBITS:
+        return False
+    if isinstance(op, qml.pulse.ParametrizedEvolution):  # its data: the pulse's parameters
+        # concrete values only: under jax.jit its matrix would be traced (see above)
+        return any(math.requires_grad(d) for d in op.data) and not any(
+            math.is_abstract(d) for d in op.data
+        )
+    return math.requires_grad(op.data[0])
 
 
 def _entrywise_state(op: Operator) -> bool:
@@ -131,7 +165,8 @@ def _entrywise_state(op: Operator) -> bool:
 @transform
 def measure_in_computational_bases(tape: QuantumScript):
     r"""Mid-circuit measurements in other bases (``qml.ftqc``'s ``ParametricMidMeasure``:
-    ``measure_x``, ``measure_y``, ``measure_arbitrary_basis``) as Z-basis measurements.
+    ``measure_x``, ``measure_y``, ``measure_arbitrary_basis``; Pauli product measurements,
+    ``qml.pauli_measure``) as Z-basis measurements.
 
     A measurement in the eigenbasis of :math:`U^\dagger Z U` (U: the measurement's
     ``diagonalizing_gates``) is U, then a Z-basis measurement. The measured qubit is left in
@@ -139,6 +174,13 @@ def measure_in_computational_bases(tape: QuantumScript):
     PennyLane's convention (``qml.ftqc.diagonalize_mcms``, which its documentation asks for
     before execution, and default.qubit's one-shot and tree-traversal methods without it; its
     ftqc tests read ``Z`` of the measured wire afterwards and expect the outcome's sign).
+
+    A Pauli product measurement of P (``_pauli_product_as_parity``) is V, a Z-basis
+    measurement of one of its wires, then :math:`V^\dagger`, where V takes P to Z on that
+    wire: the state is projected onto P's eigenspace of the outcome
+    (:math:`(I + (-1)^m P)/2`, renormalised), as ``pauli_measure`` documents. PennyLane
+    0.45 executes it nowhere (default.qubit: a KeyError in ``defer_measurements``
+    without shots, "not supported" with shots).
 
     ``qml.ftqc.cond_measure`` records two conditionals on one wire, the true branch's
     measurement under its condition and the false branch's under the inverse: they become
@@ -190,6 +232,12 @@ def measure_in_computational_bases(tape: QuantumScript):
                 operations.extend(op.diagonalizing_gates())
                 operations.append(measured)
                 replacements.append((op, measured))
+            elif isinstance(op, PauliMeasure):
+                to_parity, measured = _pauli_product_as_parity(op)
+                operations.extend(to_parity)
+                operations.append(measured)
+                operations.extend(qml.adjoint(g, lazy=False) for g in reversed(to_parity))
+                replacements.append((op, measured))
             elif isinstance(op, Conditional):
                 condition = rebuilt(op.meas_val)
                 operations.append(
@@ -235,7 +283,7 @@ def _needs_computational_bases(tape: QuantumScript) -> bool:
 def _is_dynamic_type(kind: type) -> bool:
     """A mid-circuit measurement or a conditional (``isinstance`` on PennyLane's operator
     classes costs 0.3 us, a cached lookup a tenth of it)."""
-    return issubclass(kind, MidMeasure | Conditional)
+    return issubclass(kind, MidMeasure | Conditional | PauliMeasure)
 
 
 def _names_twice(value: MeasurementValue) -> bool:
@@ -252,10 +300,11 @@ def _is_in_other_basis(op: Operator) -> bool:
 
 
 def _measures_off_z(op: Operator) -> bool:
-    """A measurement in another basis, or a conditional measurement (cond_measure's)."""
+    """A measurement in another basis (a Pauli product's too), or a conditional
+    measurement (cond_measure's)."""
     if isinstance(op, Conditional):
         return isinstance(op.base, MidMeasure)
-    return _is_in_other_basis(op)
+    return isinstance(op, PauliMeasure) or _is_in_other_basis(op)
 
 
 def _pairs_with(true_branch: Conditional, false_branch: Operator) -> bool:
@@ -268,6 +317,24 @@ def _pairs_with(true_branch: Conditional, false_branch: Operator) -> bool:
         and false_branch.base.reset == true_branch.base.reset
         and false_branch.base.postselect == true_branch.base.postselect
     )
+
+
+def _pauli_product_as_parity(op: PauliMeasure) -> tuple[list[Operator], MidMeasure]:
+    r"""The gates V that take the Pauli word P of ``op`` to Z on its last wire t
+    (:math:`V P V^\dagger = Z_t`), and the Z-basis measurement of t that stands for ``op``
+    (same postselection and uid). Each X becomes Z by H, each Y by :math:`H S^\dagger`
+    (:math:`S^\dagger Y S = X`); then CNOTs from the other wires onto t take
+    :math:`Z_1 \cdots Z_k` to :math:`Z_t`, so t's outcome is the word's parity: 0 for the
+    eigenvalue +1, 1 for -1, PennyLane's convention."""
+    to_z: list[Operator] = []
+    for pauli, wire in zip(op.pauli_word, op.wires, strict=True):
+        if pauli == "Y":
+            to_z.append(qml.adjoint(qml.S(wire)))
+        if pauli in "XY":
+            to_z.append(qml.H(wire))
+    target = op.wires[-1]
+    to_z.extend(qml.CNOT([wire, target]) for wire in op.wires[:-1])
+    return to_z, MidMeasure(target, postselect=op.postselect, meas_uid=op.meas_uid)
 
 
 def _z_measurement(op: MidMeasure) -> MidMeasure:
@@ -804,6 +871,33 @@ def decompose_traced(tape: QuantumScript, **options):
             "diff_method=None under jax.jit for values only; default.qubit's "
             "diff_method='backprop' differentiates it under jax.jit."
         ) from error
+
+
+class TracedPulseTimesError(DeviceError):
+    """A pulse whose times ``jax.jit`` traces (``qml.evolve(H)(params, t)`` with ``t`` an
+    argument of the jitted function)."""
+
+
+def refuse_traced_pulse_times(tape: QuantumScript) -> None:
+    """Refuse a pulse whose evolution times are traced by ``jax.jit``. The device evaluates
+    a pulse as its matrix inside PennyLane's jit callback, which hands it concrete
+    parameters but leaves the times (a hyperparameter) traced: jax raised
+    ``UnexpectedTracerError`` from inside the callback (PennyLane's ``test_rydberg.py``
+    ``test_pennylane_and_exact_solution_correspond``, routed to this device). Called
+    where the trace sees the QNode's tape (``setup_execution_config``): from the
+    preprocessing, which runs inside the callback for gradient transforms, the error would
+    reach the user wrapped in jax's ``XlaRuntimeError``. One name comparison per
+    operation."""
+    for op in tape.operations:
+        if op.name == "ParametrizedEvolution" and math.is_abstract(op.t):
+            raise TracedPulseTimesError(
+                f"custatevec.qubit cannot evolve the pulse on wires {op.wires.tolist()} "
+                "under jax.jit with traced times: it computes a pulse's matrix inside "
+                "PennyLane's jit callback, which receives the pulse's parameters but not its "
+                "times. Pass the times as constants of the jitted function (close over "
+                "them), call the QNode without jax.jit, or use default.qubit, which traces "
+                "the evolution."
+            )
 
 
 @transform

@@ -95,6 +95,18 @@ def each_backend(request) -> str:
 
 
 @pytest.fixture
+def capture():
+    """PennyLane's program capture enabled (disabled afterwards)."""
+    import pennylane as qml
+
+    qml.capture.enable()
+    try:
+        yield
+    finally:
+        qml.capture.disable()
+
+
+@pytest.fixture
 def jax_float64():
     """jax in double precision, as the device computes (restored afterwards)."""
     import jax

@@ -56,12 +56,27 @@ def _with_mcm(device):
     return circuit
 
 
+def _with_pauli_product_measurement(device):
+    @qml.qnode(device, interface="torch")
+    def circuit(x):
+        _body(x)
+        m = qml.pauli_measure("XY", [0, 1])
+        qml.cond(m, qml.RX)(x[1], wires=1)
+        return qml.expval(qml.Z(1))
+
+    return circuit
+
+
 FALLBACKS = {
     "shots (set_shots)": (
         lambda: qml.set_shots(_plain(_device(seed=11), interface="torch"), shots=50),
         "has shots",
     ),
     "mid-circuit measurements": (lambda: _with_mcm(_device()), "mid-circuit measurements"),
+    "Pauli product measurements": (
+        lambda: _with_pauli_product_measurement(_device(wires=3)),
+        "mid-circuit measurements",
+    ),
     "user transform": (
         lambda: qml.transforms.merge_rotations(_plain(_device(), interface="torch")),
         "transforms of its own",

@@ -127,6 +127,33 @@ def test_measurement_on_wire_outside_device():
         circuit()
 
 
+def test_drawing_and_specs_of_a_circuit_off_the_device_wires():
+    """qml.draw and qml.specs resolve "best" without running the circuit: a wire the device
+    lacks is refused when it runs, not while drawing (default.qubit draws it too; the
+    adjoint method's check raised WireError from supports_derivatives). One more wire than
+    the device has is what ``mcm_method="deferred"`` needs for a measurement (PennyLane's
+    ``test_specs_mcm``)."""
+    dev = qml.device("custatevec.qubit", wires=[0, "a"])
+
+    @qml.qnode(dev)
+    def circuit(x):
+        qml.RX(x, wires=0)
+        for wire in range(3):
+            qml.Hadamard(wire)
+        return qml.expval(qml.Z(0) @ qml.Y(1))
+
+    assert "RX(0.52)" in qml.draw(circuit)(0.52)
+    assert qml.specs(circuit)(0.52).resources.num_gates == 4
+    with pytest.raises(qml.exceptions.WireError, match="not found on the device"):
+        circuit(0.52)
+
+    @qml.qnode(qml.device("custatevec.qubit", wires=1))
+    def measured():
+        return qml.expval(qml.measure(0))
+
+    assert qml.specs(measured)().resources.gate_types == {"MidMeasureMP": 1}
+
+
 def test_device_without_wires_takes_circuit_wires():
     dev = qml.device("custatevec.qubit")
     ref = qml.device("default.qubit")

@@ -17,15 +17,6 @@ jax.config.update("jax_enable_x64", True)
 TOL = 1e-10
 
 
-@pytest.fixture
-def capture():
-    qml.capture.enable()
-    try:
-        yield
-    finally:
-        qml.capture.disable()
-
-
 def _devices(**kwargs):
     return (
         qml.device(DEVICE, wires=3, backend="cpu", **kwargs),

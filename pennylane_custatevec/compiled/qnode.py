@@ -45,6 +45,7 @@ import torch
 from pennylane.devices.preprocess import null_postprocessing as _device_null_postprocessing
 from pennylane.measurements import MeasurementProcess, MidMeasureMP
 from pennylane.operation import Operator
+from pennylane.ops import PauliMeasure
 from pennylane.queuing import AnnotatedQueue
 from pennylane.tape import QuantumScript
 from pennylane.transforms.core.compile_pipeline import (
@@ -702,7 +703,7 @@ def _record(qnode: qml.QNode, args, kwargs) -> tuple[QuantumScript, object]:
     with _ThisThreadsQueue() as queue:
         output = qnode.func(*args, **kwargs)
     tape = QuantumScript.from_queue(queue, qnode.shots)
-    if any(isinstance(op, MidMeasureMP) for op in tape.operations):
+    if any(isinstance(op, (MidMeasureMP, PauliMeasure)) for op in tape.operations):
         raise _Fallback("the circuit has mid-circuit measurements")
     tape.trainable_params = qml.math.get_trainable_indices(
         tape.get_parameters(trainable_only=False)

@@ -263,6 +263,30 @@ def test_mid_circuit_measurements_equal_one_process(method, shots):
     assert_allclose_nested(result, expected, atol=1e-10)
 
 
+@pytest.mark.parametrize(
+    "method, shots", [("one-shot", 300), ("deferred", None), ("tree-traversal", None)]
+)
+def test_pauli_product_measurements_equal_one_process(method, shots):
+    """qml.pauli_measure over wires on global and local bits: its basis change and CNOT
+    parity run as gates, its measurement as a Z-basis one (transforms)."""
+
+    def circuit():
+        for w in range(WIRES):
+            qml.RY(0.3 + 0.4 * w, w)
+        qml.CNOT([1, 5])
+        m0 = qml.pauli_measure("XYZ", [0, 5, 3])
+        qml.cond(m0, qml.RX)(0.8, wires=2)
+        qml.pauli_measure("ZX", [2, 1], postselect=1 if method != "one-shot" else None)
+        return qml.expval(qml.Y(5) @ qml.X(0)), qml.probs(wires=[2, 1]), qml.expval(m0)
+
+    run = qml.set_shots(shots)
+    kwargs = {"mcm_method": method}
+    wires = WIRES + 2  # room for the deferred method's two extra wires
+    result = run(qml.QNode(circuit, split_device(wires, seed=7), **kwargs))()
+    expected = run(qml.QNode(circuit, single_device(wires, seed=7), **kwargs))()
+    assert_allclose_nested(result, expected, atol=1e-10)
+
+
 # --- derivatives -----------------------------------------------------------------------------
 
 
