@@ -20,7 +20,9 @@ default.qubit (backprop):
   a Hermitian and a Z;
 - with ``--broadcast``, an RY layer of a broadcast minibatch (2 or 3 rows) first;
 - with ``--mid-measurements``, mid-circuit measurements among the layers (a reset, a
-  postselection, conditional gates, measured outcomes; ``mid_measured_function``), on
+  postselection, a Pauli product measurement of a random word on 1-3 wires, which
+  default.qubit cannot run and measures here by an ancilla, conditional gates, measured
+  outcomes; ``mid_measured_function``), on
   the device's default wires: values and Jacobians (the adjoint method, or
   parameter-shift where the circuit measures outcomes; to 1e-6 there, as PennyLane's
   parameter-shift takes finite differences for conditional gates) in both accumulation
@@ -449,8 +451,19 @@ def mid_measured_function(rng: np.random.Generator, n: int, layers: int):
     outcomes_measured = bool(rng.integers(2))
     word = qml.X(c) @ qml.Z(d)
     counts = [sum(n_parameters(g) for g, _ in gates) for gates in (first, second)]
+    product_wires = [int(w) for w in rng.choice(n, int(rng.integers(1, 4)), replace=False)]
+    product_word = "".join(rng.choice(list("XYZ"), len(product_wires)))
 
-    def circuit(params):
+    def circuit(params, by_ancilla=False):
+        """``by_ancilla``: the Pauli product measurement as default.qubit can run it."""
+        # first, where the measured wires are in a product state: after random layers
+        # the two outcomes can be alike (<P> = 0, a wire maximally entangled: seen, a
+        # flipped outcome label went unnoticed); a fixed rotation of each wire sets <P>
+        for wire in product_wires:
+            qml.Rot(0.4, 1.1, -0.3, wires=wire)
+        measure_product = _by_ancilla if by_ancilla else qml.pauli_measure
+        m2 = measure_product(product_word, product_wires)
+        qml.cond(m2, qml.RY)(1.3, wires=a)  # the outcome's label shows in the values
         k = 0
         for gates in (first, second):
             for name, wires in gates:
@@ -465,12 +478,28 @@ def mid_measured_function(rng: np.random.Generator, n: int, layers: int):
         qml.cond(m0 & ~m1, qml.CRX)(params[k], wires=[c, d])
         values = [qml.expval(qml.Z(a)), qml.expval(word)]
         if outcomes_measured:
-            return [*values, qml.expval(m0), qml.probs(op=m1)]
+            return [*values, qml.expval(m0), qml.probs(op=m1), qml.expval(m2)]
         return values
 
     if postselect is not None:
         return circuit, sum(counts) + 2, None
     return circuit, sum(counts) + 2, "parameter-shift" if outcomes_measured else "adjoint"
+
+
+ANCILLA = "ancilla"
+"""The wire on which the reference measures a Pauli product (reset after each use)."""
+
+
+def _by_ancilla(word: str, wires: list[int]):
+    """The Pauli product measurement of ``word`` on ``wires`` by an ancilla, independent of
+    the device's own (``transforms._pauli_product_as_parity``): H, the word controlled by
+    the ancilla, H, measure it (outcome 0: the projection (I + P)/2, eigenvalue +1)."""
+    paulis = {"X": qml.X, "Y": qml.Y, "Z": qml.Z}
+    qml.H(ANCILLA)
+    for letter, wire in zip(word, wires, strict=True):
+        qml.ctrl(paulis[letter](wire), control=ANCILLA)
+    qml.H(ANCILLA)
+    return qml.measure(ANCILLA, reset=True)
 
 
 def _difference(got: np.ndarray, want: np.ndarray) -> float:
@@ -494,7 +523,8 @@ def check_mid_measured(seed: int, n: int, layers: int) -> tuple[float, bool]:
     rng = np.random.default_rng(seed)
     fn, count, diff_method = mid_measured_function(rng, n, layers)
     params = rng.uniform(0, 2 * np.pi, count)
-    reference = qml.QNode(fn, qml.device("default.qubit"), diff_method="backprop")
+    reference_fn = functools.partial(fn, by_ancilla=True)
+    reference = qml.QNode(reference_fn, qml.device("default.qubit"), diff_method="backprop")
 
     def flat(qnode, trainable: bool):
         return lambda p: pnp.hstack(qnode(pnp.array(p, requires_grad=trainable)))
@@ -513,7 +543,7 @@ def check_mid_measured(seed: int, n: int, layers: int) -> tuple[float, bool]:
         differences of NaN values are NaN only where a shift reaches them)."""
         if not np.isnan(want).any():
             return want_jacobian
-        qnode = qml.QNode(fn, qml.device("default.qubit"), diff_method=method)
+        qnode = qml.QNode(reference_fn, qml.device("default.qubit"), diff_method=method)
         return qml.jacobian(flat(qnode, True))(pnp.array(params))
 
     def compare(difference: float, tolerance: float, what: str) -> None:

@@ -450,6 +450,20 @@ _LAYOUT = ("gradients", "layout")
 tape's trainable parameters)."""
 
 
+def _part_columns(
+    operation: Operator, position: int, trainable: dict, starts: list
+) -> np.ndarray | None:
+    """The column of each part (parameter) of an ``entrywise`` operation at ``position``
+    in the tape, -1 for a constant one; None when none is trainable."""
+    at = np.array(
+        [
+            starts[trainable[position, p]] if (position, p) in trainable else -1
+            for p in range(len(operation.data))
+        ]
+    )
+    return at if bool((at >= 0).any()) else None
+
+
 @dataclasses.dataclass(frozen=True)
 class _ColumnLayout:
     """Where each trainable parameter's scalars go (``DifferentiatedTape``'s columns): a
@@ -502,28 +516,19 @@ class _ColumnLayout:
         for index, step in enumerate(steps):
             origin = step.origin
             if isinstance(step.operation, EntrywiseUnitary):
-                parts = range(len(step.operation.data))
-                at = [
-                    starts[trainable[origin.operation, p]]
-                    if (origin.operation, p) in trainable
-                    else -1
-                    for p in parts
-                ]
-                if any(column >= 0 for column in at):
-                    entry_columns[index] = np.array(at)
-                    columns[index] = min(column for column in at if column >= 0)
+                at = _part_columns(step.operation, origin.operation, trainable, starts)
+                if at is not None:
+                    entry_columns[index] = at
+                    columns[index] = int(at[at >= 0].min())
             elif (origin.operation, origin.parameter) in trainable:
                 p = trainable[origin.operation, origin.parameter]
                 columns[index] = starts[p] + origin.element
         state_columns = None
         operations = tape.operations
         if operations and isinstance(operations[0], EntrywiseState):
-            at = [
-                starts[trainable[0, p]] if (0, p) in trainable else -1
-                for p in range(len(operations[0].data))
-            ]
-            if any(column >= 0 for column in at):
-                state_columns = (np.array(at), _amplitude_indices(operations[0], register))
+            at = _part_columns(operations[0], 0, trainable, starts)
+            if at is not None:
+                state_columns = (at, _amplitude_indices(operations[0], register))
         return cls(
             len(parameters),
             shapes,
