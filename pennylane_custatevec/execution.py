@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 from pennylane.exceptions import DeviceError
-from pennylane.measurements import MeasurementProcess
+from pennylane.measurements import CountsMP, MeasurementProcess, ProbabilityMP
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
@@ -229,11 +229,25 @@ def _run_sampled(backend, program: Program, tape: QuantumScript, rng, postselect
     partitions = []
     for lower, upper in _bins(counts):
         per_measurement = [
-            _stack_batch(tape, [mp.process_samples(s[lower:upper], wires) for s in samples])
+            _stack_batch(tape, [_processed(mp, s[lower:upper], wires) for s in samples])
             for mp in tape.measurements
         ]
         partitions.append(_nest(tape, per_measurement))
     return tuple(partitions) if tape.shots.has_partitioned_shots else partitions[0]
+
+
+def _processed(mp: MeasurementProcess, samples: np.ndarray, wires: Wires):
+    """``mp.process_samples``, but for probs and counts of no samples (every shot discarded
+    by a postselection of probability 0, ``"hw-like"``), where PennyLane 0.45's processing
+    raises (ValueError "cannot reshape", IndexError; on default.qubit too): probabilities
+    of no shots are NaN, as an expval of no shots is, and the counts are none (with
+    ``all_outcomes=True`` every outcome's count is 0)."""
+    if samples.shape[0] or not isinstance(mp, (CountsMP, ProbabilityMP)):
+        return mp.process_samples(samples, wires)
+    one_shot = mp.process_samples(np.zeros((1, samples.shape[1]), dtype=samples.dtype), wires)
+    if isinstance(mp, ProbabilityMP):
+        return np.full(np.shape(one_shot), np.nan)
+    return {outcome: 0 for outcome in one_shot} if mp.all_outcomes else {}
 
 
 def _run_shadow(backend, program: Program, tape: QuantumScript, rng, postselect_mode):

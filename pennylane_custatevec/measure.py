@@ -570,7 +570,11 @@ def computational_basis_samples(
     rng: np.random.Generator,
 ) -> np.ndarray:
     """``shots`` samples per vector, int64 (B, shots, len(wires)): column j is wire j's bit.
-    The states must be normalised (``simulate.require_normalised``: one pass for the norms)."""
+    The states must be normalised (``simulate.require_normalised``: one pass for the norms),
+    unless no sample is drawn: a postselection of probability 0 leaves a NaN state and, in
+    ``"hw-like"`` mode, no shots, whose results are NaN or empty (default.qubit's)."""
+    if shots == 0:
+        return np.zeros((register.batch_size, 0, len(wires)), dtype=np.int64)
     require_normalised(backend, backend.probabilities(state, ())[:, 0], register)
     outcomes = backend.sample(state, register.targets(wires), shots, rng)
     shifts = np.arange(len(wires) - 1, -1, -1, dtype=np.int64)

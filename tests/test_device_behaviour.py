@@ -280,11 +280,6 @@ def _nan_matrix():
     qml.QubitUnitary(np.full((2, 2), np.nan), wires=0, unitary_check=False)
 
 
-def _impossible_postselection():
-    qml.PauliX(0)
-    qml.measure(0, postselect=0)
-
-
 BAD_STATES = {
     "unnormalised StatePrep": (_unnormalised_prep, "2"),
     "zero StatePrep": (_zero_prep, "0"),
@@ -292,7 +287,6 @@ BAD_STATES = {
     "non-unitary QubitUnitary": (_non_unitary, "4"),
     "zero QubitUnitary": (_zero_matrix, "0"),
     "NaN QubitUnitary": (_nan_matrix, "nan"),
-    "postselection of probability 0": (_impossible_postselection, "nan"),
 }
 """Ways to a state that cannot be sampled through public API: preparation, squared norm."""
 
@@ -312,8 +306,6 @@ def test_sampling_a_state_that_is_not_normalised_raises(backend_name, case, mcm_
     backends); now both refuse before sampling, where default.qubit raises (for a NaN state
     default.qubit returns all-zero samples: a wrong number, refused here too)."""
     prepare, norm = BAD_STATES[case]
-    if mcm_method == "one-shot" and case == "postselection of probability 0":
-        pytest.skip("one-shot postselection discards shots (dynamic_one_shot): no sampling")
 
     def circuit():
         prepare()
@@ -331,6 +323,55 @@ def test_sampling_a_state_that_is_not_normalised_raises(backend_name, case, mcm_
         ref = qml.device("default.qubit", wires=3, seed=1)
         with pytest.raises(ValueError, match="probabilities do not sum to 1"):
             qml.set_shots(qml.QNode(circuit, ref, mcm_method=mcm_method), shots=100)()
+
+
+NO_SHOTS_RESULTS = [  # (measurement, result, whether default.qubit gives it: else it raises)
+    (lambda: qml.expval(qml.Z(1)), np.nan, True),
+    (lambda: qml.var(qml.Z(1)), np.nan, True),
+    (lambda: qml.sample(wires=[0, 1]), np.zeros((0, 2), dtype=np.int64), True),
+    (lambda: qml.probs(wires=[0, 1]), np.full(4, np.nan), False),
+    (lambda: qml.probs(op=qml.Y(1)), np.full(2, np.nan), False),
+    (lambda: qml.counts(wires=[0, 1]), {}, False),
+    (
+        lambda: qml.counts(wires=[0, 1], all_outcomes=True),
+        {"00": 0, "01": 0, "10": 0, "11": 0},
+        False,
+    ),
+    (lambda: qml.counts(qml.Z(1), all_outcomes=True), {1.0: 0, -1.0: 0}, False),
+]
+
+
+@pytest.mark.parametrize(("measurement", "expected", "as_default_qubit"), NO_SHOTS_RESULTS)
+@pytest.mark.parametrize("shots", [100, (10, 20)])
+def test_a_postselection_of_probability_zero_leaves_no_shots(
+    backend_name, measurement, expected, as_default_qubit, shots
+):
+    """With shots and postselect_mode="hw-like" (the default) a postselected outcome of
+    probability 0 keeps none of the shots: expval and var are NaN and samples empty, as on
+    default.qubit (the device raised UnnormalisedStateError, sampling the NaN state for
+    no shots); probs are NaN and counts empty, where PennyLane's processing of no samples
+    raises (ValueError, IndexError; default.qubit too). "fill-shots" raises, as
+    default.qubit does."""
+
+    def circuit():
+        qml.PauliX(0)
+        qml.measure(0, postselect=0)
+        return measurement()
+
+    dev = qml.device(DEVICE, wires=3, backend=backend_name, seed=1)
+    result = qml.set_shots(qml.QNode(circuit, dev, mcm_method="deferred"), shots=shots)()
+    for value in result if isinstance(shots, tuple) else [result]:
+        if isinstance(expected, dict):
+            assert value == expected
+        else:
+            np.testing.assert_array_equal(value, expected)
+    filled = qml.QNode(circuit, dev, mcm_method="deferred", postselect_mode="fill-shots")
+    with pytest.raises(RuntimeError, match="probability of the postselected"):
+        qml.set_shots(filled, shots=shots)()
+    if as_default_qubit:
+        reference = qml.device("default.qubit", wires=3, seed=1)
+        want = qml.set_shots(qml.QNode(circuit, reference, mcm_method="deferred"), shots=shots)()
+        np.testing.assert_array_equal(result, want)
 
 
 def _backend(name):
