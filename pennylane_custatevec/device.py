@@ -1402,7 +1402,9 @@ def _swept_eagerly(tape: QuantumScript) -> bool:
     or ``EntrywiseState`` (a trainable unitary or prepared state taken by its entries) is
     differentiated by the eager sweep only,
     whose step through it is one dense reduction (``gradients.eager``); the deferred
-    sweep's fused blocks differentiate gates by their generators."""
+    sweep's fused blocks differentiate gates by their generators. So is a postselection
+    (a Projector), which the eager sweep steps back through by simulating the state
+    before it again (``eager._back_through_postselection``)."""
     return any(_is_entrywise_type(type(op)) for op in tape.operations)
 
 
@@ -1411,7 +1413,7 @@ def _is_entrywise_type(kind: type) -> bool:
     """A cached lookup by type, for every operation of every tape the deferred mode
     differentiates (``isinstance`` on PennyLane's operator classes costs about ten times
     more: measured for ``transforms._is_dynamic_type``)."""
-    return issubclass(kind, (EntrywiseUnitary, EntrywiseState))
+    return issubclass(kind, (EntrywiseUnitary, EntrywiseState, qml.Projector))
 
 
 def _adjoint_config(config: ExecutionConfig | None) -> ExecutionConfig:

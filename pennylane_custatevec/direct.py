@@ -50,6 +50,7 @@ from .gradients.common import (
     stacked_gradients,
 )
 from .gradients.deferred import sequence_sweep_plan
+from .instructions import Kind
 from .kept import KeptState
 from .program import Compilation
 from .rotations import real_angles
@@ -196,7 +197,9 @@ def plan_of(backend: Backend, structure: Structure) -> DirectPlan | None:
 def _build(backend: Backend, structure: Structure) -> DirectPlan | None:
     compilation = structure.compilation
     register = compilation.register
-    if structure.has_mid_measurements:
+    if structure.has_mid_measurements or any(
+        ins.kind is Kind.POSTSELECT for step in compilation.steps for ins in step.instructions
+    ):  # a postselection: the eager sweep alone steps back through it
         return None
     forward = sequences.forward_plan(backend, compilation)
     if forward is None:

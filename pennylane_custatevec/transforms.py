@@ -636,7 +636,7 @@ def refuse_postselection_under_gradient_transforms(
     transforms. A ``qml.Projector`` applied as a gate is a postselection too: the state is
     renormalised after it, here and on default.qubit. Only parameters whose derivative may
     be taken count (``_may_be_differentiated``): a forward evaluation runs. The adjoint
-    method does not apply to postselection (``gradients.common``).
+    method differentiates postselection itself (``gradients.eager``), exactly.
     """
     postselections = [index for index, op in enumerate(tape.operations) if _postselects(op)]
     if not postselections:
@@ -981,7 +981,8 @@ def expand_broadcasts(
     """``broadcast_expand``, with ``trainable_only`` only for a tape in which a broadcast
     parameter is trainable (its gradient has one entry per broadcast entry): the deferred
     mode differentiates other broadcast tapes whole, as one batch, but for a tape with an
-    ``EntrywiseUnitary``, which the eager sweep differentiates (one vector); with
+    ``EntrywiseUnitary`` or a postselection, which the eager sweep differentiates (one
+    vector); with
     ``mid_measurements_only`` only for an analytic tape with mid-circuit measurements (the
     tree traversal follows the branches of one state).
 
@@ -996,7 +997,7 @@ def expand_broadcasts(
         return (tape,), _first_result
     if trainable_only and not any(
         (is_broadcast(op) and any(math.requires_grad(d) for d in op.data))
-        or isinstance(op, (EntrywiseUnitary, EntrywiseState))  # the eager sweep's only
+        or isinstance(op, (EntrywiseUnitary, EntrywiseState, qml.Projector))  # eager's only
         for op in tape.operations
     ):
         return (tape,), _first_result

@@ -672,8 +672,6 @@ def _error_circuit(kind):
             qml.QubitUnitary(qml.math.stack([qml.math.stack([c, -s]), qml.math.stack([s, c])]), 0)
         qml.RX(x, wires=0)
         qml.CNOT([0, 1])
-        if kind == "postselect":
-            qml.measure(0, postselect=1)
         if kind == "sample":
             return qml.sample(wires=[1])
         if kind == "counts":
@@ -688,8 +686,7 @@ ERRORS = {
     "shots": (100, ["shots"]),
     "sample": (100, ["sample"]),
     "counts": (100, ["counts"]),
-    "postselect": (None, ["postselect"]),
-}
+}  # postselection is differentiated: tests/test_postselection_adjoint.py
 
 
 @VJP
@@ -702,7 +699,6 @@ def test_adjoint_errors(kind, device_vjp):
         dev,
         diff_method="adjoint",
         device_vjp=device_vjp,
-        mcm_method="deferred" if kind == "postselect" else None,
     )
     if shots:
         qnode = qml.set_shots(qnode, shots)

@@ -67,6 +67,17 @@ def _with_pauli_product_measurement(device):
     return circuit
 
 
+def _with_projector_gate(device):
+    @qml.qnode(device, interface="torch")
+    def circuit(x):
+        _body(x)
+        qml.Projector([1], wires=[1])
+        qml.RX(x[0], wires=0)
+        return qml.expval(qml.Z(0))
+
+    return circuit
+
+
 FALLBACKS = {
     "shots (set_shots)": (
         lambda: qml.set_shots(_plain(_device(seed=11), interface="torch"), shots=50),
@@ -77,6 +88,7 @@ FALLBACKS = {
         lambda: _with_pauli_product_measurement(_device(wires=3)),
         "mid-circuit measurements",
     ),
+    "Projector gate": (lambda: _with_projector_gate(_device()), "postselects"),
     "user transform": (
         lambda: qml.transforms.merge_rotations(_plain(_device(), interface="torch")),
         "transforms of its own",

@@ -47,7 +47,7 @@ def test_too_few_wires_are_refused():
         fuzz.main(["--min-wires", "2"])
 
 
-# seed 0 postselects (its derivatives refused), 1 takes the adjoint method, 6 parameter-shift
+# seed 0 postselects, 1 takes the adjoint method, 6 parameter-shift
 @pytest.mark.parametrize("seed", [0, 1, 6])
 def test_mid_measurement_circuits_agree_and_refuse(seed, capsys):
     argv = ["--mid-measurements", "--first-seed", str(seed), "--count", "1"]

@@ -705,6 +705,9 @@ def _record(qnode: qml.QNode, args, kwargs) -> tuple[QuantumScript, object]:
     tape = QuantumScript.from_queue(queue, qnode.shots)
     if any(isinstance(op, (MidMeasureMP, PauliMeasure)) for op in tape.operations):
         raise _Fallback("the circuit has mid-circuit measurements")
+    if any(isinstance(op, qml.Projector) for op in tape.operations):
+        # its derivative: the eager sweep, which the compiled lanes do not run
+        raise _Fallback("the circuit postselects (a Projector gate)")
     tape.trainable_params = qml.math.get_trainable_indices(
         tape.get_parameters(trainable_only=False)
     )

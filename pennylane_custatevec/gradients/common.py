@@ -114,6 +114,16 @@ def unsupported_reason(
                 "the adjoint method's real one; use diff_method='parameter-shift' or "
                 "'finite-diff', or a real coefficient"
             )
+    if any(type(mp) is StateMP for mp in tape.measurements) and any(
+        isinstance(op, Projector) for op in tape.operations
+    ):
+        return (
+            "it differentiates a circuit that postselects (a Projector, or a postselected "
+            "mid-circuit measurement under mcm_method='deferred') through expectation "
+            "values, variances and probabilities, not through its renormalised state (nor "
+            "the density matrices and entropies measured from it); use "
+            "diff_method='backprop' on default.qubit for those"
+        )
     if tape.shots:
         return (
             f"it needs analytic execution and the circuit has shots={tape.shots.total_shots}; "
@@ -199,17 +209,13 @@ def _operation_reason(op: Operator, trainable: bool) -> str | None:
             f"{op.name} is not unitary; with mid-circuit measurements use "
             "mcm_method='deferred', or diff_method='parameter-shift'"
         )
-    if isinstance(op, Projector):
-        return (
-            "Projector is not unitary. A circuit that postselects (a postselected "
-            "mid-circuit measurement becomes a Projector under mcm_method='deferred') is not "
-            "differentiated by the adjoint method; of PennyLane's gradient transforms, which "
-            "give wrong derivatives of some such circuits (PennyLane issue #5943), the device "
-            "runs diff_method='finite-diff' where every trainable gate that reaches the "
-            "postselection also reaches a measured wire, and 'parameter-shift' where none "
-            "reaches it; default.qubit with diff_method='backprop' differentiates every "
-            "case. A Projector gate of your own: diff_method='parameter-shift'"
-        )
+    if isinstance(op, Projector):  # a postselection: the sweep projects its bras (eager)
+        if trainable:
+            return (
+                f"the basis of the Projector on wires {op.wires.tolist()} is trainable; it "
+                "is not a differentiable parameter (make it a constant)"
+            )
+        return None
     if not trainable:
         return None
     if isinstance(op, EntrywiseState):

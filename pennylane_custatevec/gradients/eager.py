@@ -35,9 +35,10 @@ from pennylane.wires import Wires
 
 from .. import measure, simulate
 from ..backends.base import Backend, StateBatch
-from ..instructions import Instruction, apply_instruction, inverse
+from ..instructions import Instruction, Kind, apply_instruction, inverse
 from ..kept import KeptState
 from ..program import (
+    Program,
     plain_rotation,
 )
 from ..queuing import generator_of
@@ -196,6 +197,9 @@ def _sweep(backend: Backend, circuit: DifferentiatedTape, state: StateBatch, row
             if index == first:
                 break
             continue
+        if instructions and instructions[0].kind is Kind.POSTSELECT:
+            phi = _back_through_postselection(backend, circuit, index, phi, bras)
+            continue
         if column is not None and rotation is not None:
             # G = -P/2: the inner product and both undos in one backend step
             products = -0.5 * backend.adjoint_pauli_rotation_step(
@@ -215,6 +219,39 @@ def _sweep(backend: Backend, circuit: DifferentiatedTape, state: StateBatch, row
     if circuit.state_columns is not None:
         _add_state_gradients(backend.to_host(bras), circuit.state_columns, gradients)
     return gradients
+
+
+def _back_through_postselection(
+    backend: Backend, circuit: DifferentiatedTape, index: int, phi: StateBatch, bras: StateBatch
+) -> StateBatch:
+    r"""The step back through the postselection at step ``index`` (a Projector: deferred
+    measurements' postselection), which the simulation renormalises after: it cannot be
+    undone, so the state before it, :math:`\chi`, is simulated again from the start, and
+    returned. ``phi`` is the state after it, :math:`\psi = \Pi\chi / \sqrt{p}` with
+    :math:`p = \|\Pi\chi\|^2`.
+
+    A result g of :math:`\psi` has :math:`dg = \mathrm{Re}\langle b|d\psi\rangle` for
+    its bra b (each row's), and :math:`d\psi = (\Pi d\chi - \psi\,
+    \mathrm{Re}\langle\psi|\Pi d\chi\rangle) / \sqrt{p}`, so the bra of :math:`\chi`
+    is :math:`\Pi (b - c\,\psi) / \sqrt{p}` with :math:`c = \mathrm{Re}\langle\psi|b
+    \rangle`: the part of b along the state, which renormalisation takes away, is removed
+    (it is what makes :math:`d(N/D) = (dN - f\,dD)/D` for a ratio of postselected
+    expectations), then projected and scaled. Parameter-shift's rule does not hold for
+    that ratio (PennyLane issue #5943); this is exact."""
+    (instruction,) = circuit.steps[index].instructions
+    overlaps = np.real(backend.braket(bras, backend.copy(phi)))  # <b_r|psi>, real part
+    backend.add_scaled(bras, phi, -overlaps)
+    backend.apply_matrix(bras, instruction.data, instruction.targets)
+    del phi  # its memory, before the state before the projector is simulated again
+    prefix = tuple(ins for step in circuit.steps[:index] for ins in step.instructions)
+    chi, _ = simulate.final_state(backend, Program(circuit.register, prefix))
+    projected = backend.copy(chi)
+    backend.apply_matrix(projected, instruction.data, instruction.targets)
+    probability = backend.probabilities(projected, ())[:, 0]
+    del projected
+    with np.errstate(divide="ignore", invalid="ignore"):
+        backend.scale(bras, np.where(probability > 0, 1.0 / np.sqrt(probability), np.nan))
+    return chi
 
 
 def _add_state_gradients(bras: np.ndarray, state_columns: tuple, gradients: np.ndarray) -> None:

@@ -316,13 +316,12 @@ def postselecting_circuit(x, y):
 
 
 @pytest.mark.parametrize(
-    ("interface_name", "config", "mode"), interface_config_params(configs=[PARAMETER_SHIFT, BEST])
+    ("interface_name", "config", "mode"), interface_config_params(configs=[PARAMETER_SHIFT])
 )
 def test_postselection_differentiation_is_refused(interface_name, config, mode):
-    """A mid-circuit measurement with postselection: its values (constant parameters) are
-    default.qubit's; its derivatives are refused by name, as PennyLane's gradient
-    transforms (parameter-shift, which "best" takes where the adjoint method cannot apply
-    the postselecting projector) give wrong ones
+    """A mid-circuit measurement with postselection under parameter-shift: its values
+    (constant parameters) are default.qubit's; its derivatives are refused by name, as
+    PennyLane's gradient transforms give wrong ones
     (``test_gradient_transforms_are_wrong_on_postselection``)."""
     iface = interface(interface_name)
     ours, ref = qnodes(postselecting_circuit, interface_name, config, mode, wires=2)
@@ -427,13 +426,23 @@ def test_shift_rules_are_wrong_where_a_parameter_reaches_the_postselection():
         assert abs(shifted - backprop) > error
 
 
-@pytest.mark.parametrize(("config", "mode"), config_mode_params(ADJOINT_CONFIGS))
-def test_postselection_refused_by_adjoint(config, mode):
-    """An explicit adjoint with postselection: a clear error naming the way out."""
-    iface = interface("torch")
-    ours, _ = qnodes(postselecting_circuit, "torch", config, mode, wires=2)
-    with pytest.raises(DeviceError, match="Projector is not unitary.*postselects.*#5943"):
-        iface.jacobian(ours, iface.args([X, Y]))
+@pytest.mark.parametrize(
+    ("interface_name", "config", "mode"),
+    interface_config_params(configs=[*ADJOINT_CONFIGS, BEST]),
+)
+def test_postselection_differentiated_by_the_adjoint_method(interface_name, config, mode):
+    """The adjoint method (and "best", which takes it) steps back through the
+    postselecting projector: default.qubit's backprop derivatives, where parameter-shift
+    is wrong (tests/test_postselection_adjoint.py)."""
+    iface = interface(interface_name)
+    ours, ref = qnodes(postselecting_circuit, interface_name, config, mode, wires=2)
+    values = [X, Y]
+    assert_same_result(ours(*iface.args(values)), ref(*iface.args(values)))
+    jacobian = iface.jacobian(ours, iface.args(values))
+    reference = iface.for_reference_derivatives()
+    expected = reference.jacobian(ref, reference.args(values))
+    assert_same_derivatives(jacobian, expected, atol=ATOL)
+    assert max(np.abs(e).max() for e in expected) > 0.1
 
 
 @pytest.mark.parametrize("interface_name", INTERFACE_NAMES)

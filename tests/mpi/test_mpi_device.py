@@ -317,6 +317,33 @@ def test_adjoint_jacobian(grad_accumulation):
 
 
 @pytest.mark.parametrize("grad_accumulation", ["deferred", "eager"])
+def test_adjoint_jacobian_through_postselection(grad_accumulation):
+    """The eager sweep's step back through a postselection (on a global and a local
+    bit): default.qubit's backpropagation."""
+    rng = np.random.default_rng(stable_seed("mpi-postselection", grad_accumulation))
+    x = qml.numpy.array(rng.uniform(0, 2 * np.pi, size=2 * WIRES), requires_grad=True)
+
+    def circuit(x):
+        _prepared(x)
+        qml.measure(5, postselect=1)
+        qml.IsingXY(x[3], [5, 4])
+        qml.Projector([0], wires=[1])
+        qml.MultiRZ(x[4], [5, 4, 0])
+        return qml.expval(qml.X(5) @ qml.Y(4)), qml.probs(wires=[0, 2])
+
+    def jacobian(dev, method):
+        node = qml.QNode(circuit, dev, diff_method=method)
+        return qml.jacobian(lambda x: qml.numpy.hstack(node(x)))(x)
+
+    wires = WIRES + 1  # the deferred measurement's wire: wire 5 is used after it
+    split = split_device(wires, grad_accumulation=grad_accumulation)
+    result = jacobian(split, "adjoint")
+    expected = jacobian(qml.device("default.qubit", wires=wires), "backprop")
+    np.testing.assert_allclose(result, expected, atol=1e-10)
+    assert np.abs(expected).max() > 0.05
+
+
+@pytest.mark.parametrize("grad_accumulation", ["deferred", "eager"])
 def test_torch_vjp_with_broadcasting(grad_accumulation):
     rng = np.random.default_rng(stable_seed("mpi-vjp", grad_accumulation))
     weights = rng.uniform(0, 2 * np.pi, size=(2, WIRES, 3))
