@@ -190,6 +190,15 @@ def _jax_key_words(seed) -> list[int] | None:
 
     if jax.dtypes.issubdtype(seed.dtype, jax.dtypes.prng_key):
         seed = jax.random.key_data(seed)
+    if isinstance(seed, jax.core.Tracer):
+        # a device built inside jax.jit from a traced key (default.qubit samples with jax
+        # there); its words exist only when the compiled function runs
+        raise ValueError(
+            "seed is a jax PRNG key traced by jax.jit: custatevec.qubit samples on the host "
+            "and needs the key's words when the device is built. Build the device outside "
+            "the jitted function (a concrete key, or an int seed), or pass the key to "
+            f"default.qubit; otherwise {_SEED_CHOICES}."
+        )
     return np.asarray(seed).ravel().tolist()
 
 

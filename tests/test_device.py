@@ -72,6 +72,21 @@ def test_bad_seed():
         qml.device("custatevec.qubit", wires=2, seed="bad")
 
 
+def test_a_jit_traced_prng_key_is_refused_by_name():
+    """PennyLane's TestPRNGKeySeed::test_integrate_prng_key_jitting builds the device inside
+    jax.jit from a traced key (default.qubit samples with jax there): jax's
+    TracerArrayConversionError became an error naming the seed and the ways out."""
+    jax = pytest.importorskip("jax")
+
+    @jax.jit
+    def workflow(key):
+        return qml.device("custatevec.qubit", wires=1, seed=key).wires.tolist()
+
+    with pytest.raises(ValueError, match="seed is a jax PRNG key traced by jax.jit"):
+        workflow(jax.random.PRNGKey(1))
+    assert qml.device("custatevec.qubit", wires=1, seed=jax.random.PRNGKey(1)).wires.tolist()
+
+
 @pytest.mark.parametrize("seed", [None, "global", 0, 2**40, np.random.default_rng(3)])
 def test_good_seeds(seed):
     dev = qml.device("custatevec.qubit", wires=1, seed=seed)
