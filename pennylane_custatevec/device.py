@@ -531,7 +531,9 @@ class CuStateVecDevice(Device):
         differentiating = config.gradient_method == "adjoint"
         pipeline = PipelineWithoutQueuing()  # operators built here are queued nowhere
         if self._debugger is not None and self._debugger.active:  # under qml.snapshots
-            pipeline.add_transform(snapshots_as_circuits, self._debugger)
+            pipeline.add_transform(
+                snapshots_as_circuits, self._debugger, deferred=mcm_method == "deferred"
+            )
         method = config.gradient_method
         name = getattr(method, "__name__", str(method))
         if method is not None and method != "adjoint":  # a PennyLane gradient transform

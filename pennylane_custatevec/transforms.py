@@ -39,7 +39,12 @@ from pennylane.ops import (
 from pennylane.pytrees import flatten, unflatten
 from pennylane.queuing import QueuingManager
 from pennylane.tape import QuantumScript
-from pennylane.transforms import broadcast_expand, diagonalize_measurements, split_non_commuting
+from pennylane.transforms import (
+    broadcast_expand,
+    defer_measurements,
+    diagonalize_measurements,
+    split_non_commuting,
+)
 from pennylane.transforms.core import transform
 from pennylane.wires import Wires
 
@@ -912,7 +917,7 @@ def allocate_dynamic_wires(tape: QuantumScript, wires: Wires | None, allow_reset
 
 
 @transform
-def snapshots_as_circuits(tape: QuantumScript, debugger):
+def snapshots_as_circuits(tape: QuantumScript, debugger, deferred: bool = False):
     """Under ``qml.snapshots`` (``debugger`` active): each ``qml.Snapshot`` becomes a
     circuit of the operations before it that measures the snapshot's measurement, analytic
     or with its shots (``"workflow"``: the tape's), with no trainable parameters; the
@@ -920,7 +925,12 @@ def snapshots_as_circuits(tape: QuantumScript, debugger):
     collects a list), and the tape's own result, its snapshots removed, is returned. A
     device-side split, unlike PennyLane's fallback for devices without a debugger, so
     that a state snapshot of a circuit with shots is the exact state, as on
-    default.qubit."""
+    default.qubit.
+
+    With ``deferred`` (``mcm_method="deferred"``) a state snapshot after mid-circuit
+    measurements is the state of the deferred circuit, its measurements' wires included,
+    as default.qubit records it (``_deferred_operations``): PennyLane's
+    ``defer_measurements`` refuses a state measurement."""
     if debugger is None or not debugger.active:
         return (tape,), _first_result
     snapshots = [i for i, op in enumerate(tape.operations) if isinstance(op, qml.Snapshot)]
@@ -934,6 +944,8 @@ def snapshots_as_circuits(tape: QuantumScript, debugger):
         shots = tape.shots if shots == "workflow" else shots
         before = operations[: index - count]
         measurement = op.hyperparameters["measurement"]
+        if deferred and type(measurement) is StateMP and not shots:
+            before = _deferred_operations(before)
         tapes.append(
             tape.copy(
                 operations=before, measurements=[measurement], shots=shots, trainable_params=[]
@@ -948,6 +960,18 @@ def snapshots_as_circuits(tape: QuantumScript, debugger):
         return results[-1]
 
     return tapes, record
+
+
+def _deferred_operations(operations: list[Operator]) -> list[Operator]:
+    """``operations`` with their mid-circuit measurements deferred (PennyLane's
+    ``defer_measurements``, as the device's preprocessing runs it), for a state snapshot:
+    the state then spans the measurements' wires too."""
+    if not any(isinstance(op, MidMeasure) for op in operations):
+        return operations
+    wires = Wires.all_wires([op.wires for op in operations])
+    probe = QuantumScript(operations, [qml.probs(wires=wires)])
+    (deferred,), _ = defer_measurements(probe, allow_postselect=True)
+    return deferred.operations
 
 
 def _store_snapshot(debugger, tag, snapshot) -> None:

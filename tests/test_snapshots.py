@@ -67,3 +67,32 @@ def test_repeated_tags_collect_lists_and_plain_calls_ignore_snapshots():
     result = qml.snapshots(qnode)(0.3)
     np.testing.assert_allclose(result["again"], [np.cos(0.3), np.cos(0.6)], atol=1e-12)
     np.testing.assert_allclose(qnode(0.3), np.cos(0.6), atol=1e-12)
+
+
+def _measured_then_snapshot(postselect, reset):
+    def circuit():
+        qml.Hadamard(0)
+        qml.RY(0.7, 1)
+        qml.CNOT([0, 1])
+        m = qml.measure(0, postselect=postselect, reset=reset)
+        qml.cond(m, qml.RX)(0.4, wires=1)
+        qml.Snapshot("after")
+        qml.Snapshot("probs", measurement=qml.probs(wires=[1]))
+        return qml.probs(wires=[0, 1])
+
+    return circuit
+
+
+@pytest.mark.parametrize(("postselect", "reset"), [(None, False), (None, True), (1, False)])
+@pytest.mark.parametrize("wires", [None, 4])
+def test_a_state_snapshot_after_a_mid_circuit_measurement(postselect, reset, wires):
+    """PennyLane's test_snapshot_with_defer_measurement: with mcm_method="deferred" (the
+    analytic default) a state snapshot after a mid-circuit measurement is the state of the
+    deferred circuit, its measurement's wire included, as default.qubit records it
+    (PennyLane's defer_measurements refused the state measurement)."""
+    circuit = _measured_then_snapshot(postselect, reset)
+    ours = qml.snapshots(qml.QNode(circuit, qml.device("custatevec.qubit", wires=wires)))()
+    want = qml.snapshots(qml.QNode(circuit, qml.device("default.qubit", wires=wires)))()
+    assert ours.keys() == want.keys()
+    for key in want:
+        np.testing.assert_allclose(ours[key], want[key], atol=1e-12)
