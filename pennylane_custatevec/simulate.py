@@ -196,7 +196,7 @@ def final_state(backend: Backend, program: Program) -> tuple[StateBatch, np.ndar
     kept = None
     for instruction in program.instructions[prepared:]:
         if instruction.kind is Kind.POSTSELECT:
-            probability = _postselect(backend, state, instruction)
+            probability = postselect(backend, state, instruction)
             kept = probability if kept is None else kept * probability
         else:
             apply_instruction(backend, state, instruction)
@@ -264,7 +264,9 @@ def _one_qubit_gates(instruction: Instruction) -> list[Instruction]:
     ]
 
 
-def _postselect(backend: Backend, state: StateBatch, instruction: Instruction) -> np.ndarray:
+def postselect(backend: Backend, state: StateBatch, instruction: Instruction) -> np.ndarray:
+    """A POSTSELECT instruction on ``state``: its projector, then renormalisation (NaN
+    amplitudes where nothing is kept); returns the kept probability per vector."""
     backend.apply_matrix(state, instruction.data, instruction.targets)
     probability = backend.probabilities(state, ())[:, 0]
     with np.errstate(divide="ignore", invalid="ignore"):

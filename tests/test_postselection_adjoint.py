@@ -7,7 +7,8 @@ the kept probability; PennyLane's parameter-shift rule does not hold for it (Pen
 issue #5943: default.qubit's parameter-shift gives -0.242 where the derivative is -0.767
 for ``_circuit``'s first parameter). The eager sweep steps back through each projector,
 removing from each bra its part along the renormalised state (``eager.
-_back_through_postselection``): exact, in both accumulation modes (the deferred mode hands
+_back_through_postselection``; a state's Jacobian in forward mode, ``common.
+_renormalised_derivatives``): exact, in both accumulation modes (the deferred mode hands
 such tapes to the eager sweep), with and without device VJPs.
 """
 
@@ -201,18 +202,51 @@ def test_an_impossible_postselection_gives_nan_derivatives():
     assert np.isnan(jax.grad(qnode)(jnp.array(0.4)))
 
 
-def test_the_state_of_a_postselecting_circuit_is_refused_by_name():
-    """(PennyLane's deferred measurements take no state output: a Projector gate.)"""
+def _state_after_projector(x):
+    qml.RX(x[0], 0)
+    qml.CNOT([0, 1])
+    qml.RY(x[1], 1)
+    qml.Projector([1], wires=[0])
+    qml.RY(x[2], 0)
+    qml.CRX(x[3], [1, 2])
+    return qml.state()
 
-    def body(x):
-        qml.RX(x, 0)
-        qml.CNOT([0, 1])
-        qml.Projector([1], wires=[1])
-        return qml.state()
 
-    qnode = qml.QNode(body, qml.device(DEVICE, wires=3), diff_method="adjoint")
-    with pytest.raises(DeviceError, match="postselects .* not through its renormalised state"):
-        jax.jacobian(qnode, holomorphic=True)(jnp.array(0.4, dtype=complex))
+def _measured_through_the_state(x):
+    qml.RX(x[0], 0)
+    qml.CNOT([0, 1])
+    qml.RY(x[1], 1)
+    qml.measure(0, postselect=1)
+    qml.RY(x[2], 1)
+    qml.CRX(x[3], [1, 2])
+    return qml.density_matrix(wires=[1]), qml.purity(wires=[1]), qml.vn_entropy(wires=[1])
+
+
+def _real_parts(qnode):
+    return lambda x: jnp.hstack([jnp.ravel(jnp.real(r)) for r in qnode(x)])
+
+
+@MODES
+def test_the_state_of_a_postselecting_circuit(mode):
+    """The state's Jacobian in forward mode through a projector (``common.
+    _renormalised_derivatives``), and what the preprocessing measures from the state
+    (density matrix, purity, entropy): default.qubit's backprop; also under jax.jit (which
+    PennyLane's TestPostselection asks of density matrices and entropies)."""
+    dev = qml.device(DEVICE, wires=3, grad_accumulation=mode)
+    x = jnp.array(X)
+    ref = qml.QNode(_state_after_projector, qml.device("default.qubit"), diff_method="backprop")
+    qnode = qml.QNode(_state_after_projector, dev, diff_method="adjoint")
+    want = jax.jacfwd(ref)(x)
+    assert np.abs(want).max() > 0.1
+    np.testing.assert_allclose(jax.jacfwd(qnode)(x), want, atol=ATOL, rtol=0)
+    ref = qml.QNode(_measured_through_the_state, qml.device("default.qubit"))
+    qnode = qml.QNode(_measured_through_the_state, dev)
+    want = jax.jacobian(_real_parts(ref))(x)
+    assert np.abs(want).max() > 0.1
+    np.testing.assert_allclose(jax.jacobian(_real_parts(qnode))(x), want, atol=ATOL, rtol=0)
+    np.testing.assert_allclose(
+        jax.jit(_real_parts(qnode))(x), _real_parts(ref)(x), atol=ATOL, rtol=0
+    )
 
 
 def test_a_trainable_projector_basis_is_refused_by_name():

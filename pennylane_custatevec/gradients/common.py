@@ -68,7 +68,7 @@ from ..entrywise import (
     EntrywiseState,
     EntrywiseUnitary,
 )
-from ..instructions import apply_instruction
+from ..instructions import Kind, apply_instruction
 from ..program import (
     Compilation,
     Register,
@@ -114,16 +114,6 @@ def unsupported_reason(
                 "the adjoint method's real one; use diff_method='parameter-shift' or "
                 "'finite-diff', or a real coefficient"
             )
-    if any(type(mp) is StateMP for mp in tape.measurements) and any(
-        isinstance(op, Projector) for op in tape.operations
-    ):
-        return (
-            "it differentiates a circuit that postselects (a Projector, or a postselected "
-            "mid-circuit measurement under mcm_method='deferred') through expectation "
-            "values, variances and probabilities, not through its renormalised state (nor "
-            "the density matrices and entropies measured from it); use "
-            "diff_method='backprop' on default.qubit for those"
-        )
     if tape.shots:
         return (
             f"it needs analytic execution and the circuit has shots={tape.shots.total_shots}; "
@@ -957,6 +947,9 @@ def state_derivatives(backend: Backend, circuit: DifferentiatedTape) -> list[np.
         if entry_columns is not None:
             fresh = _entry_derivatives(backend, state, step, entry_columns)
         for instruction in step.instructions:
+            if instruction.kind is Kind.POSTSELECT:
+                _renormalised_derivatives(backend, state, instruction, derivatives)
+                continue
             apply_instruction(backend, state, instruction)
             for d in derivatives:
                 if d is not None:
@@ -972,6 +965,26 @@ def state_derivatives(backend: Backend, circuit: DifferentiatedTape) -> list[np.
     # the columns of observable data: the state does not depend on them
     zero = np.zeros((register.batch_size, 2**register.num_qubits), dtype=np.complex128)
     return [zero if d is None else backend.to_host(d) for d in derivatives]
+
+
+def _renormalised_derivatives(
+    backend: Backend, state: StateBatch, instruction, derivatives: list
+) -> None:
+    r"""A postselection in forward mode: ``state`` :math:`\chi` becomes
+    :math:`\psi = \Pi\chi/\sqrt{p}` (``simulate.postselect``) and each derivative
+    :math:`d\chi` becomes :math:`d\psi = (\Pi\,d\chi - \psi\,
+    \mathrm{Re}\langle\psi|\Pi\,d\chi\rangle)/\sqrt{p}`, the derivative of the
+    renormalised state (``eager._back_through_postselection`` is its transpose)."""
+    probability = simulate.postselect(backend, state, instruction)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.where(probability > 0, 1.0 / np.sqrt(probability), np.nan)
+    for d in derivatives:
+        if d is None:
+            continue
+        backend.apply_matrix(d, instruction.data, instruction.targets)
+        backend.scale(d, scale)
+        overlaps = np.real(backend.braket(state, backend.copy(d)))  # Re <psi_b|d_b>
+        backend.add_scaled(d, state, -overlaps)
 
 
 def _entry_derivatives(
