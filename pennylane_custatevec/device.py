@@ -1416,14 +1416,15 @@ def _swept_eagerly(tape: QuantumScript) -> bool:
     sweep's fused blocks differentiate gates by their generators. So is a postselection
     (a Projector), which the eager sweep steps back through by simulating the state
     before it again (``eager._back_through_postselection``)."""
-    return any(_is_entrywise_type(type(op)) for op in tape.operations)
+    return any(_is_swept_eagerly_only(type(op)) for op in tape.operations)
 
 
 @functools.cache
-def _is_entrywise_type(kind: type) -> bool:
-    """A cached lookup by type, for every operation of every tape the deferred mode
-    differentiates (``isinstance`` on PennyLane's operator classes costs about ten times
-    more: measured for ``transforms._is_dynamic_type``)."""
+def _is_swept_eagerly_only(kind: type) -> bool:
+    """Whether the deferred sweep leaves an operation of type ``kind`` to the eager sweep
+    (``_swept_eagerly``): a cached lookup by type, for every operation of every tape the
+    deferred mode differentiates (``isinstance`` on PennyLane's operator classes costs
+    about ten times more: measured for ``transforms._is_dynamic_type``)."""
     return issubclass(kind, (EntrywiseUnitary, EntrywiseState, qml.Projector))
 
 

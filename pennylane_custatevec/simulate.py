@@ -269,10 +269,16 @@ def postselect(backend: Backend, state: StateBatch, instruction: Instruction) ->
     amplitudes where nothing is kept); returns the kept probability per vector."""
     backend.apply_matrix(state, instruction.data, instruction.targets)
     probability = backend.probabilities(state, ())[:, 0]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        scale = np.where(np.isclose(probability, 0.0), np.nan, 1.0 / np.sqrt(probability))
-    backend.scale(state, scale)
+    backend.scale(state, renormalising_factors(probability))
     return probability
+
+
+def renormalising_factors(probability: np.ndarray) -> np.ndarray:
+    """1 / sqrt(p) per vector, NaN where p is 0 (to ``np.isclose``): an impossible
+    postselection gives NaN results (as default.qubit), and NaN derivatives, which the
+    adjoint method scales by the same factors (``gradients``)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(np.isclose(probability, 0.0), np.nan, 1.0 / np.sqrt(probability))
 
 
 def final_state_per_shot(

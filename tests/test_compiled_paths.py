@@ -45,22 +45,14 @@ def _plain(device, **qnode_kwargs):
     return circuit
 
 
-def _with_mcm(device):
+def _with_mcm(device, measure=lambda: qml.measure(0)):
+    """A mid-circuit measurement (``measure``: a Z-basis one, or a Pauli product's) and a
+    gate conditioned on it."""
+
     @qml.qnode(device, interface="torch")
     def circuit(x):
         _body(x)
-        m = qml.measure(0)
-        qml.cond(m, qml.RX)(x[1], wires=1)
-        return qml.expval(qml.Z(1))
-
-    return circuit
-
-
-def _with_pauli_product_measurement(device):
-    @qml.qnode(device, interface="torch")
-    def circuit(x):
-        _body(x)
-        m = qml.pauli_measure("XY", [0, 1])
+        m = measure()
         qml.cond(m, qml.RX)(x[1], wires=1)
         return qml.expval(qml.Z(1))
 
@@ -85,7 +77,7 @@ FALLBACKS = {
     ),
     "mid-circuit measurements": (lambda: _with_mcm(_device()), "mid-circuit measurements"),
     "Pauli product measurements": (
-        lambda: _with_pauli_product_measurement(_device(wires=3)),
+        lambda: _with_mcm(_device(wires=3), lambda: qml.pauli_measure("XY", [0, 1])),
         "mid-circuit measurements",
     ),
     "Projector gate": (lambda: _with_projector_gate(_device()), "postselects"),

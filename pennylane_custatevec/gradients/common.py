@@ -975,9 +975,7 @@ def _renormalised_derivatives(
     :math:`d\chi` becomes :math:`d\psi = (\Pi\,d\chi - \psi\,
     \mathrm{Re}\langle\psi|\Pi\,d\chi\rangle)/\sqrt{p}`, the derivative of the
     renormalised state (``eager._back_through_postselection`` is its transpose)."""
-    probability = simulate.postselect(backend, state, instruction)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        scale = np.where(probability > 0, 1.0 / np.sqrt(probability), np.nan)
+    scale = simulate.renormalising_factors(simulate.postselect(backend, state, instruction))
     for d in derivatives:
         if d is None:
             continue

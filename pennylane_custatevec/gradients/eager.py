@@ -249,8 +249,7 @@ def _back_through_postselection(
     backend.apply_matrix(projected, instruction.data, instruction.targets)
     probability = backend.probabilities(projected, ())[:, 0]
     del projected
-    with np.errstate(divide="ignore", invalid="ignore"):
-        backend.scale(bras, np.where(probability > 0, 1.0 / np.sqrt(probability), np.nan))
+    backend.scale(bras, simulate.renormalising_factors(probability))
     return chi
 
 
