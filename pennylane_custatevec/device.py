@@ -51,7 +51,6 @@ from .templates import NATIVE_TEMPLATES, is_native_template
 from .transforms import (
     SecondDerivativesError,
     TracedDecompositionError,
-    TracedPulseDerivativeError,
     allocate_dynamic_wires,
     complex_parameters_for_state,
     decompose_late_state_preps,
@@ -70,6 +69,7 @@ from .transforms import (
     refuse_postselection_under_gradient_transforms,
     refuse_shot_noise_fallback,
     refuse_traced_pulse_times,
+    results_off_the_jit_root,
     rotate_sampled_measurements,
     sampled_apart,
     snapshots_as_circuits,
@@ -442,7 +442,7 @@ class CuStateVecDevice(Device):
             )
             self.preprocess_transforms(config)((circuit,))
             answer = True
-        except (SecondDerivativesError, TracedDecompositionError, TracedPulseDerivativeError):
+        except (SecondDerivativesError, TracedDecompositionError):
             raise  # every method but backpropagation would give zeros or fail: say so
         except (DeviceError, QuantumFunctionError, ValueError, WireError):
             # a circuit on wires the device lacks is refused when it runs, not here:
@@ -486,7 +486,8 @@ class CuStateVecDevice(Device):
                 updates["grad_on_execution"] = False
         method = updates.get("gradient_method", config.gradient_method)
         if circuit is not None and config.interface in _JAX_INTERFACES:
-            refuse_traced_pulse_times(circuit)  # here, where jax.jit traces, not in its callback
+            # here, where jax.jit traces, not in its callback
+            refuse_traced_pulse_times(circuit, adjoint=method == "adjoint")
         if circuit is not None and method not in (None, "adjoint"):
             # here, before PennyLane's torch and jax interfaces fail on such an angle
             name = getattr(method, "__name__", str(method))
@@ -530,6 +531,8 @@ class CuStateVecDevice(Device):
         mcm_method = config.mcm_config.mcm_method
         differentiating = config.gradient_method == "adjoint"
         pipeline = PipelineWithoutQueuing()  # operators built here are queued nowhere
+        if config.interface in _JAX_INTERFACES:  # first: its post-processing comes last
+            pipeline.add_transform(results_off_the_jit_root)
         if self._debugger is not None and self._debugger.active:  # under qml.snapshots
             pipeline.add_transform(
                 snapshots_as_circuits, self._debugger, deferred=mcm_method == "deferred"

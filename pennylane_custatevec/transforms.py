@@ -81,6 +81,54 @@ def _first_result(results):
 
 
 @transform
+def results_off_the_jit_root(tape: QuantumScript):
+    """Under ``jax.jit``, each result leaves through one operation that does nothing to its
+    value (``jax.lax.reduce_precision`` to its own precision, real and imaginary parts
+    apart), so that PennyLane's pure callback is never the root of the compiled program.
+
+    jaxlib 0.7.1 (the jax PennyLane 0.45 pins) aborts the Python process when XLA compiles
+    a program whose root is a callback and in which a matrix-vector product feeds that
+    callback: its CPU dot emitter reads the root's backend configuration as its own
+    protobuf, and the callback's is not ("Could not convert JSON string to proto ...
+    xla.cpu.BackendConfig"; measured: ``jax.jit(lambda x: jax.pure_callback(f, s, M @ x))``
+    aborts, ``jax.jit(lambda x: jnp.sin(jax.pure_callback(f, s, M @ x)))`` does not). A
+    decomposition that multiplies matrices under ``jax.jit`` meets it: ``SelectPauliRot``,
+    a trainable ``DiagonalQubitUnitary``, ``MottonenStatePreparation``,
+    ``MultiplexerStatePreparation``, a ``BlockEncode`` of traced data, and the user's own
+    ``qnode(M @ v)``. ``XLA_FLAGS`` have no option that avoids it; ``optimization_barrier``,
+    ``x + 0`` and ``x * 1`` are simplified away before code generation, ``reduce_precision``
+    is kept. The device adds this transform where its preprocessing runs on jax's tracers
+    (the adjoint method, and ``"best"``, which takes it); under a gradient transform or
+    ``diff_method=None`` the preprocessing runs inside the callback, on arrays, and this
+    returns the results as they are. Outside ``jax.jit`` it changes nothing either."""
+    return (tape,), _result_off_the_jit_root
+
+
+def _result_off_the_jit_root(results):
+    return _off_the_jit_root(results[0])
+
+
+def _off_the_jit_root(result):
+    if isinstance(result, (tuple, list)):
+        return type(result)(_off_the_jit_root(part) for part in result)
+    if isinstance(result, dict):
+        return {key: _off_the_jit_root(part) for key, part in result.items()}
+    if not math.is_abstract(result):
+        return result
+    import jax  # only jax's tracers come here
+
+    def kept_identity(part):
+        bits = jax.numpy.finfo(part.dtype)
+        return jax.lax.reduce_precision(part, bits.nexp, bits.nmant)
+
+    if jax.numpy.iscomplexobj(result):
+        return jax.lax.complex(kept_identity(result.real), kept_identity(result.imag))
+    if jax.numpy.issubdtype(result.dtype, jax.numpy.floating):
+        return kept_identity(result)
+    return result  # integers and booleans: sampled results, which no adjoint method makes
+
+
+@transform
 def decompose_late_state_preps(tape: QuantumScript):
     """Replace state preparations after the first operation by their decompositions.
 
@@ -106,11 +154,10 @@ def entrywise_trainable_operators(tape: QuantumScript):
     parameters, the real and imaginary parts of the matrix's entries or the state's
     amplitudes, the ML framework takes from the operator here (the preprocessing runs where
     it records), so that the derivative is exact everywhere (see ``entrywise``). A wider one
-    stays and is refused by name. A pulse differentiated under ``jax.jit`` is refused by
-    name (``TracedPulseDerivativeError``); a jit-traced pulse that is only evaluated stays
-    as it is and runs as its matrix inside the device's callback."""
+    stays and is refused by name. A pulse is taken so under ``jax.jit`` too: jax's ODE solver
+    for its matrix is compiled into the jitted program, beside PennyLane's callback (which
+    ``results_off_the_jit_root`` keeps from aborting jaxlib 0.7.1)."""
     operations = tape.operations
-    refuse_traced_pulse_derivatives(operations)
     leading = bool(operations) and _entrywise_state(operations[0])
     if not leading and not any(_entrywise(op) for op in operations):
         return (tape,), _first_result
@@ -120,41 +167,14 @@ def entrywise_trainable_operators(tape: QuantumScript):
     return (tape.copy(operations=converted),), _first_result
 
 
-class TracedPulseDerivativeError(DeviceError):
-    """A pulse differentiated under ``jax.jit``. The adjoint method takes a pulse by its
-    evolution's matrix, which jax computes with its ODE solver where the framework records:
-    under ``jax.jit`` that solver would be compiled into one program beside the device's
-    callback, and jaxlib 0.7.1 aborts the process there (measured: PennyLane's
-    ``pulse/test_pwc_functions.py::test_qnode_pwc_jit``). Parameter-shift has no rule for
-    a pulse, so ``"best"`` says so too, rather than PennyLane's reshape error."""
-
-
-def refuse_traced_pulse_derivatives(operations: Sequence[Operator]) -> None:
-    """Raise ``TracedPulseDerivativeError`` where a pulse's parameters are jit-traced and
-    differentiated (a jax differentiation tracer over a jit tracer: ``jax.jit(jax.grad(f))``).
-    A forward ``jax.jit(qnode)`` traces them too, but takes no derivative: it passes."""
-    for op in operations:
-        if isinstance(op, qml.pulse.ParametrizedEvolution) and any(
-            math.is_abstract(d) and _differentiation_depth(d) > 0 for d in op.data
-        ):
-            raise TracedPulseDerivativeError(
-                "custatevec.qubit cannot differentiate a pulse (ParametrizedEvolution on "
-                f"wires {op.wires.tolist()}) under jax.jit: it takes a pulse by its "
-                "evolution's matrix, which jax computes with its ODE solver, and jaxlib "
-                "0.7.1 can abort the process when that solver is compiled beside the "
-                "device's callback. Differentiate it without jax.jit (jax.grad(qnode)), or "
-                "use default.qubit with diff_method='backprop' for a compiled gradient."
-            )
-
-
 def _entrywise(op: Operator) -> bool:
     if not isinstance(op, ENTRYWISE_SOURCES) or len(op.wires) > MAX_ENTRYWISE_QUBITS:
         return False
-    if isinstance(op, qml.pulse.ParametrizedEvolution):  # its data: the pulse's parameters
-        # concrete values only: under jax.jit its matrix would be traced (see above)
-        return any(math.requires_grad(d) for d in op.data) and not any(
-            math.is_abstract(d) for d in op.data
-        )
+    if isinstance(op, qml.pulse.ParametrizedEvolution):
+        # its parameters or its times traced or trainable: its matrix is computed here, where
+        # jax traces and differentiates (a pulse without parameters has a trainable time)
+        values = op.data if op.t is None else (*op.data, op.t)
+        return any(math.requires_grad(v) or math.is_abstract(v) for v in values)
     return math.requires_grad(op.data[0])
 
 
@@ -883,26 +903,32 @@ class TracedPulseTimesError(DeviceError):
     argument of the jitted function)."""
 
 
-def refuse_traced_pulse_times(tape: QuantumScript) -> None:
-    """Refuse a pulse whose evolution times are traced by ``jax.jit``. The device evaluates
-    a pulse as its matrix inside PennyLane's jit callback, which hands it concrete
-    parameters but leaves the times (a hyperparameter) traced: jax raised
-    ``UnexpectedTracerError`` from inside the callback (PennyLane's ``test_rydberg.py``
-    ``test_pennylane_and_exact_solution_correspond``, routed to this device). Called
-    where the trace sees the QNode's tape (``setup_execution_config``): from the
-    preprocessing, which runs inside the callback for gradient transforms, the error would
-    reach the user wrapped in jax's ``XlaRuntimeError``. One name comparison per
-    operation."""
+def refuse_traced_pulse_times(tape: QuantumScript, adjoint: bool) -> None:
+    """Refuse a pulse whose evolution times are traced by ``jax.jit`` where the pulse would
+    reach PennyLane's jit callback: that callback hands the device concrete parameters but
+    leaves the times (a hyperparameter) traced, and jax raised ``UnexpectedTracerError``
+    from inside it (PennyLane's ``test_rydberg.py`` ``test_pennylane_and_exact_solution_
+    correspond``, routed to this device). With the adjoint method (``adjoint``) a pulse with
+    parameters is taken by its matrix's entries where jax traces
+    (``entrywise_trainable_operators``; under ``jax.jit`` every parameter is trainable),
+    traced times included, and never reaches the callback. Called where the trace sees the
+    QNode's tape (``setup_execution_config``): from the preprocessing, which runs inside
+    the callback for gradient transforms, the error would reach the user wrapped in jax's
+    ``XlaRuntimeError``. One name comparison per operation."""
     for op in tape.operations:
-        if op.name == "ParametrizedEvolution" and math.is_abstract(op.t):
-            raise TracedPulseTimesError(
-                f"custatevec.qubit cannot evolve the pulse on wires {op.wires.tolist()} "
-                "under jax.jit with traced times: it computes a pulse's matrix inside "
-                "PennyLane's jit callback, which receives the pulse's parameters but not its "
-                "times. Pass the times as constants of the jitted function (close over "
-                "them), call the QNode without jax.jit, or use default.qubit, which traces "
-                "the evolution."
-            )
+        if op.name != "ParametrizedEvolution" or not math.is_abstract(op.t):
+            continue
+        if adjoint and _entrywise(op):
+            continue
+        raise TracedPulseTimesError(
+            f"custatevec.qubit cannot evolve the pulse on wires {op.wires.tolist()} "
+            "under jax.jit with traced times here: it computes this pulse's matrix inside "
+            "PennyLane's jit callback, which receives the pulse's parameters but not its "
+            "times (with diff_method='adjoint' or 'best' a pulse with parameters on at most "
+            f"{MAX_ENTRYWISE_QUBITS} wires is computed where jax traces). Pass the times as "
+            "constants of the jitted function (close over them), call the QNode without "
+            "jax.jit, or use default.qubit, which traces the evolution."
+        )
 
 
 @transform

@@ -446,30 +446,56 @@ def test_pulse_by_its_evolution(mode, diff_method, return_intermediate):
 
 
 @pytest.mark.parametrize("diff_method", ["adjoint", "best"])
-def test_pulse_derivatives_under_jit_are_refused_by_name(diff_method):
-    """Under jax.jit the pulse's matrix (jax's ODE solver) would be compiled beside the
-    device's callback, where jaxlib 0.7.1 can abort the process: a derivative there is
-    refused by name ("best" gave PennyLane's reshape TypeError). A forward jax.jit with
-    "best" runs, equal to default.qubit; with "adjoint" it is refused naming jax.jit."""
+def test_pulse_derivatives_under_jit(diff_method):
+    """Under jax.jit the pulse's matrix (jax's ODE solver) is compiled into the jitted
+    program beside the device's callback, which ``results_off_the_jit_root`` keeps from
+    aborting jaxlib 0.7.1: values and ``jax.jit(jax.grad)`` and ``jax.grad(jax.jit)``
+    equal default.qubit's backpropagation to the solvers' tolerance. Before, the
+    derivative was refused by name (and a forward jax.jit with "adjoint" too)."""
     body, params = _pulse_body(), _pulse_parameters()
-    dev = qml.device("custatevec.qubit", wires=2)
-    qnode = qml.QNode(body, dev, diff_method=diff_method)
-    with pytest.raises(DeviceError, match=r"cannot differentiate a pulse .* under jax\.jit"):
-        jax.jit(jax.grad(qnode))(params)
-    if diff_method == "best":
-        want = qml.QNode(body, qml.device("default.qubit", wires=2))(params)
-        np.testing.assert_allclose(jax.jit(qnode)(params), want, atol=1e-10, rtol=0)
-    else:
-        with pytest.raises(DeviceError, match="traced by jax.jit"):
-            jax.jit(qnode)(params)
+    ref = qml.QNode(body, qml.device("default.qubit", wires=2), diff_method="backprop")
+    qnode = qml.QNode(body, qml.device("custatevec.qubit", wires=2), diff_method=diff_method)
+    np.testing.assert_allclose(jax.jit(qnode)(params), ref(params), atol=1e-8, rtol=0)
+    want = jax.grad(ref)(params)
+    assert np.abs(np.asarray(want[0])).max() > 0.1
+    for got in (jax.jit(jax.grad(qnode))(params), jax.grad(jax.jit(qnode))(params)):
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, atol=1e-8, rtol=0)
+
+
+@pytest.mark.parametrize("diff_method", ["best", "adjoint"])
+def test_a_pulse_without_parameters_by_its_times(diff_method):
+    """A pulse without parameters (``qml.evolve(H)([], t)``, PennyLane's test_rydberg.py)
+    whose times are traced or differentiated is taken by its matrix's entries too: values
+    and derivatives by the time, with and without jax.jit, equal default.qubit's
+    backpropagation (before, its traced times were refused by name)."""
+    hamiltonian = qml.pulse.rydberg_interaction([[0, 0], [0, 5], [5, 0]]) + (
+        qml.pulse.rydberg_drive(3, 2, 4, [0, 1, 2])
+    )
+
+    def body(t):
+        qml.evolve(hamiltonian, atol=1e-12, rtol=1e-12)([], t)
+        return qml.expval(qml.Z(0) + 0.5 * qml.Y(1))
+
+    ref = qml.QNode(body, qml.device("default.qubit", wires=3), diff_method="backprop")
+    dev = qml.device("custatevec.qubit", wires=3)
+    qnode = qml.QNode(body, dev, interface="jax", diff_method=diff_method)
+    np.testing.assert_allclose(jax.jit(qnode)(0.7), ref(0.7), atol=1e-9, rtol=0)
+    want = jax.grad(ref)(0.7)
+    assert abs(want) > 1.0
+    for got in (jax.grad(qnode)(0.7), jax.jit(jax.grad(qnode))(0.7)):
+        np.testing.assert_allclose(got, want, atol=1e-8, rtol=0)
 
 
 @pytest.mark.parametrize("diff_method", ["best", "adjoint", "parameter-shift", None])
-def test_a_pulse_with_jit_traced_times_is_refused_by_name(diff_method):
-    """The device evaluates a pulse as its matrix inside PennyLane's jit callback, which
-    receives the pulse's parameters but leaves its times traced: jax's
-    UnexpectedTracerError came from inside the callback (PennyLane's test_rydberg.py).
-    Refused by name where jax.jit traces; with times closed over it runs."""
+def test_a_pulse_with_jit_traced_times(diff_method):
+    """With the adjoint method (and "best") a pulse is computed where jax traces, its
+    jit-traced times too: values and derivatives by parameters and times equal
+    default.qubit's backpropagation. Where it would reach PennyLane's jit callback
+    (gradient transforms, diff_method=None), which receives the pulse's parameters but
+    leaves its times traced (jax's UnexpectedTracerError came from inside the callback:
+    PennyLane's test_rydberg.py), it is refused by name where jax.jit traces; with times
+    closed over it runs."""
     hamiltonian = qml.pulse.pwc((0, 2)) * qml.X(0) + 0.4 * qml.Z(0) @ qml.Z(1)
     dev = qml.device("custatevec.qubit", wires=2)
 
@@ -479,12 +505,16 @@ def test_a_pulse_with_jit_traced_times_is_refused_by_name(diff_method):
 
     params = [jnp.linspace(0.2, 1.0, 4)]
     qnode = qml.QNode(body, dev, diff_method=diff_method)
+    ref = qml.QNode(body, qml.device("default.qubit", wires=2), diff_method="backprop")
+    if diff_method in ("best", "adjoint"):
+        np.testing.assert_allclose(jax.jit(qnode)(params, 1.5), ref(params, 1.5), atol=1e-9)
+        got = jax.jit(jax.grad(qnode, argnums=(0, 1)))(params, 1.5)
+        want = jax.grad(ref, argnums=(0, 1))(params, 1.5)
+        np.testing.assert_allclose(got[0][0], want[0][0], atol=1e-8, rtol=0)
+        np.testing.assert_allclose(got[1], want[1], atol=1e-8, rtol=0)
+        assert abs(want[1]) > 0.01
+        return
     with pytest.raises(DeviceError, match="under jax.jit with traced times"):
         jax.jit(qnode)(params, 1.5)
     closed_over = jax.jit(lambda p: qnode(p, 1.5))
-    if diff_method == "adjoint":  # a jit-traced pulse parameter counts as trainable
-        with pytest.raises(DeviceError, match="traced by jax.jit"):
-            closed_over(params)
-        return
-    ref = qml.QNode(body, qml.device("default.qubit", wires=2))
     np.testing.assert_allclose(closed_over(params), ref(params, 1.5), atol=1e-9)

@@ -229,14 +229,6 @@ def _operation_reason(op: Operator, trainable: bool) -> str | None:
                 "(by its entries: 2 * 4**k real parameters); use diff_method='backprop' on "
                 "default.qubit for a wider one" + _traced_hint(op)
             )
-        if any(qml.math.is_abstract(value) for value in op.data):  # a pulse under jax.jit
-            return (
-                f"{op.name} has trainable parameters traced by jax.jit; the adjoint method "
-                "takes a pulse by its evolution's matrix only outside jax.jit (its ODE "
-                "solver beside the device's callback can abort jaxlib 0.7.1); "
-                "diff_method='best' evaluates it under jax.jit, and jax.grad without "
-                "jax.jit differentiates it" + _traced_hint(op)
-            )
         return (
             f"{op.name} has a trainable matrix, which the adjoint method takes by its "
             "entries after the device's preprocessing (device.preprocess_transforms(), "
