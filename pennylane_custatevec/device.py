@@ -58,11 +58,13 @@ from .transforms import (
     decompose_traced,
     entrywise_trainable_operators,
     expand_broadcasts,
+    exponential_of_an_angle,
     gather_rotations,
     measure_in_computational_bases,
     one_shot_where_sampled,
     real_parameters_for_real_results,
     refuse_autograd_hessians_of_alike_measurements,
+    refuse_complex_parameters_under_gradient_transforms,
     refuse_differentiated_measurement_bases,
     refuse_differentiated_shares,
     refuse_higher_derivatives,
@@ -544,6 +546,11 @@ class CuStateVecDevice(Device):
             pipeline.add_transform(
                 refuse_postselection_under_gradient_transforms, name, torch_records=torch_records
             )
+            pipeline.add_transform(
+                refuse_complex_parameters_under_gradient_transforms,
+                name,
+                torch_records=torch_records,
+            )
             pipeline.add_transform(refuse_differentiated_measurement_bases, name)
         if method is not None and config.interface in _TRACING_INTERFACES:
             # a gradient transform's pipeline runs inside the interface: jax's hides levels
@@ -677,6 +684,8 @@ class CuStateVecDevice(Device):
             or not any(math.requires_grad(d) for d in op.data)
         ):
             return True
+        if exponential_of_an_angle(op):  # by its angle, not its complex coefficient
+            return False
         try:
             if op.num_params == 1 and op.has_generator:
                 return True

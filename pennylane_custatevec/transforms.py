@@ -635,6 +635,49 @@ _VALUE_DIFFERENCING_TRANSFORMS = ("finite_diff", "spsa_grad")
 
 
 @transform
+def refuse_complex_parameters_under_gradient_transforms(
+    tape: QuantumScript, method: str, torch_records: bool = True
+):
+    """Refuse, naming the gate, a trainable coefficient of an exponential (``qml.exp``,
+    ``Exp``) whose value has a nonzero imaginary part where ``method``, a PennyLane
+    gradient transform, would differentiate it.
+
+    The transforms shift and difference a parameter along the real axis only, and the
+    framework's chain rule through a complex parameter ``c(t)`` needs its imaginary
+    direction too: for ``qml.exp(G, -0.5j * t)`` (and ``qml.exp`` of a Pauli word)
+    parameter-shift and finite differences return a derivative of exactly 0 where it is
+    -0.91 (default.qubit returns those zeros too). A complex value with a zero imaginary
+    part (``c(t)`` real, its derivative real) passes. Other operations' complex parameters
+    pass: the transforms' expansions take a trainable matrix by rotation angles, and an
+    untrainable one is a jax array that jax's interface marks trainable all the same.
+    Only parameters whose derivative may be taken count (``_may_be_differentiated``); a
+    jit-traced value, which cannot be checked, passes. The adjoint method takes an
+    exponential by its real angle (``exponential_of_an_angle``)."""
+    parameters = tape.get_parameters(trainable_only=False)
+    for index in tape.trainable_params:
+        operation, value = tape.par_info[index]["op"], parameters[index]
+        if not isinstance(operation, qml.ops.Exp) or math.is_abstract(value):
+            continue
+        if not math.get_dtype_name(value).startswith("complex"):
+            continue
+        if not _may_be_differentiated(value, torch_records):
+            continue
+        if not math.any(math.imag(value) != 0):
+            continue
+        raise DeviceError(
+            f"custatevec.qubit cannot take derivatives with diff_method={method!r} of the "
+            f"complex-valued parameter {index} of {operation.name} on wires "
+            f"{operation.wires.tolist()} (value {complex(math.toarray(value).flat[0])!r}): "
+            "PennyLane's gradient transforms shift and difference parameters along the "
+            "real axis only and would return a wrong derivative (0 for qml.exp(G, -1j * t), "
+            "as default.qubit does). Use diff_method='adjoint' (or 'best'), which takes an "
+            "exponential of a Hermitian G by its real angle, or write it as "
+            "qml.evolve(G, t), whose parameter t is real."
+        )
+    return (tape,), _first_result
+
+
+@transform
 def refuse_postselection_under_gradient_transforms(
     tape: QuantumScript, method: str, torch_records: bool = True
 ):
@@ -870,13 +913,72 @@ def _is_concretization_error(error: Exception) -> bool:
     )
 
 
+def decomposition_of(op: Operator) -> list[Operator]:
+    """``op.decomposition()``, except for an exponential of an angle
+    (``exponential_of_an_angle``: ``qml.exp(G, c)`` of a Hermitian ``G``, scalar products
+    folded into ``c``, with ``c`` imaginary: ``exp(c G) = exp(-i x G)`` with
+    ``x = real(1j c)``), which becomes the gate of that real angle: ``PauliRot(2 x)`` for a
+    Pauli word, PennyLane's ``Evolution(G, x)`` for any other ``G``; and for an
+    ``Evolution`` of a Pauli word (``TrotterProduct``'s terms), its ``PauliRot``. PennyLane's own
+    decomposition fails for three of them: a torch coefficient (it takes autoray's
+    ``real_if_close``, which has no torch function: an ``ImportError`` on every method,
+    ``diff_method=None`` too, for ``TrotterProduct`` and ``QDrift`` with a torch time;
+    default.qubit applies the ``Exp`` by its matrix), a broadcast coefficient (``bool`` of
+    an array), and a base that is not a Pauli word (none; under ``jax.jit`` it compares the
+    traced coefficient with generators'). The framework records ``x(c)``, so it
+    differentiates through the complex coefficient."""
+    angle_form = _angle_form(op)
+    if angle_form is None:
+        return op.decomposition()
+    base, coefficient = angle_form
+    with QueuingManager.stop_recording():
+        angle = math.real(1j * coefficient)
+        if qml.pauli.is_pauli_word(base):
+            word = qml.pauli.pauli_word_to_string(base)
+            return [qml.PauliRot(2 * angle, word, wires=base.wires)]
+        if type(op) is qml.ops.Exp:
+            return [qml.ops.Evolution(base, angle)]
+    return op.decomposition()  # an Evolution (of a real angle already) of another base
+
+
+def exponential_of_an_angle(op: Operator) -> bool:
+    """Whether ``op`` is a ``qml.exp`` (an ``Exp``, not PennyLane's ``Evolution``) of a
+    Hermitian base without parameters of its own (but for scalar products, folded into the
+    coefficient) whose coefficient ``c`` is imaginary (its real part exactly 0, or traced
+    by ``jax.jit``, where PennyLane assumes so too): ``exp(c G)`` is then the evolution
+    ``exp(-i x G)`` by the real angle ``x = real(1j c)``.
+
+    Its parameter is the complex ``c``, not an angle: the adjoint method differentiating it
+    by its generator as an angle gave 0 (torch: the chain rule through ``c = -1j t / 2``
+    takes the real part of a real derivative times ``-1j / 2``), so the device rewrites it
+    by its angle first, where the framework records."""
+    return type(op) is qml.ops.Exp and _angle_form(op) is not None
+
+
+def _angle_form(op: Operator) -> tuple[Operator, object] | None:
+    """``(G, c)`` with ``op = exp(c G)`` as ``exponential_of_an_angle`` describes (an
+    ``Evolution`` too, whose ``c`` is ``-1j`` times its real angle), or None."""
+    if not isinstance(op, qml.ops.Exp):
+        return None
+    with QueuingManager.stop_recording():
+        base, coefficient = op.base.simplify(), op.coeff
+    while isinstance(base, SProd):
+        base, coefficient = base.base, base.scalar * coefficient
+    if base.num_params != 0 or not base.is_verified_hermitian:
+        return None
+    if math.is_abstract(coefficient) or bool(math.allequal(math.real(coefficient), 0)):
+        return base, coefficient
+    return None
+
+
 @transform
 def decompose_traced(tape: QuantumScript, **options):
     """PennyLane's ``decompose`` (with the device's ``options``), refusing by name a
     decomposition that fails on jax.jit-traced parameters (``TracedDecompositionError``)
-    instead of jax's ``TracerBoolConversionError`` from inside it."""
+    instead of jax's ``TracerBoolConversionError`` from inside it. Each operator decomposes
+    by ``decomposition_of``."""
     try:
-        return decompose(tape, **options)
+        return decompose(tape, decomposer=decomposition_of, **options)
     except TypeError as error:
         if not _is_concretization_error(error):
             raise
@@ -1326,8 +1428,8 @@ def real_parameters_for_real_results(tape: QuantumScript):
             continue
         # the operation of parameter ``index`` of all (get_operation counts trainable ones)
         operation = tape.par_info[index]["op"]
-        if isinstance(operation, NOT_ANGLE_PARAMETERS):
-            continue
+        if isinstance(operation, NOT_ANGLE_PARAMETERS) or exponential_of_an_angle(operation):
+            continue  # an exponential's coefficient becomes a real angle where it decomposes
         if math.is_abstract(value):
             if type(value).__name__ in _JAX_DIFFERENTIATING_TRACERS:
                 raise DeviceError(
