@@ -178,3 +178,18 @@ def test_trotter_product_with_a_torch_time_evaluates(diff_method):
     with torch.no_grad():
         value = qnode(torch.tensor(0.5, dtype=torch.float64))
     np.testing.assert_allclose(float(value), want_value, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["trotter", "sum", "pauli_word"])
+def test_the_compiled_path_takes_exponentials_by_their_angles(kind):
+    """``pennylane_custatevec.compile`` of such a QNode: the same values and derivatives."""
+    import pennylane_custatevec
+
+    want_value, want_grad = _reference(kind)
+    dev = qml.device("custatevec.qubit", wires=2)
+    qnode = qml.QNode(_exp_body(kind), dev, interface="torch", diff_method="adjoint")
+    compiled = pennylane_custatevec.compile(qnode)
+    for _ in range(2):  # the recorded structure is replayed on the second call
+        value, grad = _in_interface("torch", compiled)
+        np.testing.assert_allclose(value, want_value, atol=ATOL, rtol=0)
+        np.testing.assert_allclose(grad, want_grad, atol=ATOL, rtol=0)
