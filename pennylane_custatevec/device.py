@@ -34,7 +34,7 @@ from .backends import BACKEND_CHOICES, distributed, select_backend
 from .entrywise import EntrywiseState, EntrywiseUnitary
 from .execution import PreparedTape, run_tapes
 from .gradients import deferred, eager, jvp
-from .gradients.common import require_adjoint_serves
+from .gradients.common import has_a_generator, require_adjoint_serves
 from .kept import KeptState
 from .measure import SHADOW_MEASUREMENTS, measurable
 from .program import compiles_by_gate, is_broadcast, tape_batch_size
@@ -687,7 +687,7 @@ class CuStateVecDevice(Device):
         if exponential_of_an_angle(op):  # by its angle, not its complex coefficient
             return False
         try:
-            if op.num_params == 1 and op.has_generator:
+            if op.num_params == 1 and has_a_generator(op):
                 return True
         except ValueError:  # a broadcast qml.exp (see _has_decomposition): split later
             return True

@@ -27,8 +27,6 @@ import pytest
 from pennylane import numpy as pnp
 from pennylane.exceptions import DeviceError
 
-from pennylane_custatevec.transforms import TracedDecompositionError
-
 torch = pytest.importorskip("torch")
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
@@ -53,6 +51,8 @@ def _exp_body(kind: str):
             qml.TrotterProduct(HAMILTONIAN, t, n=2, order=2)
         elif kind == "qdrift":
             qml.QDrift(HAMILTONIAN, t, n=3, seed=11)
+        elif kind == "evolve":  # PennyLane's Evolution: a real angle already
+            qml.evolve(BASES["sum"], 0.5 * t)
         else:
             qml.exp(BASES[kind], -0.5j * t)
         return qml.expval(OBSERVABLE)
@@ -81,7 +81,7 @@ def _in_interface(interface: str, qnode, t: float = 0.5):
     return float(qnode(jnp.array(t))), float(jax.grad(qnode)(jnp.array(t)))
 
 
-KINDS = ["trotter", "qdrift", "pauli_word", "sum"]
+KINDS = ["trotter", "qdrift", "pauli_word", "sum", "evolve"]
 INTERFACES = ["torch", "autograd", "jax"]
 
 
@@ -101,10 +101,12 @@ def test_exponentials_by_their_angles(kind, interface, diff_method):
     np.testing.assert_allclose(grad, want_grad, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("kind", ["trotter", "pauli_word"])
-def test_pauli_word_exponentials_under_jit(kind):
-    """Under jax.jit the Pauli-word exponentials' angles are traced: values and
-    derivatives as default.qubit's."""
+@pytest.mark.parametrize("kind", KINDS)
+def test_exponentials_under_jit(kind):
+    """Under jax.jit the exponentials' angles are traced: values and derivatives as
+    default.qubit's. Before, the sum's exponential and ``qml.evolve`` of the sum raised
+    jax's TracerBoolConversionError (PennyLane's ``Evolution.has_generator`` asks ``bool``
+    of the traced angle: ``gradients.common.has_a_generator``)."""
     want_value, want_grad = _reference(kind)
     dev = qml.device("custatevec.qubit", wires=2)
     for diff_method in ("best", "adjoint"):
@@ -123,15 +125,6 @@ def test_an_exponential_of_a_base_with_parameters_is_refused_by_the_adjoint_meth
     qnode = qml.QNode(_exp_body("hermitian"), dev, diff_method="adjoint")
     with pytest.raises(DeviceError, match="Exp has trainable parameters"):
         _in_interface(interface, qnode)
-
-
-def test_other_exponentials_under_jit_are_refused_by_name():
-    """PennyLane's decomposition compares a traced coefficient with its generators'; the
-    device says so by name (it does not guess the derivative)."""
-    dev = qml.device("custatevec.qubit", wires=2)
-    qnode = qml.QNode(_exp_body("sum"), dev, diff_method="adjoint")
-    with pytest.raises(TracedDecompositionError, match="Exp"):
-        jax.jit(jax.grad(qnode))(jnp.array(0.5))
 
 
 @pytest.mark.parametrize("diff_method", ["parameter-shift", "finite-diff"])

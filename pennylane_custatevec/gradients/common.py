@@ -193,6 +193,18 @@ def _not_hermitian(mp: MeasurementProcess) -> bool:
     )
 
 
+def has_a_generator(op: Operator) -> bool:
+    """``op.has_generator``, without asking ``bool`` of a ``jax.jit``-traced angle:
+    PennyLane's ``Evolution`` (``qml.evolve(G, x)``) answers ``not real(coeff)``, a
+    ``TracerBoolConversionError`` under ``jax.jit``. Its angle is real by its contract
+    (``Evolution``'s ``param`` "is expected not to have any complex component"), so it has
+    one where its base is Hermitian, as PennyLane's ``Exp`` answers for a traced
+    coefficient."""
+    if isinstance(op, qml.ops.Evolution) and qml.math.is_abstract(op.param):
+        return op.base.is_verified_hermitian
+    return op.has_generator
+
+
 def _operation_reason(op: Operator, trainable: bool) -> str | None:
     if isinstance(op, (MidMeasure, Conditional)):
         return (
@@ -234,7 +246,7 @@ def _operation_reason(op: Operator, trainable: bool) -> str | None:
             "entries after the device's preprocessing (device.preprocess_transforms(), "
             "which qml.execute and QNodes run); this tape did not go through it"
         )
-    if op.num_params != 1 or not op.has_generator:
+    if op.num_params != 1 or not has_a_generator(op):
         return (
             f"{op.name} has trainable parameters but no generator; the adjoint method "
             "differentiates gates with one parameter and a generator (rotations, phase "
