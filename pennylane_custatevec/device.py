@@ -31,7 +31,7 @@ from pennylane.transforms import defer_measurements, dynamic_one_shot
 
 from . import direct, settings, simulate
 from .backends import BACKEND_CHOICES, distributed, select_backend
-from .entrywise import EntrywiseState, EntrywiseUnitary
+from .entrywise import EntrywiseState, EntrywiseUnitary, jit_whole_matrix_reason
 from .execution import PreparedTape, run_tapes
 from .gradients import deferred, eager, jvp
 from .gradients.common import has_a_generator, require_adjoint_serves
@@ -1372,6 +1372,8 @@ def _require_adjoint_serves(
     ``trainable_params``, and whether it is broadcast from the compilation the forward
     pass kept (``kept[i]``), if any."""
     if config is not None and config.device_options.get(ADJOINT_VALIDATED_IN_PREPROCESSING):
+        if config.interface is Interface.JAX_JIT:
+            _refuse_matrices_left_whole(tapes)
         return
     batched = in_force.grad_accumulation == "deferred"
     for tape, entry in zip(tapes, kept, strict=True):
@@ -1381,6 +1383,20 @@ def _require_adjoint_serves(
         elif entry is not None:
             broadcast = entry.compilation.register.broadcast
         require_adjoint_serves(tape, broadcast=broadcast, batched=batched)
+
+
+def _refuse_matrices_left_whole(tapes: Sequence[QuantumScript]) -> None:
+    """Under ``jax.jit``, the validated tapes may hold a trainable unitary matrix that the
+    preprocessing left whole (``entrywise.left_whole_under_jit``: traced by jit alone, too
+    wide to pass entry by entry): its derivative, asked for now, is refused by name."""
+    for tape in tapes:
+        for index in tape.trainable_params:
+            op = tape.par_info[index]["op"]
+            if isinstance(op, (qml.QubitUnitary, qml.ControlledQubitUnitary)):
+                raise DeviceError(
+                    "custatevec.qubit cannot differentiate this circuit by adjoint: "
+                    f"{jit_whole_matrix_reason(op)}."
+                )
 
 
 def _adjoint_jacobians(

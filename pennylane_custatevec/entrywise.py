@@ -12,7 +12,7 @@ stationary).
 
 The device's adjoint method takes such a gate by its entries instead: the device's
 preprocessing, which runs inside the ML framework, replaces a trainable ``QubitUnitary``
-(or ``ControlledQubitUnitary``, by its whole controlled matrix, or ``BlockEncode``) by an
+(or ``ControlledQubitUnitary``, by its base's entries, or ``BlockEncode``) by an
 ``EntrywiseUnitary`` whose parameters are the real and imaginary parts of the matrix's
 entries, real scalars taken from the matrix by the framework (``entrywise_unitary``).
 The framework differentiates that linear map exactly (and applies its own convention for
@@ -32,7 +32,8 @@ state). With lambda_0 the bra carried back to the start and i_k where amplitude 
 
     d/d Re v_k = Re lambda_0[i_k],    d/d Im v_k = Im lambda_0[i_k].
 
-The MAX_ constants below bound what PennyLane carries (2 real parameters per entry).
+The MAX_ constants below bound what PennyLane carries (2 real parameters per entry) and
+the width of the dense block the sweep applies.
 """
 
 from __future__ import annotations
@@ -62,9 +63,67 @@ MAX_ENTRYWISE_STATE_QUBITS = 12
 parameters, as many as a unitary on ``MAX_ENTRYWISE_QUBITS`` wires)."""
 
 MAX_ENTRYWISE_QUBITS = 6
-"""The widest matrix (controls included) taken entry by entry: 2 * 4**6 = 8192 real
-parameters for PennyLane to carry, and a 64 x 64 reduction per bra. A wider trainable
-unitary is refused by name (its parameter count grows as 4**k)."""
+"""The widest matrix taken entry by entry (a controlled unitary's target wires): 2 * 4**6 =
+8192 real parameters for PennyLane to carry. A wider trainable unitary is refused by name
+(its parameter count grows as 4**k)."""
+
+MAX_ENTRYWISE_CONTROLLED_QUBITS = 8
+"""The most wires (controls and targets) of a trainable controlled unitary taken by its
+base's entries: the sweep applies and reduces its whole matrix as one dense block on those
+wires (a 256 x 256 reduction per bra at 8), so its controls count there, not among the
+parameters."""
+
+
+MAX_JIT_ENTRYWISE_QUBITS = 4
+"""The widest matrix (target wires) taken entry by entry when ``jax.jit`` traces it and no
+derivative is being taken yet (a forward ``jax.jit``, or ``jax.grad(jax.jit(f))``, whose
+derivative reaches the device later): every part is an operand of PennyLane's callback,
+and XLA compiles a callback's operands in superlinear time. Measured here (2 cores,
+jaxlib 0.7.1): the first call of a jitted QNode with a traced controlled unitary took 0.6 s
+at 3 target wires, 2.4 s at 4 and 11 s at 5; a bare ``pure_callback`` compiled in 9 s with
+2048 scalar operands and in 79 s with 8192. A wider one is left whole
+(``left_whole_under_jit``): it runs, and a derivative of it is refused by name."""
+
+
+def left_whole_under_jit(op: Operator) -> bool:
+    """Whether ``op``, a unitary given by its matrix, is traced by ``jax.jit`` alone (no
+    derivative being taken of it: ``jax.jit``'s tracer, not one of differentiation) and
+    wider than ``MAX_JIT_ENTRYWISE_QUBITS``: the device's preprocessing leaves it whole,
+    and its derivative is refused where it is asked for (``jit_whole_matrix_reason``)."""
+    return (
+        isinstance(op, (qml.QubitUnitary, qml.ControlledQubitUnitary))
+        and type(op.data[0]).__name__ == "DynamicJaxprTracer"
+        and _target_width(op) > MAX_JIT_ENTRYWISE_QUBITS
+    )
+
+
+def jit_whole_matrix_reason(op: Operator) -> str:
+    """Why the adjoint method does not differentiate a unitary that
+    ``left_whole_under_jit`` left whole (a phrase)."""
+    return (
+        f"the matrix of {op.name} on wires {op.wires.tolist()} was traced by jax.jit with no "
+        "derivative being taken when the device's preprocessing ran (a forward jax.jit, or "
+        "jax.grad(jax.jit(f))); a matrix on more than "
+        f"{MAX_JIT_ENTRYWISE_QUBITS} target wires is then left whole, because its "
+        f"2 * 4**k entries as operands of PennyLane's callback take XLA minutes to compile. "
+        "Take the derivative inside the jitted function (jax.jit(jax.grad(f))), which takes "
+        f"it by its entries (up to {MAX_ENTRYWISE_QUBITS} target wires), or call the QNode "
+        "without jax.jit"
+    )
+
+
+def _target_width(op: Operator) -> int:
+    if isinstance(op, qml.ControlledQubitUnitary):
+        return len(op.target_wires)
+    return len(op.wires)
+
+
+def too_wide(op: Operator) -> bool:
+    """Whether a trainable ``op`` of ``ENTRYWISE_SOURCES`` is wider than the adjoint method
+    takes by its entries (the MAX_ constants)."""
+    return _target_width(op) > MAX_ENTRYWISE_QUBITS or (
+        len(op.wires) > MAX_ENTRYWISE_CONTROLLED_QUBITS
+    )
 
 
 class _ByEntries:
@@ -75,14 +134,17 @@ class _ByEntries:
     grad_method = None
     entries_per_wire = 1
 
-    def __init__(self, parts: tuple, wires, source: str, id):
-        entries = self.entries_per_wire ** len(qml.wires.Wires(wires))
+    def __init__(self, parts: tuple, wires, source: str, id, control_values: tuple = ()):
+        entries = self.entries_per_wire ** (len(qml.wires.Wires(wires)) - len(control_values))
         if len(parts) != 2 * entries:
             raise ValueError(
-                f"{type(self).__name__} on {len(qml.wires.Wires(wires))} wires takes "
-                f"{2 * entries} real parts, not {len(parts)}."
+                f"{type(self).__name__} on {len(qml.wires.Wires(wires))} wires "
+                f"({len(control_values)} of them controls) takes {2 * entries} real parts, "
+                f"not {len(parts)}."
             )
         self._hyperparameters = {"source": source}
+        if control_values:
+            self._hyperparameters["control_values"] = tuple(control_values)
         super().__init__(*parts, wires=wires, id=id)
 
     @property
@@ -100,35 +162,69 @@ class EntrywiseUnitary(_ByEntries, Operation):
     """The matrix U on ``wires`` (first wire most significant) given by its entries:
     ``parts`` are Re U_00, Im U_00, Re U_01, Im U_01, ... (row by row), 2 * 4**k real
     scalars (each an array of the batch where broadcast). ``source`` names the operation
-    it stands for (in messages)."""
+    it stands for (in messages).
+
+    With ``control_values`` (one bit per leading wire), the first wires are controls and
+    U acts on the others where the controls have those values: the operator's matrix is
+    the identity with U in the diagonal block that the control values select
+    (``selected_block``), and its parts are U's entries alone."""
 
     entries_per_wire = 4
 
-    def __init__(self, *parts, wires, source: str = "QubitUnitary", id=None):
-        _ByEntries.__init__(self, parts, wires, source, id)
+    def __init__(self, *parts, wires, source: str = "QubitUnitary", control_values=(), id=None):
+        _ByEntries.__init__(self, parts, wires, source, id, control_values)
+
+    @property
+    def control_values(self) -> tuple:
+        return self._hyperparameters.get("control_values", ())
 
     @staticmethod
-    def compute_matrix(*parts, source: str = "QubitUnitary"):  # noqa: ARG004
+    def compute_matrix(*parts, source: str = "QubitUnitary", control_values=()):  # noqa: ARG004
         dimension = int(round(np.sqrt(len(parts) / 2)))
         stacked = math.stack(parts, axis=-1)  # (..., 2 * d * d)
         pairs = math.reshape(stacked, math.shape(stacked)[:-1] + (dimension, dimension, 2))
-        return pairs[..., 0] + 1j * pairs[..., 1]
+        block = pairs[..., 0] + 1j * pairs[..., 1]
+        if not control_values:
+            return block
+        # I + E (U - I) E^T, E the columns of the selected block: the identity elsewhere
+        full = dimension * 2 ** len(control_values)
+        offset = selected_block(control_values, dimension)
+        embedding = np.zeros((full, dimension))
+        embedding[offset + np.arange(dimension), np.arange(dimension)] = 1.0
+        embedding = math.convert_like(embedding, block)
+        change = block - math.convert_like(np.eye(dimension), block)
+        return math.convert_like(np.eye(full), block) + math.einsum(
+            "ai,...ij,bj->...ab", embedding, change, embedding
+        )
 
     def adjoint(self) -> Operator:
         return qml.QubitUnitary(math.conj(math.swapaxes(self.matrix(), -1, -2)), self.wires)
 
 
+def selected_block(control_values: tuple, dimension: int) -> int:
+    """Where the block of a controlled matrix that ``control_values`` select starts (its
+    row and column offset; ``dimension``: the block's size): the control bits are the
+    index's leading bits."""
+    selected = int("".join(str(int(v)) for v in control_values), 2) if control_values else 0
+    return selected * dimension
+
+
 @bind_new_parameters.register
 def _(op: EntrywiseUnitary, params) -> EntrywiseUnitary:
-    return EntrywiseUnitary(*params, wires=op.wires, source=op.hyperparameters["source"])
+    return EntrywiseUnitary(
+        *params,
+        wires=op.wires,
+        source=op.hyperparameters["source"],
+        control_values=op.control_values,
+    )
 
 
 def entrywise_unitary(op: Operator) -> EntrywiseUnitary:
     """``op`` (of ``ENTRYWISE_SOURCES``) as an ``EntrywiseUnitary`` whose parts the ML
     framework takes from its matrix (call it where the framework records): a
     ``QubitUnitary``'s parameter, a block encoding's or a pulse's ``matrix()``. A controlled
-    unitary's whole matrix on controls and targets: the entries outside the controlled
-    block are constants (not trainable), the block's come from the base matrix."""
+    unitary by its base's entries, its control values kept (the whole matrix's other
+    entries are the identity's, constants)."""
     if isinstance(op, qml.BlockEncode) and math.get_interface(op.data[0]) == "torch":
         raise DeviceError(
             "custatevec.qubit cannot differentiate a trainable BlockEncode of torch data: "
@@ -142,36 +238,15 @@ def entrywise_unitary(op: Operator) -> EntrywiseUnitary:
     if "complex" not in dtype:  # a real matrix: its imaginary parts are zeros
         matrix = math.cast(matrix, "complex64" if dtype == "float32" else "complex128")
     real, imaginary = math.real(matrix), math.imag(matrix)
-    if isinstance(op, qml.ControlledQubitUnitary):
-        return _controlled(op, real, imaginary)
-    dimension = 2 ** len(op.wires)
+    dimension = math.shape(matrix)[-1]
     parts = []
     for a in range(dimension):
         for c in range(dimension):
             parts.extend((real[..., a, c], imaginary[..., a, c]))
-    return EntrywiseUnitary(*parts, wires=op.wires, source=op.name)
-
-
-def _controlled(op: qml.ControlledQubitUnitary, real, imaginary) -> EntrywiseUnitary:
-    """The whole matrix of a controlled unitary: the base's entries where every control
-    wire has its control value, the identity elsewhere."""
-    controls, targets = len(op.control_wires), len(op.target_wires)
-    block = 2**targets
-    selected = int("".join(str(int(v)) for v in op.control_values), 2) if controls else 0
-    offset = selected * block
-    # constants, never trainable: of the batch's shape where the matrix is broadcast
-    batch = math.shape(real)[:-2]
-    one, zero = (np.full(batch, value) if batch else value for value in (1.0, 0.0))
-    dimension = 2 ** (controls + targets)
-    parts = []
-    for a in range(dimension):
-        for c in range(dimension):
-            if offset <= a < offset + block and offset <= c < offset + block:
-                entry = (..., a - offset, c - offset)
-                parts.extend((real[entry], imaginary[entry]))
-            else:
-                parts.extend((one if a == c else zero, zero))
-    return EntrywiseUnitary(*parts, wires=op.wires, source=op.name)
+    control_values = ()
+    if isinstance(op, qml.ControlledQubitUnitary):
+        control_values = tuple(int(v) for v in op.control_values)
+    return EntrywiseUnitary(*parts, wires=op.wires, source=op.name, control_values=control_values)
 
 
 class EntrywiseState(_ByEntries, StatePrepBase):

@@ -56,6 +56,9 @@ from .entrywise import (
     EntrywiseUnitary,
     entrywise_state,
     entrywise_unitary,
+    jit_whole_matrix_reason,
+    left_whole_under_jit,
+    too_wide,
 )
 from .exact import observable_key
 from .gradients.common import (
@@ -159,16 +162,48 @@ def entrywise_trainable_operators(tape: QuantumScript):
     ``results_off_the_jit_root`` keeps from aborting jaxlib 0.7.1)."""
     operations = tape.operations
     leading = bool(operations) and _entrywise_state(operations[0])
-    if not leading and not any(_entrywise(op) for op in operations):
+    whole = [left_whole_under_jit(op) for op in operations]
+    if not leading and not any(whole) and not any(_entrywise(op) for op in operations):
         return (tape,), _first_result
-    converted = [entrywise_unitary(op) if _entrywise(op) else op for op in operations]
+    converted = [
+        _refusing_derivatives(op) if left else entrywise_unitary(op) if _entrywise(op) else op
+        for op, left in zip(operations, whole, strict=True)
+    ]
     if leading:
         converted[0] = entrywise_state(operations[0])
     return (tape.copy(operations=converted),), _first_result
 
 
+def _refusing_derivatives(op: Operator) -> Operator:
+    """A matrix that ``left_whole_under_jit`` leaves whole, passed through an identity
+    whose derivative rule raises (``jit_whole_matrix_reason``): under
+    ``jax.grad(jax.jit(f))`` jax asks for that rule only where the matrix depends on what
+    is differentiated, so a matrix that jax merely computes inside the jitted function
+    (PennyLane's QuantumMonteCarlo) is no obstacle, and one that is differentiated is
+    refused by name before PennyLane's JVP rule fails on its shape."""
+    refused = _derivative_refusing_identity()(op.data[0], jit_whole_matrix_reason(op))
+    return qml.ops.functions.bind_new_parameters(op, [refused, *op.data[1:]])
+
+
+@functools.cache
+def _derivative_refusing_identity():
+    import jax  # only reached with a jax.jit-traced value
+
+    @functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+    def identity(value, reason: str):  # noqa: ARG001
+        return value
+
+    @identity.defjvp
+    def _refuse(reason: str, primals, tangents):  # noqa: ARG001
+        raise DeviceError(
+            f"custatevec.qubit cannot differentiate this circuit by adjoint: {reason}."
+        )
+
+    return identity
+
+
 def _entrywise(op: Operator) -> bool:
-    if not isinstance(op, ENTRYWISE_SOURCES) or len(op.wires) > MAX_ENTRYWISE_QUBITS:
+    if not isinstance(op, ENTRYWISE_SOURCES) or too_wide(op) or left_whole_under_jit(op):
         return False
     if isinstance(op, qml.pulse.ParametrizedEvolution):
         # its parameters or its times traced or trainable: its matrix is computed here, where
@@ -595,10 +630,13 @@ def validate_adjoint_differentiation(
 
 
 def _require_adjoint_serves(tape: QuantumScript, batched: bool) -> None:
+    """As ``require_adjoint_serves``, with the parameters that require a gradient as the
+    trainable ones, except a matrix that ``left_whole_under_jit`` left whole: the forward
+    pass runs, and its derivative is refused where it is asked for (device.py)."""
     trainable = {
         index
         for index, value in enumerate(tape.get_parameters(trainable_only=False))
-        if math.requires_grad(value)
+        if math.requires_grad(value) and not left_whole_under_jit(tape.par_info[index]["op"])
     }
     broadcast = tape_batch_size(tape) is not None if batched else False
     require_adjoint_serves(tape, trainable, broadcast=broadcast, batched=batched)

@@ -24,7 +24,10 @@ source "$ROOT/scripts/parts.sh"
 
 run_part "style (ruff check)" "$ROOT/.venv/bin/ruff" check .
 run_part "style (ruff format --check)" "$ROOT/.venv/bin/ruff" format --check .
-run_part "project tests" "$PY" -m pytest tests -n 2 -q --no-flaky-report
+# faulthandler_timeout: a test running past 10 minutes dumps every thread's traceback (a
+# diagnosis of a hang; the part goes on and the run's own limit stops it)
+run_part "project tests" "$PY" -m pytest tests -n 2 -q --no-flaky-report \
+    -o faulthandler_timeout=600
 # mpi=True: the distributed backend's contract and the split device against default.qubit
 # and the one-process device, on 2 and 4 ranks (4 oversubscribe the 2 cores; there only
 # over the CPU backend). mpiexec as root needs the OMPI_ALLOW_RUN_AS_ROOT pair.

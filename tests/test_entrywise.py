@@ -21,8 +21,10 @@ from pennylane.tape import QuantumScript
 from scipy.stats import unitary_group
 
 from pennylane_custatevec.entrywise import (
+    MAX_ENTRYWISE_CONTROLLED_QUBITS,
     MAX_ENTRYWISE_QUBITS,
     MAX_ENTRYWISE_STATE_QUBITS,
+    MAX_JIT_ENTRYWISE_QUBITS,
     EntrywiseUnitary,
 )
 from pennylane_custatevec.transforms import entrywise_trainable_operators
@@ -282,6 +284,139 @@ def test_too_wide_is_refused_by_name(kind):
 
     with pytest.raises(DeviceError, match=f"at most {limit} wires"):
         circuit(value)
+
+
+def _wide_controlled_body(controls: int, targets: int):
+    """A controlled unitary with ``controls`` controls (values 1, 0, 1, ...) and ``targets``
+    targets, among gates on every wire; each control leans towards its control value."""
+    wires = list(range(controls + targets))
+    values = [(k + 1) % 2 for k in range(controls)]
+
+    def body(U, x):
+        for w in wires:
+            leaning = w < controls and values[w] == 1
+            qml.RY((2.2 if leaning else 0.6) + 0.1 * w, wires=w)
+        qml.RX(x, wires=0)
+        qml.ControlledQubitUnitary(U, wires=wires, control_values=values)
+        qml.CNOT(wires=[wires[-1], 0])
+        return qml.expval(qml.Z(0) @ qml.X(wires[-1]) + 0.4 * qml.Y(controls))
+
+    return wires, body
+
+
+@pytest.mark.parametrize("interface", ["torch", "jax-jit"])
+@pytest.mark.parametrize("controls, targets", [(1, 2), (3, 4)])
+def test_a_controlled_unitary_by_its_base_entries(interface, controls, targets):
+    """A ControlledQubitUnitary is taken by its base's 2 * 4**t entries (t targets), its
+    controls as control values: one wider than MAX_ENTRYWISE_QUBITS in all (7 and 8
+    wires), which the adjoint method refused before, equals default.qubit's
+    backpropagation; its parameters are the base's entries alone."""
+    wires, body = _wide_controlled_body(controls, targets)
+    U = unitary_group.rvs(2**targets, random_state=stable_seed("controlled", targets) % 2**31)
+    dev, ref = make_devices(len(wires))
+    framework = "jax" if interface == "jax-jit" else interface
+    qnode = qml.QNode(body, dev, interface=framework, diff_method="adjoint")
+    expected = GRADIENTS[interface](
+        qml.QNode(body, ref, interface=framework, diff_method="backprop"), U, 0.4
+    )
+    got = GRADIENTS[interface](qnode, U, 0.4)
+    for g, e in zip(got, expected, strict=True):
+        assert np.abs(e).max() > 1e-3
+        np.testing.assert_allclose(g, e, atol=ATOL, rtol=0)
+    tape = QuantumScript(
+        [
+            qml.ControlledQubitUnitary(
+                torch.tensor(U, requires_grad=True),
+                wires=wires,
+                control_values=[1, 0, 1][:controls],
+            )
+        ],
+        [qml.expval(qml.Z(0))],
+    )
+    (tape,), _ = entrywise_trainable_operators(tape)
+    (op,) = tape.operations
+    assert isinstance(op, EntrywiseUnitary) and len(op.data) == 2 * 4**targets
+    assert op.control_values == (1, 0, 1)[:controls]
+    full = qml.matrix(
+        qml.ControlledQubitUnitary(U, wires=wires, control_values=[1, 0, 1][:controls])
+    )
+    np.testing.assert_allclose(op.matrix().detach().numpy(), full, atol=1e-15, rtol=0)
+
+
+def test_a_controlled_unitary_too_wide_in_all_is_refused_by_name():
+    """Controls count toward MAX_ENTRYWISE_CONTROLLED_QUBITS (the dense block the sweep
+    reduces): one control more is refused by name."""
+    targets = 2
+    wires, body = _wide_controlled_body(MAX_ENTRYWISE_CONTROLLED_QUBITS - targets + 1, targets)
+    dev = qml.device("custatevec.qubit", wires=len(wires))
+    U = torch.tensor(np.eye(2**targets, dtype=np.complex128), requires_grad=True)
+    qnode = qml.QNode(body, dev, interface="torch", diff_method="adjoint")
+    with pytest.raises(DeviceError, match=f"{MAX_ENTRYWISE_CONTROLLED_QUBITS} wires in all"):
+        qnode(U, torch.tensor(0.4))
+
+
+def _jit_traced_body(targets: int, depends_on_x: bool = True):
+    """A controlled unitary whose matrix jax computes inside the jitted function (as
+    PennyLane's QuantumMonteCarlo does): traced by jax.jit, trainable to PennyLane; a
+    function of x (a phase exp(0.3j x) on its block) or of constants alone."""
+    wires = list(range(targets + 1))
+    base = unitary_group.rvs(2**targets, random_state=stable_seed("jit", targets) % 2**31)
+
+    def body(x):
+        qml.Hadamard(wires=0)
+        qml.RY(x, wires=1)
+        phase = jnp.exp(0.3j * x) if depends_on_x else jnp.cos(jnp.array(0.0))
+        qml.ControlledQubitUnitary(jnp.array(base) * phase, wires=wires)
+        return qml.expval(qml.Y(0) @ qml.X(targets) + 0.5 * qml.Z(1))
+
+    return wires, body
+
+
+def _backpropagation_gradient(body, ref, x):
+    return jax.grad(qml.QNode(body, ref, interface="jax", diff_method="backprop"))(x)
+
+
+def test_a_wide_jit_traced_matrix_runs_forward_and_its_derivative_is_refused_by_name():
+    """Traced by jax.jit with no derivative being taken, a matrix wider than
+    MAX_JIT_ENTRYWISE_QUBITS is left whole: the forward jax.jit runs and equals
+    default.qubit's (before, "best" crashed in PennyLane's parameter-shift, as in PennyLane's
+    QuantumMonteCarlo jit test, and taken entry by entry XLA compiled its 2 * 4**k callback
+    operands for minutes). jax.grad(jax.jit(f)) differentiates the circuit where the
+    matrix depends on constants alone, and is refused by name (naming
+    jax.jit(jax.grad(f))) where it depends on x, before PennyLane's JVP rule fails on the
+    matrix's shape; jax.jit(jax.grad(f)) differentiates it by its entries."""
+    targets = MAX_JIT_ENTRYWISE_QUBITS + 1
+    dev, ref = make_devices(targets + 1)
+    x = jnp.array(0.7)
+    for depends_on_x in (True, False):
+        _, body = _jit_traced_body(targets, depends_on_x)
+        expected = qml.QNode(body, ref, interface="jax")(x)
+        assert abs(float(expected)) > 1e-3
+        for diff_method in ("best", "adjoint"):
+            qnode = qml.QNode(body, dev, interface="jax", diff_method=diff_method)
+            np.testing.assert_allclose(jax.jit(qnode)(x), expected, atol=ATOL, rtol=0)
+    _, constant = _jit_traced_body(targets, depends_on_x=False)
+    qnode = qml.QNode(constant, dev, interface="jax", diff_method="adjoint")
+    expected = _backpropagation_gradient(constant, ref, x)
+    assert abs(float(expected)) > 1e-3
+    np.testing.assert_allclose(jax.grad(jax.jit(qnode))(x), expected, atol=ATOL, rtol=0)
+    _, varying = _jit_traced_body(targets, depends_on_x=True)
+    qnode = qml.QNode(varying, dev, interface="jax", diff_method="adjoint")
+    with pytest.raises(DeviceError, match=r"jax\.jit\(jax\.grad\(f\)\)"):
+        jax.grad(jax.jit(qnode))(x)
+
+
+def test_a_narrow_jit_traced_matrix_is_differentiated_through_the_jit():
+    """At MAX_JIT_ENTRYWISE_QUBITS the matrix is taken by its entries under jax.jit too:
+    jax.grad(jax.jit(f)) and jax.jit(jax.grad(f)) equal default.qubit's backpropagation
+    where the matrix depends on x."""
+    wires, body = _jit_traced_body(MAX_JIT_ENTRYWISE_QUBITS)
+    dev, ref = make_devices(len(wires))
+    x = jnp.array(0.7)
+    qnode = qml.QNode(body, dev, interface="jax", diff_method="adjoint")
+    expected = _backpropagation_gradient(body, ref, x)
+    assert abs(float(expected)) > 1e-3
+    np.testing.assert_allclose(jax.grad(jax.jit(qnode))(x), expected, atol=ATOL, rtol=0)
 
 
 def test_a_tape_that_skipped_the_preprocessing_is_refused_by_name():

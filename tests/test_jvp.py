@@ -798,7 +798,7 @@ def test_jit_traced_matrix_refusal_says_why_it_counts_as_trainable():
         qml.RY(a, wires=0)
         return qml.expval(qml.Z(0))
 
-    with pytest.raises(DeviceError, match="Under jax.jit every traced argument counts as"):
+    with pytest.raises(DeviceError, match="Under jax.jit every traced value counts as"):
         jax.jit(jax.grad(traced, argnums=1))(jnp.array(0.5), jnp.array(0.1))
 
     @qml.qnode(dev, diff_method="adjoint")

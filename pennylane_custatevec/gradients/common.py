@@ -63,10 +63,13 @@ from .. import measure, simulate
 from ..backends.base import Backend, StateBatch
 from ..entrywise import (
     ENTRYWISE_SOURCES,
+    MAX_ENTRYWISE_CONTROLLED_QUBITS,
     MAX_ENTRYWISE_QUBITS,
     MAX_ENTRYWISE_STATE_QUBITS,
     EntrywiseState,
     EntrywiseUnitary,
+    selected_block,
+    too_wide,
 )
 from ..instructions import Kind, apply_instruction
 from ..program import (
@@ -234,12 +237,14 @@ def _operation_reason(op: Operator, trainable: bool) -> str | None:
     if compiles_by_gate(op) or isinstance(op, EntrywiseUnitary):
         return None
     if isinstance(op, ENTRYWISE_SOURCES):
-        if len(op.wires) > MAX_ENTRYWISE_QUBITS:
+        if too_wide(op):
             return (
                 f"{op.name} has a trainable matrix on {len(op.wires)} wires; the adjoint "
                 f"method takes a trainable unitary on at most {MAX_ENTRYWISE_QUBITS} wires "
-                "(by its entries: 2 * 4**k real parameters); use diff_method='backprop' on "
-                "default.qubit for a wider one" + _traced_hint(op)
+                "(by its entries: 2 * 4**k real parameters), a controlled one on at most "
+                f"{MAX_ENTRYWISE_QUBITS} target wires and {MAX_ENTRYWISE_CONTROLLED_QUBITS} "
+                "wires in all; use diff_method='backprop' on default.qubit for a wider one"
+                + _traced_hint(op)
             )
         return (
             f"{op.name} has a trainable matrix, which the adjoint method takes by its "
@@ -261,9 +266,9 @@ def _traced_hint(op: Operator) -> str:
     if not any(qml.math.is_abstract(value) for value in op.data):
         return ""
     return (
-        ". Under jax.jit every traced argument counts as trainable: a constant "
-        f"{op.name} parameter passed as an argument of the jitted function is one; close "
-        "over it (a NumPy array) instead"
+        ". Under jax.jit every traced value counts as trainable: a constant "
+        f"{op.name} parameter passed as an argument of the jitted function, or computed "
+        "with jax inside it, is one; close over a NumPy array instead"
     )
 
 
@@ -454,14 +459,29 @@ def _part_columns(
     operation: Operator, position: int, trainable: dict, starts: list
 ) -> np.ndarray | None:
     """The column of each part (parameter) of an ``entrywise`` operation at ``position``
-    in the tape, -1 for a constant one; None when none is trainable."""
+    in the tape, -1 for a constant one; None when none is trainable. A controlled
+    ``EntrywiseUnitary``'s are laid out over its whole matrix's parts, as the sweep
+    reduces the whole dense block: its parts in the selected block, -1 elsewhere."""
     at = np.array(
         [
             starts[trainable[position, p]] if (position, p) in trainable else -1
             for p in range(len(operation.data))
         ]
     )
-    return at if bool((at >= 0).any()) else None
+    if not bool((at >= 0).any()):
+        return None
+    control_values = getattr(operation, "control_values", ())
+    if not control_values:
+        return at
+    block = int(round(np.sqrt(len(at) / 2)))
+    full = block * 2 ** len(control_values)
+    rows = selected_block(control_values, block) + np.arange(block)
+    # entry (a, c) of the block is entry (offset + a, offset + c) of the whole matrix
+    entries = (rows[:, None] * full + rows[None, :]).reshape(-1)
+    whole = np.full(2 * full * full, -1)
+    whole[2 * entries] = at[0::2]
+    whole[2 * entries + 1] = at[1::2]
+    return whole
 
 
 @dataclasses.dataclass(frozen=True)
