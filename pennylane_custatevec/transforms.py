@@ -741,11 +741,14 @@ def refuse_postselection_under_gradient_transforms(
     (then :math:`D` is a constant). The tape's own graph decides, as it does for the
     transforms. A ``qml.Projector`` applied as a gate is a postselection too: the state is
     renormalised after it, here and on default.qubit. Only parameters whose derivative may
-    be taken count (``_may_be_differentiated``): a forward evaluation runs. The adjoint
-    method differentiates postselection itself (``gradients.eager``), exactly.
+    be taken count (``_may_be_differentiated``): a forward evaluation runs. So does a tape
+    whose results no framework differentiates (``_integer_or_counted_results``): under
+    ``jax.jit`` this preprocessing runs inside PennyLane's callback, where every parameter
+    is a jax value, for a forward evaluation too. The adjoint method differentiates
+    postselection itself (``gradients.eager``), exactly.
     """
     postselections = [index for index, op in enumerate(tape.operations) if _postselects(op)]
-    if not postselections:
+    if not postselections or _integer_or_counted_results(tape):
         return (tape,), _first_result
     parameters = tape.get_parameters(trainable_only=False)
     differentiated = [
@@ -806,6 +809,17 @@ def _postselection_name(op: Operator) -> str:
     if isinstance(op, qml.ops.MidMeasure):
         return f"postselection on wire {op.wires.tolist()[0]}"
     return f"postselection by the Projector gate on wires {op.wires.tolist()}"
+
+
+def _integer_or_counted_results(tape: QuantumScript) -> bool:
+    """Whether every result of ``tape`` is one that no framework differentiates: samples of
+    wires or of mid-circuit measurement values (integers: jax refuses to differentiate
+    them, torch gives them no gradient) and counts (dictionaries). Samples of an observable
+    are floats, which PennyLane's transforms do differentiate shot by shot."""
+    return all(
+        isinstance(m, CountsMP) or (isinstance(m, SampleMP) and m.obs is None)
+        for m in tape.measurements
+    )
 
 
 def _may_be_differentiated(value, torch_records: bool) -> bool:

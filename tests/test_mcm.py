@@ -626,3 +626,46 @@ def test_parameter_shift_where_only_constants_reach_the_postselection(interface)
                 jax.jit(jax.grad(qnode))(jax.numpy.array(0.5))
             return
     np.testing.assert_allclose(derivative, expected, atol=1e-10)
+
+
+@pytest.mark.parametrize("postselect_mode", ["fill-shots", "hw-like"])
+def test_jitted_samples_of_a_postselecting_circuit_run_with_best(postselect_mode):
+    """A forward jax.jit of a sampled, postselecting circuit with "best" (parameter-shift,
+    with shots): under jax.jit the device's preprocessing runs inside PennyLane's callback,
+    where every parameter is a jax value, and the refusal of parameter-shift through a
+    postselection refused this forward evaluation (PennyLane's
+    test_defer_measurements_with_jit[best] and test_hw_like_with_jax[best-True], routed).
+    Integer samples are not differentiated by any framework: the circuit runs, and its
+    samples are default.qubit's in kind (every kept shot has the postselected value; under
+    jax.jit "fill-shots" keeps all shots, "hw-like" marks the discarded ones)."""
+    import jax
+
+    shots = 100
+
+    def circuit(x):
+        qml.RX(x, 0)
+        qml.measure(0, postselect=1)
+        return qml.sample(wires=[0, 1])
+
+    results = {}
+    for name in ("custatevec.qubit", "default.qubit"):
+        device = qml.device(name, wires=3, seed=jax.random.PRNGKey(5))
+        qnode = qml.set_shots(
+            qml.QNode(
+                circuit,
+                device,
+                diff_method="best",
+                mcm_method="deferred" if postselect_mode == "fill-shots" else None,
+                postselect_mode=postselect_mode,
+            ),
+            shots=shots,
+        )
+        results[name] = np.asarray(jax.jit(qnode)(jax.numpy.array(np.pi / 2)))
+    ours, theirs = results["custatevec.qubit"], results["default.qubit"]
+    assert ours.shape == theirs.shape == (shots, 2)
+    if postselect_mode == "fill-shots":
+        assert np.all(ours[:, 0] == 1) and np.all(theirs[:, 0] == 1)
+    else:
+        discarded = ours[:, 0] == np.iinfo(np.int32).min
+        assert 0 < discarded.sum() < shots
+        assert np.all(ours[~discarded] == [1, 0])
