@@ -19,7 +19,8 @@ measurement, postselection or condition), every dense one acts on at most 6 bits
 per-call matrix is one for the whole batch (a broadcast reaches the sequence through its
 rotations' angles only), and each vector has at most ``Backend.sequence_amplitudes``
 amplitudes (a batch of vectors runs vector by vector, in each vector's cache). Anything
-else takes the per-gate path, which gives the same numbers.
+else takes the per-gate path, which gives the same numbers to round-off (not bit for
+bit: a run of one-bit gates is multiplied first here).
 """
 
 from __future__ import annotations
