@@ -25,7 +25,7 @@ from pennylane.devices.preprocess import (
 )
 from pennylane.exceptions import DeviceError, QuantumFunctionError, WireError
 from pennylane.math import Interface
-from pennylane.measurements import SampleMeasurement, StateMeasurement
+from pennylane.measurements import SampleMeasurement, Shots, StateMeasurement
 from pennylane.tape import QuantumScript
 from pennylane.transforms import defer_measurements, dynamic_one_shot
 
@@ -748,6 +748,15 @@ class CuStateVecDevice(Device):
         the device as in a jax QNode: ``jax.jit`` through a pure callback, derivatives by
         the method of ``execution_config`` ("best": adjoint)."""
         config = execution_config or ExecutionConfig()
+        if shots is not None and _traced_shots(shots):
+            raise DeviceError(
+                "custatevec.qubit cannot run a captured program whose numbers of shots are "
+                "traced by jax (a QNode with shots under jax.jit with qml.capture enabled: "
+                "PennyLane passes its shots as traced values, and a tape needs them as "
+                "numbers). Call it without jax.jit, or build the QNode and call it with "
+                "program capture disabled (qml.capture.disable()): jax.jit then runs it "
+                "with its shots."
+            )
         with without_queuing():
             # PennyLane's interpreter turns capture on as it evaluates: pause it after
             tape = qml.tape.plxpr_to_tape(jaxpr, consts, *args, shots=shots)
@@ -762,7 +771,7 @@ class CuStateVecDevice(Device):
                 mcm_method=config.mcm_config.mcm_method,
                 postselect_mode=config.mcm_config.postselect_mode,
             )[0]
-        return list(result) if len(tape.measurements) > 1 else [result]
+        return _flat_results(result, tape)
 
     def jaxpr_jvp(
         self, jaxpr, args: Sequence, tangents: Sequence, execution_config=None
@@ -1445,6 +1454,28 @@ def _swept_eagerly(tape: QuantumScript) -> bool:
     (a Projector), which the eager sweep steps back through by simulating the state
     before it again (``eager._back_through_postselection``)."""
     return any(_is_swept_eagerly_only(type(op)) for op in tape.operations)
+
+
+def _traced_shots(shots) -> bool:
+    """Whether a number of shots of ``shots`` (a ``Shots``, or what makes one) is a jax
+    tracer (PennyLane's captured QNode under ``jax.jit``)."""
+    counts = shots.shot_vector if isinstance(shots, Shots) else [shots]
+    return any(
+        math.is_abstract(getattr(count, "shots", count))
+        or math.is_abstract(getattr(count, "copies", 1))
+        for count in counts
+    )
+
+
+def _flat_results(result, tape: QuantumScript) -> list:
+    """A tape's results as the flat list that ``eval_jaxpr`` returns: one entry per
+    measurement, per shot copy first for a shot vector (the order of PennyLane's captured
+    QNode, ``_capture_qnode._get_shapes_for``); none for a tape without measurements."""
+    count = len(tape.measurements)
+    if count == 0:
+        return []
+    copies = result if tape.shots.has_partitioned_shots else (result,)
+    return [value for copy in copies for value in (copy if count > 1 else (copy,))]
 
 
 @functools.cache

@@ -203,6 +203,8 @@ def _gate_by_gate(
 
 
 def _run_sampled(backend, program: Program, tape: QuantumScript, rng, postselect_mode):
+    if not tape.measurements:  # nothing to sample: an empty result, as default.qubit's
+        return ()
     if isinstance(tape.measurements[0], measure.SHADOW_MEASUREMENTS):  # alone on its tape
         return _run_shadow(backend, program, tape, rng, postselect_mode)
     if program.has_mid_measurements:
