@@ -18,7 +18,8 @@ default.qubit (backprop):
   of a random Hermitian on one wire, or a random two-wire Hermitian's expval with a
   Hamiltonian's variance, or a basis-state Projector's expval with that of a product of
   a Hermitian and a Z;
-- with ``--broadcast``, an RY layer of a broadcast minibatch (2 or 3 rows) first;
+- with ``--broadcast``, an RY layer of a broadcast minibatch (2 or 3 rows) first, the
+  minibatch differentiated too;
 - with ``--mid-measurements``, mid-circuit measurements among the layers (a reset, a
   postselection, a Pauli product measurement of a random word on 1-3 wires, which
   default.qubit cannot run and measures here by an ancilla, conditional gates, measured
@@ -248,12 +249,14 @@ def _compiled_difference(compiled, params, want, want_jacobian, cotangent_seed: 
     cotangent) at ``params`` from the reference's values and Jacobian."""
     p = torch.tensor(params, requires_grad=True)
     out = _stacked(compiled(p))
+    if params.size == 0:  # a circuit without parameters: its values only
+        return _largest(np.abs(out.numpy() - want))
     rng = np.random.default_rng(cotangent_seed)
     cotangent = torch.tensor(rng.normal(size=tuple(out.shape)))
     (out * cotangent).sum().backward()
     return max(
-        float(np.max(np.abs(out.detach().numpy() - want))),
-        float(np.max(np.abs(p.grad.numpy() - cotangent.numpy() @ want_jacobian))),
+        float(_largest(np.abs(out.detach().numpy() - want))),
+        float(_largest(np.abs(p.grad.numpy() - cotangent.numpy() @ want_jacobian))),
     )
 
 
@@ -291,6 +294,12 @@ def with_matrices(rng: np.random.Generator, gates: list, n: int) -> tuple[list, 
     return changed, mask.astype(bool)
 
 
+def _largest(values) -> float:
+    """The largest of ``values``, 0 where there are none (a circuit without parameters
+    has an empty Jacobian)."""
+    return float(np.max(values, initial=0.0))
+
+
 def check_plain(
     seed: int, n: int, layers: int, constants: bool = False, matrices: bool = False
 ) -> tuple[float, bool]:
@@ -319,7 +328,7 @@ def check_plain(
         device = qml.device("custatevec.qubit", wires=n, **options)
         ours = qml.QNode(fn, device, diff_method="adjoint", device_vjp=True)
         got, jacobian = _value_and_jacobian(ours, params)
-        difference = max(np.max(np.abs(got - want)), np.max(np.abs(jacobian - want_jacobian)))
+        difference = max(_largest(np.abs(got - want)), _largest(np.abs(jacobian - want_jacobian)))
         worst = max(worst, difference)
         if difference > TOLERANCE:
             mismatched = True
@@ -379,8 +388,8 @@ def check_jax(seed: int, n: int, layers: int) -> tuple[float, bool]:
         if jitted:
             forward, jacobian = jax.jit(forward), jax.jit(jacobian)
         difference = max(
-            float(np.max(np.abs(np.asarray(forward(params)) - want))),
-            float(np.max(np.abs(np.asarray(jacobian(params)) - want_jacobian))),
+            float(_largest(np.abs(np.asarray(forward(params)) - want))),
+            float(_largest(np.abs(np.asarray(jacobian(params)) - want_jacobian))),
         )
         worst = max(worst, difference)
         if difference > TOLERANCE:
@@ -391,8 +400,9 @@ def check_jax(seed: int, n: int, layers: int) -> tuple[float, bool]:
 
 
 def check_broadcast(seed: int, n: int, layers: int) -> tuple[float, bool]:
-    """As ``check_plain``, after a broadcast RY layer (complex64 runs are checked to 1e-4
-    and left out of the largest difference)."""
+    """As ``check_plain``, after a broadcast RY layer, differentiated for the parameters and
+    the minibatch (complex64 runs are checked to 1e-4 and left out of the largest
+    difference)."""
     rng = np.random.default_rng(seed)
     gates = random_gates(rng, n, layers)
     fn = quantum_function(gates, random_measurements(rng, n), embedded=True)
@@ -400,11 +410,16 @@ def check_broadcast(seed: int, n: int, layers: int) -> tuple[float, bool]:
     x = rng.uniform(0, np.pi, (int(rng.integers(2, 4)), n))
 
     def run(qnode):
+        """The results and the VJP of a seeded cotangent, for the parameters and the
+        minibatch together (the minibatch trainable too: a circuit may have no
+        parameters)."""
         p = torch.tensor(params, requires_grad=True)
-        out = _stacked(qnode(torch.tensor(x), p))
+        batch = torch.tensor(x, requires_grad=True)
+        out = _stacked(qnode(batch, p))
         cotangent = torch.tensor(np.random.default_rng(7).normal(size=tuple(out.shape)))
         (out * cotangent).sum().backward()
-        return out.detach().numpy(), p.grad.numpy()
+        p_grad = np.zeros(params.shape) if p.grad is None else p.grad.numpy()
+        return out.detach().numpy(), np.concatenate([p_grad, batch.grad.numpy().ravel()])
 
     reference = qml.QNode(
         fn, qml.device("default.qubit", wires=n), interface="torch", diff_method="backprop"
@@ -420,7 +435,7 @@ def check_broadcast(seed: int, n: int, layers: int) -> tuple[float, bool]:
             for call, ours in enumerate(calls):
                 got, gradient = run(ours)
                 difference = max(
-                    np.max(np.abs(got - want)), np.max(np.abs(gradient - want_gradient))
+                    _largest(np.abs(got - want)), _largest(np.abs(gradient - want_gradient))
                 )
                 if "c_dtype" not in options:
                     worst = max(worst, difference)
@@ -509,7 +524,7 @@ def _difference(got: np.ndarray, want: np.ndarray) -> float:
     if not np.array_equal(np.isnan(got), np.isnan(want)):
         return float("inf")
     both = ~np.isnan(got)
-    return float(np.max(np.abs(got[both] - want[both]), initial=0.0))
+    return float(_largest(np.abs(got[both] - want[both])))
 
 
 def check_mid_measured(seed: int, n: int, layers: int) -> tuple[float, bool]:
@@ -629,8 +644,8 @@ def check_shared(seed: int, n: int, layers: int) -> tuple[float, bool]:
             (_, params, _), (want, want_jacobian) = variants[k], expected[k]
             got, jacobian = _value_and_jacobian(ours[k], params)
             difference = max(
-                float(np.max(np.abs(got - want))),
-                float(np.max(np.abs(jacobian - want_jacobian))),
+                float(_largest(np.abs(got - want))),
+                float(_largest(np.abs(jacobian - want_jacobian))),
                 _compiled_difference(compiled[k], params, want, want_jacobian, k),
             )
             worst = max(worst, difference)

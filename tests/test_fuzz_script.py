@@ -64,3 +64,17 @@ def test_a_sampled_result_beyond_its_errors_fails_the_run(monkeypatch, capsys):
     monkeypatch.setattr(fuzz, "SIGMAS", 0.0)  # every sampling error is beyond the bound
     assert fuzz.main(["--shots", "--count", "1", "--min-wires", "3", "--max-wires", "3"]) == 1
     assert "MISMATCH seed 0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode", [[], ["--broadcast"]])
+def test_a_circuit_without_parameters_is_checked(mode, capsys):
+    """Seed 7018 (3 to 11 wires) draws 4 wires and gates without parameters: the run
+    compares its values (and, broadcast, the minibatch's gradient) instead of failing on
+    an empty Jacobian or a backward pass of nothing trainable."""
+    rng = fuzz.np.random.default_rng([7018, 1])
+    n = int(rng.integers(3, 12))
+    gates = fuzz.random_gates(fuzz.np.random.default_rng(7018), n, int(rng.integers(2, 5)))
+    assert sum(fuzz.n_parameters(name) for name, _ in gates) == 0
+    argv = ["--first-seed", "7018", "--count", "1", "--min-wires", "3", "--max-wires", "11"]
+    assert fuzz.main(argv + mode) == 0
+    assert "1 circuits, 0 with a mismatch" in capsys.readouterr().out
