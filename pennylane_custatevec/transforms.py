@@ -162,16 +162,23 @@ def entrywise_trainable_operators(tape: QuantumScript):
     ``results_off_the_jit_root`` keeps from aborting jaxlib 0.7.1)."""
     operations = tape.operations
     leading = bool(operations) and _entrywise_state(operations[0])
-    whole = [left_whole_under_jit(op) for op in operations]
-    if not leading and not any(whole) and not any(_entrywise(op) for op in operations):
+    converted = [_taken_for_adjoint(op) for op in operations]
+    if not leading and all(new is op for new, op in zip(converted, operations, strict=True)):
         return (tape,), _first_result
-    converted = [
-        _refusing_derivatives(op) if left else entrywise_unitary(op) if _entrywise(op) else op
-        for op, left in zip(operations, whole, strict=True)
-    ]
     if leading:
         converted[0] = entrywise_state(operations[0])
     return (tape.copy(operations=converted),), _first_result
+
+
+def _taken_for_adjoint(op: Operator) -> Operator:
+    """``op`` as ``entrywise_trainable_operators`` leaves it: taken by its entries, passed
+    through the refusing identity (``left_whole_under_jit``), or itself (one ``isinstance``
+    for an operator that is none of ``ENTRYWISE_SOURCES``)."""
+    if not isinstance(op, ENTRYWISE_SOURCES):
+        return op
+    if left_whole_under_jit(op):
+        return _refusing_derivatives(op)
+    return entrywise_unitary(op) if _entrywise(op) else op
 
 
 def _refusing_derivatives(op: Operator) -> Operator:
