@@ -69,6 +69,7 @@ from .transforms import (
     refuse_differentiated_shares,
     refuse_higher_derivatives,
     refuse_postselection_under_gradient_transforms,
+    refuse_purity_under_gradient_transforms,
     refuse_shot_noise_fallback,
     refuse_traced_pulse_times,
     results_off_the_jit_root,
@@ -550,6 +551,9 @@ class CuStateVecDevice(Device):
                 refuse_complex_parameters_under_gradient_transforms,
                 name,
                 torch_records=torch_records,
+            )
+            pipeline.add_transform(
+                refuse_purity_under_gradient_transforms, name, torch_records=torch_records
             )
             pipeline.add_transform(refuse_differentiated_measurement_bases, name)
         if method is not None and config.interface in _TRACING_INTERFACES:

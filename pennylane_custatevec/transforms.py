@@ -18,11 +18,14 @@ from pennylane.measurements import (
     DensityMatrixMP,
     ExpectationMP,
     MeasurementValue,
+    MutualInfoMP,
     ProbabilityMP,
+    PurityMP,
     SampleMP,
     StateMeasurement,
     StateMP,
     VarianceMP,
+    VnEntropyMP,
 )
 from pennylane.operation import Operator, StatePrepBase
 from pennylane.ops import (
@@ -720,6 +723,56 @@ def refuse_complex_parameters_under_gradient_transforms(
             "qml.evolve(G, t), whose parameter t is real."
         )
     return (tape,), _first_result
+
+
+_REFUSED_BY_PENNYLANE = (StateMP, VnEntropyMP, MutualInfoMP)
+"""The returns that PennyLane's shift-rule transforms refuse themselves
+(``gradients.gradient_transform.assert_no_state_returns``; the density matrix is a
+``StateMP``)."""
+
+
+@transform
+def refuse_purity_under_gradient_transforms(
+    tape: QuantumScript, method: str, torch_records: bool = True
+):
+    r"""Refuse ``qml.purity`` where ``method``, a PennyLane gradient transform that does
+    not difference values, would differentiate it.
+
+    The purity :math:`\mathrm{Tr}\,\rho^2` of a reduced state is quadratic in the state,
+    and the rules of parameter-shift, the Hadamard tests and the pulse gradients hold for
+    results linear in it (expectation values, probabilities). PennyLane's transforms
+    refuse the state, the density matrix, the von Neumann entropy and the mutual
+    information (``assert_no_state_returns``) but not the purity. Measured on default.qubit
+    and here alike, for ``RX(a, 0); CNOT(0, 1); RY(b, 1); CRZ(c, [1, 0]);
+    purity(wires=[0])``, whose gradient is (-0.339, 0.006, -0.013):
+
+    * parameter-shift gives (0, 0, -0.013);
+    * direct-hadamard gives (0, 0, 0);
+    * hadamard and reversed-hadamard crash in PennyLane (a ``TypeError`` and an
+      ``AttributeError``).
+
+    Finite differences and SPSA difference values and are right. The adjoint method
+    differentiates the purity exactly (``gradients.common``). A tape that also returns
+    what PennyLane's transforms refuse (``_REFUSED_BY_PENNYLANE``) gets PennyLane's error.
+    Only parameters whose derivative may be taken count (``_may_be_differentiated``): a
+    forward evaluation runs.
+    """
+    if method in _VALUE_DIFFERENCING_TRANSFORMS:
+        return (tape,), _first_result
+    purity = next((mp for mp in tape.measurements if isinstance(mp, PurityMP)), None)
+    if purity is None or any(isinstance(mp, _REFUSED_BY_PENNYLANE) for mp in tape.measurements):
+        return (tape,), _first_result  # PennyLane's own error names the tape's state returns
+    parameters = tape.get_parameters(trainable_only=False)
+    if not any(_may_be_differentiated(parameters[p], torch_records) for p in tape.trainable_params):
+        return (tape,), _first_result
+    raise DeviceError(
+        f"custatevec.qubit cannot differentiate qml.purity(wires={purity.wires.tolist()}) "
+        f"with diff_method={method!r}: the "
+        "purity Tr(rho^2) is quadratic in the state, and that method's rule holds only for "
+        "results linear in it (PennyLane's transform returns wrong derivatives or fails "
+        "there, on default.qubit too). Use diff_method='adjoint' (or 'best'), which "
+        "differentiates the purity exactly, or diff_method='finite-diff'."
+    )
 
 
 @transform

@@ -252,6 +252,111 @@ def test_best_takes_adjoint_for_state_measurements_and_var(measured):
     assert config.gradient_method == "adjoint"
 
 
+def _purity_circuit(x):
+    qml.RX(x[0], 0)
+    qml.CNOT([0, 1])
+    qml.RY(x[1], 1)
+    qml.CRZ(x[2], [1, 0])
+    return qml.expval(qml.Z(1)), qml.purity(wires=[0])
+
+
+PURITY_X = [0.4, 0.9, -0.6]
+
+
+def _purity_jacobian(qnode, interface: str) -> np.ndarray:
+    """The (2, 3) Jacobian of ``_purity_circuit``'s expval and purity at ``PURITY_X``."""
+    if interface == "torch":
+        x = torch.tensor(PURITY_X, requires_grad=True)
+        return torch.autograd.functional.jacobian(lambda v: torch.stack(qnode(v)), x).numpy()
+    if interface == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        return np.asarray(jax.jacobian(lambda v: jnp.stack(qnode(v)))(jnp.array(PURITY_X)))
+    x = pnp.array(PURITY_X, requires_grad=True)
+    return qml.jacobian(lambda v: qml.math.stack(qnode(v)))(x)
+
+
+@pytest.mark.parametrize("interface", ["autograd", "torch", "jax"])
+@pytest.mark.parametrize(
+    "diff_method", ["parameter-shift", "hadamard", "reversed-hadamard", "direct-hadamard"]
+)
+def test_shift_rules_on_purity_are_refused(diff_method, interface):
+    """The purity is quadratic in the state: PennyLane's parameter-shift gives it wrong
+    derivatives (shown on default.qubit below), direct-hadamard zeros, and hadamard and
+    reversed-hadamard crash in PennyLane. Refused by name where a derivative is taken
+    (but for the two crashes under jax, which happen before the device sees a tape); the
+    forward evaluation is default.qubit's."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    ours = qml.QNode(
+        _purity_circuit,
+        qml.device("custatevec.qubit", wires=3),
+        diff_method=diff_method,
+        interface=interface,
+    )
+    reference = qml.QNode(_purity_circuit, qml.device("default.qubit", wires=3))
+    np.testing.assert_allclose(
+        [float(v) for v in ours(np.array(PURITY_X))], reference(np.array(PURITY_X)), atol=1e-12
+    )
+    if interface == "jax" and diff_method in ("hadamard", "reversed-hadamard"):
+        # jax's interface applies the transform before any execution, and PennyLane's
+        # transform fails on the purity there, before the device sees a tape (as on
+        # default.qubit): an error, never a number
+        with pytest.raises((TypeError, AttributeError, NotImplementedError)):
+            _purity_jacobian(ours, interface)
+        return
+    with pytest.raises(DeviceError, match=r"cannot differentiate qml\.purity\(wires=\[0\]\)"):
+        _purity_jacobian(ours, interface)
+    if diff_method == "parameter-shift" and interface == "autograd":
+        wrong = _purity_jacobian(
+            qml.QNode(
+                _purity_circuit, qml.device("default.qubit", wires=3), diff_method=diff_method
+            ),
+            interface,
+        )
+        exact = _purity_jacobian(
+            qml.QNode(
+                _purity_circuit, qml.device("default.qubit", wires=3), diff_method="backprop"
+            ),
+            interface,
+        )
+        assert np.max(np.abs(wrong[1] - exact[1])) > 0.3  # why it is refused
+
+
+def test_purity_is_differentiated_by_adjoint_and_by_differences_of_values():
+    """The adjoint method ("best") gives backprop's derivatives of the purity; finite
+    differences and SPSA, which difference values, run and give default.qubit's numbers."""
+    exact = _purity_jacobian(
+        qml.QNode(_purity_circuit, qml.device("default.qubit", wires=3), diff_method="backprop"),
+        "autograd",
+    )
+    assert np.max(np.abs(exact[1])) > 0.3
+    for method in ("best", "adjoint"):
+        ours = qml.QNode(
+            _purity_circuit, qml.device("custatevec.qubit", wires=3), diff_method=method
+        )
+        np.testing.assert_allclose(_purity_jacobian(ours, "autograd"), exact, atol=ATOL)
+    differenced = {}
+    for method, kwargs in (("finite-diff", {}), ("spsa", {"sampler_rng": 5, "num_directions": 4})):
+        got, want = (
+            _purity_jacobian(
+                qml.QNode(
+                    _purity_circuit,
+                    qml.device(name, wires=3),
+                    diff_method=method,
+                    gradient_kwargs=dict(kwargs),
+                ),
+                "autograd",
+            )
+            for name in ("custatevec.qubit", "default.qubit")
+        )
+        np.testing.assert_allclose(got, want, atol=1e-9)
+        differenced[method] = got
+    np.testing.assert_allclose(differenced["finite-diff"], exact, atol=1e-5)
+
+
 # ---------------------------------------------------------------------------------------
 # 2. var of every kind of observable, at the device level
 
