@@ -61,6 +61,7 @@ from .transforms import (
     exponential_of_an_angle,
     gather_rotations,
     measure_in_computational_bases,
+    measure_mid_circuit_values_on_their_wires,
     one_shot_where_sampled,
     real_parameters_for_real_results,
     refuse_autograd_hessians_of_alike_measurements,
@@ -616,6 +617,7 @@ class CuStateVecDevice(Device):
             if not self._backend.gather_results:
                 pipeline.add_transform(refuse_differentiated_shares, self.wires)
             batched = self.options_in_force(config).grad_accumulation == "deferred"
+            pipeline.add_transform(measure_mid_circuit_values_on_their_wires)
             pipeline.add_transform(expand_broadcasts, trainable_only=batched)
             # measures through the state what the sweep does not differentiate (before
             # the state's complex parameters, which that may call for), then validates

@@ -1330,6 +1330,79 @@ def _rebuilt(op):
     return op if op.batch_size is None else unflatten(*flatten(op))
 
 
+MAX_MEASURED_VALUE_WIRES = 10
+"""The most deferred measurements a measured value of them may combine for
+``measure_mid_circuit_values_on_their_wires`` (its Z sentence has up to 2**k words)."""
+
+
+@transform
+def measure_mid_circuit_values_on_their_wires(tape: QuantumScript):
+    r"""For the adjoint method, after ``defer_measurements``: measure what a tape returns of
+    mid-circuit measurement values on the wires that hold them.
+
+    Deferred, measurement k's outcome is the computational basis value :math:`b_k` of its
+    wire (which later gates only control on), so, with :math:`e_b` the value's
+    eigenvalues (``mp.eigvals()``, over the measurements' wires in order):
+
+    * ``expval(f(m))`` and ``var(f(m))`` are those of the diagonal observable
+      :math:`D = \sum_b e_b |b\rangle\langle b|`, written exactly as a sum of Z words,
+      :math:`D = \sum_S c_S Z_S` with :math:`c_S = 2^{-k} \sum_b e_b (-1)^{|b \cap S|}`
+      (a Walsh-Hadamard transform), which the adjoint sweep differentiates;
+    * ``probs(op=[m0, m1, ...])`` of bare measurements is ``probs`` of their wires.
+
+    PennyLane's parameter-shift, which "best" took for such tapes, fails on ``var`` of a
+    measured value (``AttributeError: 'NoneType' object has no attribute 'name'``, on
+    default.qubit too). A tape that still holds mid-circuit measurements (another
+    ``mcm_method``), a value of more than ``MAX_MEASURED_VALUE_WIRES`` measurements, and
+    other measurements of values (``probs`` of a computed value, samples, counts) pass
+    unchanged, and the adjoint method refuses them by name as before."""
+    if not any(mp.mv is not None for mp in tape.measurements) or any(
+        isinstance(op, MidMeasure) for op in tape.operations
+    ):
+        return (tape,), _first_result
+    measurements = [_on_their_wires(mp) for mp in tape.measurements]
+    if all(new is old for new, old in zip(measurements, tape.measurements, strict=True)):
+        return (tape,), _first_result
+    return (tape.copy(measurements=measurements),), _first_result
+
+
+def _on_their_wires(mp):
+    """``mp`` measured on its values' wires (``measure_mid_circuit_values_on_their_wires``),
+    or ``mp`` itself."""
+    if mp.mv is None or len(mp.wires) > MAX_MEASURED_VALUE_WIRES:
+        return mp
+    if isinstance(mp, ProbabilityMP):
+        values = mp.mv if isinstance(mp.mv, list) else [mp.mv]
+        bare = all(
+            isinstance(v, MeasurementValue) and not v.has_processing and len(v.measurements) == 1
+            for v in values
+        )
+        return qml.probs(wires=mp.wires) if bare else mp
+    if isinstance(mp, (ExpectationMP, VarianceMP)) and isinstance(mp.mv, MeasurementValue):
+        observable = _diagonal_as_z_words(np.asarray(mp.eigvals(), dtype=float), mp.wires)
+        return type(mp)(obs=observable)
+    return mp
+
+
+def _diagonal_as_z_words(eigenvalues: np.ndarray, wires: Wires) -> Operator:
+    """The diagonal observable with ``eigenvalues`` on ``wires`` (the first wire the most
+    significant bit) as a sum of Z words (``measure_mid_circuit_values_on_their_wires``)."""
+    k = len(wires)
+    coefficients = eigenvalues.reshape((2,) * k) if k else eigenvalues.reshape(())
+    for axis in range(k):  # Walsh-Hadamard along each bit: (e0 + e1, e0 - e1) / 2
+        first, second = np.take(coefficients, 0, axis=axis), np.take(coefficients, 1, axis=axis)
+        coefficients = np.stack([(first + second) / 2, (first - second) / 2], axis=axis)
+    sentence = qml.pauli.PauliSentence()
+    for index in np.ndindex(*coefficients.shape):
+        coefficient = float(coefficients[index])
+        if coefficient != 0.0:
+            word = {wires[j]: "Z" for j, bit in enumerate(index) if bit}
+            sentence[qml.pauli.PauliWord(word)] = coefficient
+    if not sentence:
+        sentence[qml.pauli.PauliWord({})] = 0.0
+    return sentence.operation(wire_order=wires)
+
+
 @transform
 def measure_through_state(
     tape: QuantumScript, device_wires: Wires | None = None, array_gradients: bool = False

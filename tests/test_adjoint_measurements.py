@@ -930,13 +930,21 @@ def test_still_refused_with_the_reason(kind, device_vjp):
         assert word in message.lower().replace("_", "").replace(" ", ""), message
 
 
-def test_mid_circuit_measurement_values_still_refused():
-    def circuit(x):
-        qml.RX(x, 0)
-        m = qml.measure(0)
-        return qml.expval(m)
+def test_mid_circuit_measurement_values_differentiated_up_to_ten_measurements():
+    """A measured value is measured on its deferred wires (tests/test_mcm.py); a value of
+    more than MAX_MEASURED_VALUE_WIRES measurements (2**k Z words) is still refused."""
 
-    dev = qml.device("custatevec.qubit", wires=2)
-    qnode = qml.QNode(circuit, dev, diff_method="adjoint", mcm_method="deferred")
+    def circuit(x, n):
+        values = []
+        for wire in range(n):
+            qml.RX(x * (wire + 1), wire)
+            values.append(qml.measure(wire))
+        return qml.expval(sum(values[1:], values[0]))
+
+    x = pnp.array(0.3, requires_grad=True)
+    ours = qml.QNode(circuit, qml.device("custatevec.qubit", wires=2), diff_method="adjoint")
+    reference = qml.QNode(circuit, qml.device("default.qubit", wires=2), diff_method="backprop")
+    np.testing.assert_allclose(qml.grad(ours)(x, 1), qml.grad(reference)(x, 1), atol=ATOL)
+    too_many = qml.QNode(circuit, qml.device("custatevec.qubit", wires=22), diff_method="adjoint")
     with pytest.raises(DeviceError, match="mid-circuit measurement values"):
-        qml.grad(qnode)(pnp.array(0.3))
+        qml.grad(too_many)(x, 11)

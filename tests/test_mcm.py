@@ -669,3 +669,137 @@ def test_jitted_samples_of_a_postselecting_circuit_run_with_best(postselect_mode
         discarded = ours[:, 0] == np.iinfo(np.int32).min
         assert 0 < discarded.sum() < shots
         assert np.all(ours[~discarded] == [1, 0])
+
+
+# --- measured values differentiated by the adjoint method ------------------------------
+
+MEASURED_VALUES = {
+    "var(m0)": lambda m: qml.var(m[0]),
+    "var(m0+2m1-m2)": lambda m: qml.var(m[0] + 2 * m[1] - m[2]),
+    "expval(m0*m1),expval(Z)": lambda m: (qml.expval(m[0] * m[1]), qml.expval(qml.Z(1))),
+    "expval(2.5*m2+0.5)": lambda m: qml.expval(2.5 * m[2] + 0.5),
+    "probs([m0,m2])": lambda m: qml.probs(op=[m[0], m[2]]),
+    "probs(m1),var(m1)": lambda m: (qml.probs(op=m[1]), qml.var(m[1])),
+}
+
+
+def _measured_values_circuit(returns, reset: bool, postselect):
+    def circuit(x):
+        qml.RX(x[0], 0)
+        qml.CNOT([0, 1])
+        m0 = qml.measure(0, reset=reset)
+        qml.RY(x[1], 1)
+        qml.cond(m0, qml.RZ)(x[2], 1)
+        qml.RY(0.3, 1)
+        m1 = qml.measure(1, postselect=postselect)
+        qml.CRX(x[0] * 0.5, [1, 2])
+        qml.RY(x[1], 0)
+        m2 = qml.measure(2)
+        return returns([m0, m1, m2])
+
+    return circuit
+
+
+def _flat_jacobian(qnode, interface: str):
+    x = PARAMS[:3]
+    if interface == "torch":
+        import torch
+
+        def flat(v):
+            result = qnode(v)
+            parts = result if isinstance(result, tuple) else (result,)
+            return torch.hstack([torch.atleast_1d(p) for p in parts])
+
+        t = torch.tensor(x, requires_grad=True)
+        return flat(t).detach().numpy(), torch.autograd.functional.jacobian(flat, t).numpy()
+    if interface == "jax-jit":
+        import jax
+        import jax.numpy as jnp
+
+        def flat(v):
+            result = qnode(v)
+            parts = result if isinstance(result, tuple) else (result,)
+            return jnp.hstack([jnp.atleast_1d(p) for p in parts])
+
+        jacobian = jax.jit(jax.jacobian(flat))(jnp.array(x))
+        return np.asarray(flat(jnp.array(x))), np.asarray(jacobian)
+    from pennylane import numpy as pnp
+
+    def flat(v):
+        result = qnode(v)
+        return qml.math.hstack(result if isinstance(result, tuple) else [result])
+
+    v = pnp.array(x, requires_grad=True)
+    return np.asarray(flat(v)), np.asarray(qml.jacobian(flat)(v))
+
+
+@pytest.mark.parametrize("interface", ["autograd", "torch", "jax-jit"])
+@pytest.mark.parametrize(("reset", "postselect"), [(False, None), (True, None), (False, 1)])
+@pytest.mark.parametrize("returns", list(MEASURED_VALUES))
+def test_measured_values_are_differentiated_by_adjoint(returns, reset, postselect, interface):
+    """expval and var of functions of mid-circuit measurement values, and probs of bare
+    ones, are measured on the deferred wires (a Z sentence, probs of wires) and
+    differentiated by the adjoint method: "best" takes it (it took parameter-shift, which
+    fails on var of a measured value with an AttributeError, on default.qubit too), and the
+    values and Jacobians are default.qubit's backprop's."""
+    if interface == "jax-jit":
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
+    circuit = _measured_values_circuit(MEASURED_VALUES[returns], reset, postselect)
+    ours = qml.QNode(
+        circuit,
+        qml.device("custatevec.qubit", wires=6),  # 3, 4, 5: the deferred measurements'
+        diff_method="best",
+        interface=interface.replace("-jit", ""),
+    )
+    reference = qml.QNode(circuit, qml.device("default.qubit", wires=6), diff_method="backprop")
+    config = qml.workflow.construct_execution_config(ours, resolve=True)(PARAMS[:3])
+    assert config.gradient_method == "adjoint"
+    got, want = _flat_jacobian(ours, interface), _flat_jacobian(reference, "autograd")
+    np.testing.assert_allclose(got[0], want[0], atol=1e-10)
+    np.testing.assert_allclose(got[1], want[1], atol=1e-9)
+    if not (postselect is not None and returns == "probs(m1),var(m1)"):  # m1 is then 1
+        assert np.max(np.abs(want[1])) > 1e-2
+
+
+def test_a_diagonal_written_as_z_words_has_its_eigenvalues():
+    from pennylane_custatevec.transforms import _diagonal_as_z_words
+
+    rng = np.random.default_rng(4)
+    for k in range(4):
+        eigenvalues = rng.integers(-3, 4, 2**k).astype(float) * 0.5
+        wires = qml.wires.Wires(["a", 3, "b", 0][:k])
+        observable = _diagonal_as_z_words(eigenvalues, wires)
+        matrix = (
+            qml.matrix(observable, wire_order=wires)
+            if k
+            else np.eye(1) * float(observable.pauli_rep.get(qml.pauli.PauliWord({}), 0.0))
+        )
+        np.testing.assert_allclose(matrix, np.diag(eigenvalues), atol=1e-15)
+
+
+def test_a_value_of_too_many_measurements_is_left_to_the_refusal():
+    """Beyond MAX_MEASURED_VALUE_WIRES measurements (2**k Z words) the tape passes
+    unchanged, and the adjoint method refuses it by name."""
+    from pennylane_custatevec.transforms import (
+        MAX_MEASURED_VALUE_WIRES,
+        measure_mid_circuit_values_on_their_wires,
+    )
+
+    n = MAX_MEASURED_VALUE_WIRES + 1
+    dev = qml.device("custatevec.qubit", wires=2 * n)
+
+    def circuit(x):
+        values = []
+        for wire in range(n):
+            qml.RX(x, wire)
+            values.append(qml.measure(wire))
+        return qml.expval(sum(values[1:], values[0]))
+
+    tape = qml.workflow.construct_tape(qml.QNode(circuit, dev))(0.3)
+    (deferred,), _ = qml.defer_measurements(tape)
+    (same,), _ = measure_mid_circuit_values_on_their_wires(deferred)
+    assert same is deferred
+    small = deferred.copy(measurements=[qml.expval(deferred.measurements[0].mv)])
+    assert len(small.measurements[0].wires) == n
