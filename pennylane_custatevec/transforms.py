@@ -1388,7 +1388,7 @@ def _diagonal_as_z_words(eigenvalues: np.ndarray, wires: Wires) -> Operator:
     """The diagonal observable with ``eigenvalues`` on ``wires`` (the first wire the most
     significant bit) as a sum of Z words (``measure_mid_circuit_values_on_their_wires``)."""
     k = len(wires)
-    coefficients = eigenvalues.reshape((2,) * k) if k else eigenvalues.reshape(())
+    coefficients = eigenvalues.reshape((2,) * k)
     for axis in range(k):  # Walsh-Hadamard along each bit: (e0 + e1, e0 - e1) / 2
         first, second = np.take(coefficients, 0, axis=axis), np.take(coefficients, 1, axis=axis)
         coefficients = np.stack([(first + second) / 2, (first - second) / 2], axis=axis)

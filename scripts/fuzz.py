@@ -255,8 +255,8 @@ def _compiled_difference(compiled, params, want, want_jacobian, cotangent_seed: 
     cotangent = torch.tensor(rng.normal(size=tuple(out.shape)))
     (out * cotangent).sum().backward()
     return max(
-        float(_largest(np.abs(out.detach().numpy() - want))),
-        float(_largest(np.abs(p.grad.numpy() - cotangent.numpy() @ want_jacobian))),
+        _largest(np.abs(out.detach().numpy() - want)),
+        _largest(np.abs(p.grad.numpy() - cotangent.numpy() @ want_jacobian)),
     )
 
 
@@ -388,8 +388,8 @@ def check_jax(seed: int, n: int, layers: int) -> tuple[float, bool]:
         if jitted:
             forward, jacobian = jax.jit(forward), jax.jit(jacobian)
         difference = max(
-            float(_largest(np.abs(np.asarray(forward(params)) - want))),
-            float(_largest(np.abs(np.asarray(jacobian(params)) - want_jacobian))),
+            _largest(np.abs(np.asarray(forward(params)) - want)),
+            _largest(np.abs(np.asarray(jacobian(params)) - want_jacobian)),
         )
         worst = max(worst, difference)
         if difference > TOLERANCE:
@@ -524,7 +524,7 @@ def _difference(got: np.ndarray, want: np.ndarray) -> float:
     if not np.array_equal(np.isnan(got), np.isnan(want)):
         return float("inf")
     both = ~np.isnan(got)
-    return float(_largest(np.abs(got[both] - want[both])))
+    return _largest(np.abs(got[both] - want[both]))
 
 
 def check_mid_measured(seed: int, n: int, layers: int) -> tuple[float, bool]:
@@ -644,8 +644,8 @@ def check_shared(seed: int, n: int, layers: int) -> tuple[float, bool]:
             (_, params, _), (want, want_jacobian) = variants[k], expected[k]
             got, jacobian = _value_and_jacobian(ours[k], params)
             difference = max(
-                float(_largest(np.abs(got - want))),
-                float(_largest(np.abs(jacobian - want_jacobian))),
+                _largest(np.abs(got - want)),
+                _largest(np.abs(jacobian - want_jacobian)),
                 _compiled_difference(compiled[k], params, want, want_jacobian, k),
             )
             worst = max(worst, difference)
