@@ -1,18 +1,21 @@
 """pennylane-custatevec: a PennyLane device that simulates circuits with cuStateVec."""
 
 from .device import CuStateVecDevice
-from .settings import options
+from .settings import VERIFY_EVERY, options
 
 __version__ = "0.1.0"
 
 __all__ = ["CuStateVecDevice", "__version__", "compile", "options"]
 
 
-def compile(qnode):  # noqa: A001 - the compiled path's entry point
+def compile(qnode=None, *, verify_every: int | None = VERIFY_EVERY):  # noqa: A001 - the entry point
     """``qnode`` (on ``custatevec.qubit``, torch interface) compiled: each call runs as one
     ``torch.autograd.Function`` whose backward is the device's adjoint VJP; usable as a
-    decorator. See :doc:`compiled` and ``pennylane_custatevec.compiled``. (Imported here
-    on first use, so that the package does not import torch.)"""
+    decorator, with or without arguments. ``verify_every``: a replaying key is traced
+    again and compared at its calls 4, 8, ..., ``verify_every``, then every
+    ``verify_every``-th call (None: never after its third call). See :doc:`compiled` and
+    ``pennylane_custatevec.compiled``. (Imported here on first use, so that the package
+    does not import torch.)"""
     from .compiled import compile as compile_qnode
 
-    return compile_qnode(qnode)
+    return compile_qnode(qnode, verify_every=verify_every)

@@ -29,6 +29,10 @@ from collections.abc import Mapping
 import numpy as np
 
 GRAD_ACCUMULATION_CHOICES = ("deferred", "eager")
+VERIFY_EVERY = 256
+"""The default of ``compile``'s ``verify_every``: a replaying key is traced again at its
+calls 4, 8, ..., 256 and then every 256th call (the cost measured on W4:
+doc/compiled.md)."""
 MAX_FUSION_QUBITS = 6
 """The largest fused block: its dense matrix has 4**k entries per state vector."""
 

@@ -2,29 +2,47 @@
 
 A trace runs the quantum function (and the device's preprocessing) once with each torch
 tensor argument replaced by a ``Tracer``: a ``torch.Tensor`` subclass holding the
-argument's own data whose ``__torch_function__`` runs every torch call on it as usual and
-records it (function, arguments, the shapes of its outputs) as a ``Node``; its outputs are
-tracers again. Every gate parameter of the traced tapes is then a recorded expression of
-the arguments (or a constant), and ``Trace.replay`` evaluates those expressions on new
-arguments with plain torch operations, so that torch's autograd differentiates the path
-from the arguments to the gate parameters.
+argument's own data. While it runs, a torch function mode (``Trace.recording``) sees every
+torch call, and records as a ``Node`` (function, arguments, the shapes of its outputs)
+each call that either takes a tracer or draws random numbers (``randomness``: a call that
+changes a watched generator's state); the outputs of a recorded call are tracers again.
+Every other call (a factory such as ``torch.tensor(0.5)``, arithmetic on a global tensor)
+computes a constant, which enters the recorded calls as an argument. So every gate
+parameter of the traced tapes is an expression whose leaves are only:
 
-A trace records only what torch tells it. What it cannot replay, it refuses at once by
-raising ``TraceRefused`` (the caller then records the quantum function anew on each call):
-a tracer's value leaving torch (``bool``, ``int``, ``float``, ``.item()``, ``.tolist()``,
-``.numpy()``, ``__array__``: Python control flow or numpy on an argument's value),
-in-place operations, operations whose output shape depends on the data (and, at replay,
-any output whose shape differs from the traced one), and any use of a tracer after its
-trace has closed (a traced value kept by a post-processing function).
+- the call's arguments;
+- random draws, which every replay makes again (the same generators, in the same order);
+- constants, held by the nodes as snapshots (tensors copied when recorded): whether they
+  are constant is proven by the caller, which compares two traces bit for bit
+  (``Trace.difference``).
+
+``Trace.replay`` evaluates those expressions on new arguments with plain torch operations,
+so that torch's autograd differentiates the path from the arguments to the gate
+parameters.
+
+What a trace cannot replay, it refuses at once by raising ``TraceRefused`` (the caller
+then records the quantum function anew on each call): a tracer's value leaving torch
+(``bool``, ``int``, ``float``, ``.item()``, ``.tolist()``, ``.numpy()``, ``__array__``:
+Python control flow or numpy on an argument's or a draw's value), in-place operations on
+tracers (refused before they run) and in-place draws, operations whose output shape
+depends on the data (and, at replay, any output whose shape differs from the traced one),
+a constant tensor that requires grad (a parameter that is not an argument), a generator
+changed outside torch's functions, and any use of a tracer after its trace has closed (a
+traced value kept by a post-processing function).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
+from torch.overrides import TorchFunctionMode
+
+from ..exact import value_key
+from .randomness import GeneratorChanged, GeneratorWatch, generators_in
 
 
 class TraceRefused(Exception):
@@ -56,13 +74,63 @@ class Node:
     """Where every Slot sits among ``args`` itself (none in ``kwargs`` or nested): its
     ``(position, slot)`` pairs, so that a replay puts the values in place without walking
     the arguments (``_substitute``); None where Slots sit elsewhere."""
+    random: bool
+    """Whether the call drew from a generator: a replay always runs it (never pruned)."""
 
     @classmethod
-    def of(cls, func: Callable, args: tuple, kwargs: dict, outputs: tuple) -> Node:
+    def of(cls, func: Callable, args: tuple, kwargs: dict, outputs: tuple, random: bool) -> Node:
         slots = _slots_in((args, kwargs))
         top = tuple((i, arg.index) for i, arg in enumerate(args) if isinstance(arg, Slot))
         top_only = len(top) == len(slots) and type(args) is tuple
-        return cls(func, args, kwargs, outputs, bool(slots), top if top_only else None)
+        return cls(func, args, kwargs, outputs, bool(slots), top if top_only else None, random)
+
+    def key(self) -> tuple:
+        """What the node computes, exactly: its function (by identity), its arguments (Slots
+        by index, constants by ``constant_key``), its outputs and whether it draws."""
+        return (
+            _Identity(self.func),
+            constant_key(self.args),
+            constant_key(self.kwargs),
+            self.outputs,
+            self.random,
+        )
+
+
+class _Identity:
+    """A key equal only to the same object."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Identity) and other.value is self.value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+
+def constant_key(value):
+    """A key of a recorded argument that is equal for two values only when they are equal
+    exactly: Slots by index, tensors by dtype, shape, torch device and bytes, slices and
+    torch devices by their parts, generators and functions by identity, the rest by
+    ``exact.value_key``."""
+    if type(value) is Slot:
+        return value
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.dtype, value.device.type, value.device.index, value_key(value))
+    if type(value) in (tuple, list):
+        return (type(value), tuple(constant_key(item) for item in value))
+    if type(value) is dict:
+        return (dict, tuple((name, constant_key(item)) for name, item in value.items()))
+    if type(value) is slice:
+        return (slice, constant_key((value.start, value.stop, value.step)))
+    if type(value) is torch.device:
+        return (torch.device, value.type, value.index)
+    if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+        return _Identity(value)
+    return value_key(value)
 
 
 _METADATA = frozenset(
@@ -111,13 +179,27 @@ def _name_of(func) -> str:
 class Trace:
     """The recorded calls of one tracing (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, known_generators: Sequence[torch.Generator] = ()) -> None:
         self.nodes: list[Node] = []
         self.n_slots = 0
         self.inputs: list[int] = []
         """The slots of the traced arguments, in the order ``tracer_of`` made them."""
         self.closed = False
         self._owner = threading.get_ident()
+        self.generators = GeneratorWatch(known_generators)
+        """The generators watched from the trace's start (``randomness``): besides torch's
+        defaults, ``known_generators`` (those an earlier trace of the key drew from)."""
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        """Record the torch calls made in this block (module docstring); on leaving it,
+        refuse where a generator changed after the last torch call."""
+        with _TraceMode(self):
+            yield
+        try:
+            self.generators.before_call()
+        except GeneratorChanged as change:
+            raise TraceRefused(str(change)) from None
 
     def tracer_of(self, tensor: torch.Tensor) -> Tracer:
         """A tracer standing for the argument ``tensor`` (its data, not a copy)."""
@@ -137,11 +219,12 @@ class Trace:
         self.closed = True
 
     def prune(self, needed: Sequence[int]) -> None:
-        """Keep only the calls that the slots ``needed`` depend on."""
+        """Keep only the calls that the slots ``needed`` depend on, and every call that
+        draws (a replay draws what the quantum function draws, used or not)."""
         live = set(needed)
         kept = []
         for node in reversed(self.nodes):
-            if any(slot in live for _, slot, _ in node.outputs):
+            if node.random or any(slot in live for _, slot, _ in node.outputs):
                 kept.append(node)
                 live.update(_slots_in((node.args, node.kwargs)))
         self.nodes = kept[::-1]
@@ -168,10 +251,27 @@ class Trace:
                 views[node.outputs[0][1]] = (tensor.index, index)
         return views
 
-    def replay(self, arguments: Sequence[torch.Tensor]) -> list:
+    def difference(self, other: Trace) -> str | None:
+        """Where this trace's calls differ from ``other``'s (None: they compute the same
+        expressions of the same leaves, constants bit for bit)."""
+        if self.inputs != other.inputs or len(self.nodes) != len(other.nodes):
+            return "the quantum function made other torch calls"
+        for number, (mine, theirs) in enumerate(zip(self.nodes, other.nodes, strict=True)):
+            if mine.key() != theirs.key():
+                return (
+                    f"its torch call {_name_of(mine.func)} (recorded call {number}) took other "
+                    "constants or values"
+                )
+        return None
+
+    def replay(self, arguments: Sequence[torch.Tensor], rewind: bool = False) -> list:
         """The values of all slots for new ``arguments`` (one per traced argument, in the
         order of ``inputs``), computed with plain torch calls; raises TraceRefused where an
-        output's shape differs from the traced one (a shape that depends on values)."""
+        output's shape differs from the traced one (a shape that depends on values).
+        ``rewind``: the generators first back to their states at the trace's start, so
+        that the replay draws the trace's own numbers (the traced call itself)."""
+        if rewind:
+            self.generators.rewind()
         values: list = [None] * self.n_slots
         for slot, argument in zip(self.inputs, arguments, strict=True):
             values[slot] = argument
@@ -205,18 +305,18 @@ class Trace:
         tracer._slot = slot
         return slot
 
-    def record(self, func, args: tuple, kwargs: dict, out):
+    def record(self, func, args: tuple, kwargs: dict, out, random: bool = False):
         """Record ``func(*args, **kwargs) = out`` and return ``out`` with its tensors as
-        tracers; raise TraceRefused for what cannot be replayed (module docstring)."""
+        tracers; raise TraceRefused for what cannot be replayed (module docstring).
+        ``random``: the call drew from a generator."""
         name = _name_of(func)
         if self.closed:
             raise TraceRefused(f"a traced value was used after its trace closed (in {name})")
         if threading.get_ident() != self._owner:
             raise TraceRefused(f"a traced value was used by another thread (in {name})")
-        if name in _IN_PLACE_DUNDERS or (
-            name.endswith("_") and not name.startswith("__") or "out" in kwargs
-        ):
-            raise TraceRefused(f"the in-place operation {name} on a traced value")
+        if _in_place(name, kwargs):
+            kind = "random draw" if random else "operation"
+            raise TraceRefused(f"the in-place {kind} {name} on a traced value")
         if name in _DATA_DEPENDENT_SHAPES or _has_boolean_index(name, args):
             raise TraceRefused(f"{name} gives an output whose shape depends on values")
         if isinstance(out, torch.Tensor):
@@ -242,8 +342,51 @@ class Trace:
                 "an argument's value)"
             )
         marked = (_mark(args, self), _mark(kwargs, self))
-        self.nodes.append(Node.of(func, marked[0], marked[1], outputs))
+        self.nodes.append(Node.of(func, marked[0], marked[1], outputs, random))
         return result
+
+
+def _in_place(name: str, kwargs: dict) -> bool:
+    return (
+        name in _IN_PLACE_DUNDERS
+        or (name.endswith("_") and not name.startswith("__"))
+        or "out" in kwargs
+    )
+
+
+class _TraceMode(TorchFunctionMode):
+    """Sees every torch call while a trace records (``Trace.recording``): a call that takes
+    a tracer or draws from a watched generator is recorded, any other runs as it is and
+    gives a constant (module docstring)."""
+
+    def __init__(self, trace: Trace):
+        super().__init__()
+        self.trace = trace
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = _name_of(func)
+        if name in _METADATA:  # never draws, never reads values
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs)
+        trace = self.trace
+        found = _trace_in((args, kwargs))
+        if found is not None and found is not trace:
+            raise TraceRefused(f"a traced value of another call met this one (in {name})")
+        if found is not None and _in_place(name, kwargs):  # refused before it runs
+            raise TraceRefused(f"the in-place operation {name} on a traced value")
+        for generator in generators_in(args, kwargs):
+            trace.generators.watch(generator)
+        try:
+            trace.generators.before_call()
+        except GeneratorChanged as change:
+            raise TraceRefused(str(change)) from None
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+        drew = trace.generators.after_call()
+        if found is None and not drew:
+            return out  # a constant: it enters the trace where a recorded call takes it
+        return trace.record(func, args, kwargs, out, random=drew)
 
 
 class Tracer(torch.Tensor):
@@ -290,12 +433,21 @@ def _has_boolean_index(name: str, args: tuple) -> bool:
 
 
 def _mark(value, trace: Trace):
-    """``value`` with the tracers of ``trace`` replaced by their Slots."""
+    """``value`` with the tracers of ``trace`` replaced by their Slots and its other tensors
+    by snapshots (copies: a later in-place change of a global never reaches the trace)."""
     slot = trace.slot_of(value)
     if slot is not None:
         return Slot(slot)
     if isinstance(value, Tracer):
         raise TraceRefused("a value of another trace met this one")
+    if isinstance(value, torch.Tensor):
+        if value.requires_grad:
+            raise TraceRefused(
+                "a tensor that requires grad but is not an argument of the call (a global or "
+                "closed-over parameter) enters a traced expression"
+            )
+        with torch._C.DisableTorchFunctionSubclass():
+            return value.detach().clone()
     if type(value) in (tuple, list):
         return type(value)(_mark(item, trace) for item in value)
     if type(value) is dict:
