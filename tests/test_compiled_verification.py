@@ -163,6 +163,23 @@ def test_a_global_tensor_as_a_gate_parameter_replays_while_it_is_constant():
         assert_same_call(compiled, qnode, _x(0.1 * call))
 
 
+def test_a_no_grad_block_of_the_quantum_function_replays_without_grad():
+    """A value the quantum function computes under ``torch.no_grad()`` carries no
+    gradient, in a replay too (each recorded call replays in its own grad mode). Before,
+    the replay computed it with grad: a gradient 3x the QNode's (-2.80 where -0.93)."""
+
+    def circuit(x):
+        with torch.no_grad():
+            doubled = x * 2
+        qml.RX(doubled + x, 0)
+        return qml.expval(qml.Z(0))
+
+    compiled, qnode = _pair(circuit)
+    for call in range(6):
+        _same_seeded_call(compiled, qnode, _x(0.3 + 0.1 * call), call)
+    assert _mode(compiled) == "REPLAY"
+
+
 # --- generators ------------------------------------------------------------------------
 
 

@@ -76,23 +76,30 @@ class Node:
     the arguments (``_substitute``); None where Slots sit elsewhere."""
     random: bool
     """Whether the call drew from a generator: a replay always runs it (never pruned)."""
+    grad_enabled: bool
+    """Whether torch's grad mode was on for the call (off in a ``torch.no_grad()`` block of
+    the quantum function): a replay runs it in the same mode."""
 
     @classmethod
     def of(cls, func: Callable, args: tuple, kwargs: dict, outputs: tuple, random: bool) -> Node:
         slots = _slots_in((args, kwargs))
         top = tuple((i, arg.index) for i, arg in enumerate(args) if isinstance(arg, Slot))
         top_only = len(top) == len(slots) and type(args) is tuple
-        return cls(func, args, kwargs, outputs, bool(slots), top if top_only else None, random)
+        top = top if top_only else None
+        grad = torch.is_grad_enabled()
+        return cls(func, args, kwargs, outputs, bool(slots), top, random, grad)
 
     def key(self) -> tuple:
         """What the node computes, exactly: its function (by identity), its arguments (Slots
-        by index, constants by ``constant_key``), its outputs and whether it draws."""
+        by index, constants by ``constant_key``), its outputs, whether it draws and its grad
+        mode."""
         return (
             _Identity(self.func),
             constant_key(self.args),
             constant_key(self.kwargs),
             self.outputs,
             self.random,
+            self.grad_enabled,
         )
 
 
@@ -285,7 +292,11 @@ class Trace:
                 kwargs = _substitute(node.kwargs, values)
             else:
                 args, kwargs = node.args, node.kwargs
-            out = node.func(*args, **kwargs)
+            if node.grad_enabled is torch.is_grad_enabled():
+                out = node.func(*args, **kwargs)
+            else:
+                with torch.set_grad_enabled(node.grad_enabled):
+                    out = node.func(*args, **kwargs)
             for position, slot, shape in node.outputs:
                 value = out if position is None else out[position]
                 if value.shape != shape:
