@@ -132,3 +132,22 @@ def test_nested_vmap_gets_an_error_naming_the_alternative():
     batch = torch.zeros((2, 2, 3), dtype=torch.float64)
     with pytest.raises(RuntimeError, match="pass the batch as a broadcast input"):
         torch.func.vmap(torch.func.vmap(compiled))(batch)
+
+
+def test_vmap_with_an_observable_of_float_coefficients():
+    """Regression: an observable whose data are Python floats (a Hamiltonian's
+    coefficients) crashed ``torch.func.vmap`` of the compiled QNode (TypeError from
+    ``is_functorch_wrapped_tensor(1.497)``): such data are not batched arguments."""
+
+    @qml.qnode(_device(), interface="torch")
+    def circuit(x):
+        qml.AngleEmbedding(x, wires=range(3))
+        qml.CNOT([0, 1])
+        return qml.expval(1.497 * qml.Z(2) @ qml.Z(1) + 1.194 * qml.X(1))
+
+    compiled = pennylane_custatevec.compile(circuit)
+    rows = torch.tensor(np.random.default_rng(4).uniform(-1, 1, (5, 3)), requires_grad=True)
+    got = torch.func.vmap(compiled)(rows)
+    want = _per_row(circuit, rows)
+    assert_same_result(got, want)
+    _assert_same_gradients(got, want, [rows])

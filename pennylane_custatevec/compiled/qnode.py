@@ -329,7 +329,7 @@ class CompiledQNode:
                 "broadcast input instead of vmapping."
             )
         if any(
-            _functorch.is_functorch_wrapped_tensor(value)
+            isinstance(value, torch.Tensor) and _functorch.is_functorch_wrapped_tensor(value)
             for measurement in tape.measurements
             if measurement.obs is not None
             for value in measurement.obs.data
