@@ -53,7 +53,14 @@ default.qubit (backprop):
   each within 5 standard errors (the reported difference: the largest in standard
   errors); every other circuit with a mid-circuit measurement (reset or not) and a
   conditional RY, run by the deferred method and (4000 shots, up to 14 wires) the
-  one-shot method.
+  one-shot method;
+- with ``--compiled``, generated quantum functions (``tests/compiled_generator.py``:
+  chains of torch operations on the arguments with random draws, globals that change
+  between calls and Python control flow, feeding gates and templates) through
+  ``pennylane_custatevec.compile`` against the QNode over ``--calls`` calls in both
+  accumulation modes: values, gradients and random generator states per call, and
+  vmap and batched cotangents for functions without random draws; a mismatch prints the
+  function's source.
 
 Each circuit runs on the device with its defaults, with ``grad_accumulation="eager"`` and
 with ``fusion_qubits=4`` (``--broadcast``: with ``c_dtype="complex64"``, to 1e-4), through
@@ -70,6 +77,7 @@ where one was seen.
     python scripts/fuzz.py --jax --count 40 --min-wires 3 --max-wires 12
     python scripts/fuzz.py --constants --count 40 --min-wires 3 --max-wires 16
     python scripts/fuzz.py --matrices --count 40 --min-wires 3 --max-wires 14
+    python scripts/fuzz.py --compiled --count 200 --min-wires 3 --max-wires 8 --calls 60
 """
 
 from __future__ import annotations
@@ -79,6 +87,7 @@ import collections
 import functools
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pennylane as qml
@@ -731,6 +740,21 @@ def _sampling_errors(exact, shots: int) -> list:
     ]
 
 
+def check_compiled(seed: int, n: int, layers: int, calls: int = 40) -> tuple[float, bool]:
+    """The generated quantum function of ``seed`` on ``n`` wires through the compiled
+    QNode and the QNode (``compiled_generator.fuzz_one``); a mismatch prints its message
+    (the call, what differed, the function's source)."""
+    tests = str(Path(__file__).resolve().parents[1] / "tests")
+    if tests not in sys.path:  # the generator and its helpers live with the tests
+        sys.path.insert(0, tests)
+    from compiled_generator import fuzz_one
+
+    worst, failure = fuzz_one(seed, n, layers, calls)
+    if failure is not None:
+        print(f"MISMATCH seed {seed} n {n}: {failure}", flush=True)
+    return worst, failure is not None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--first-seed", type=int, default=0)
@@ -745,6 +769,8 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--jax", action="store_true")
     mode.add_argument("--constants", action="store_true")
     mode.add_argument("--matrices", action="store_true")
+    mode.add_argument("--compiled", action="store_true")
+    parser.add_argument("--calls", type=int, default=40, help="calls per --compiled function")
     args = parser.parse_args(argv)
     if args.min_wires < 3 or args.max_wires < args.min_wires:
         parser.error("--min-wires must be at least 3 and at most --max-wires")
@@ -763,6 +789,8 @@ def main(argv: list[str] | None = None) -> int:
         check = functools.partial(check_plain, constants=True)
     if args.matrices:
         check = functools.partial(check_plain, matrices=True)
+    if args.compiled:
+        check = functools.partial(check_compiled, calls=args.calls)
     worst, mismatches = 0.0, 0
     for seed in range(args.first_seed, args.first_seed + args.count):
         rng = np.random.default_rng([seed, 1])
@@ -773,7 +801,8 @@ def main(argv: list[str] | None = None) -> int:
         mismatches += mismatched
         worst = max(worst, difference)
         print(f"seed {seed}: {n} wires, worst difference so far {worst:.2e}", flush=True)
-    print(f"{args.count} circuits, {mismatches} with a mismatch; worst difference {worst:.2e}")
+    noun = "functions" if args.compiled else "circuits"
+    print(f"{args.count} {noun}, {mismatches} with a mismatch; worst difference {worst:.2e}")
     if POSTSELECTION_VERDICTS:
         verdicts = ", ".join(f"{m} {v} {c}" for (m, v), c in sorted(POSTSELECTION_VERDICTS.items()))
         print(f"postselecting circuits' derivatives (per accumulation mode): {verdicts}")

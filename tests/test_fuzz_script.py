@@ -24,13 +24,15 @@ import fuzz  # noqa: E402
         ["--jax"],
         ["--constants"],
         ["--matrices"],
+        ["--compiled", "--calls", "20"],
     ],
 )
 def test_a_small_random_circuit_agrees(mode, capsys):
     argv = ["--first-seed", "3", "--count", "1", "--min-wires", "4", "--max-wires", "5"]
     assert fuzz.main(argv + mode) == 0
     output = capsys.readouterr().out
-    assert "1 circuits, 0 with a mismatch" in output
+    noun = "functions" if "--compiled" in mode else "circuits"
+    assert f"1 {noun}, 0 with a mismatch" in output
     assert "MISMATCH" not in output
 
 
@@ -64,6 +66,29 @@ def test_a_sampled_result_beyond_its_errors_fails_the_run(monkeypatch, capsys):
     monkeypatch.setattr(fuzz, "SIGMAS", 0.0)  # every sampling error is beyond the bound
     assert fuzz.main(["--shots", "--count", "1", "--min-wires", "3", "--max-wires", "3"]) == 1
     assert "MISMATCH seed 0" in capsys.readouterr().out
+
+
+def test_a_compiled_mismatch_prints_the_source_and_fails_the_run(monkeypatch, capsys):
+    """``--compiled``: a generated function whose compiled calls differ from the QNode's
+    (here: the compiled QNode replaced by one that is off by 1e-6) prints MISMATCH with
+    its seed and source, and the run fails."""
+    import compiled_generator
+
+    def shifted(result):
+        if isinstance(result, (tuple, list)):
+            return type(result)(shifted(item) for item in result)
+        return result + 1e-6
+
+    def off(qnode, _verify_every):
+        return lambda *args, **kwargs: shifted(qnode(*args, **kwargs))
+
+    monkeypatch.setattr(compiled_generator, "compile_qnode", off)
+    argv = ["--compiled", "--first-seed", "4", "--count", "1", "--min-wires", "3"]
+    assert fuzz.main([*argv, "--max-wires", "3", "--calls", "4"]) == 1
+    output = capsys.readouterr().out
+    assert "MISMATCH seed 4 n 3: generated function 4" in output
+    assert "def circuit(" in output
+    assert "1 functions, 1 with a mismatch" in output
 
 
 @pytest.mark.parametrize("mode", [[], ["--broadcast"]])
