@@ -100,6 +100,11 @@ def value_key(value):
     return _key(value, _all_data)
 
 
+def identity_key(value) -> _Same:
+    """A key equal only to the same object's (it holds the object)."""
+    return _Same(value)
+
+
 def operator_key(op: Operator) -> tuple:
     """Key of an operator with its data: type, wires, hyperparameters (nested operators
     with their data) and data, exactly."""

@@ -265,7 +265,9 @@ def test_a_global_torch_tensor_is_read_fresh_and_differentiated():
         want_grad = torch.autograd.grad(want, (x, weight))
         for g, w in zip(got_grad, want_grad, strict=True):
             torch.testing.assert_close(g, w, atol=1e-10, rtol=0)
-    assert _modes(compiled) == ["RERECORD"]
+    # a tensor the quantum function names is part of the key by its version counter: each
+    # in-place change is a key of its own, recorded
+    assert _modes(compiled) == ["SEEN_ONCE"] * 4
 
 
 def test_the_trace_refuses_values_leaving_torch():

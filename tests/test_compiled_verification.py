@@ -314,3 +314,45 @@ def test_compile_as_a_decorator_with_options():
 
     assert circuit.verify_every is None
     torch.testing.assert_close(circuit(_x(0.5)), torch.cos(_x(0.5)), atol=1e-12, rtol=0)
+
+
+# --- what the quantum function reads by name -------------------------------------------
+
+_SCALE = 0.7
+_FLAG = 1.0
+_OFFSET = torch.tensor(0.2, dtype=torch.float64)
+
+
+def _named_globals_circuit(x):
+    if _FLAG > 0:  # read by Python only: no trace sees it
+        qml.RX(x * _SCALE + _OFFSET, 0)
+    else:
+        qml.RY(x, 0)
+    return qml.expval(qml.Z(0))
+
+
+def test_globals_the_quantum_function_names_are_part_of_the_key():
+    """A module global or closure variable that the quantum function names (a Python or
+    numpy scalar by value, a tensor by identity and version counter) is part of the
+    signature key: a change of it, even one only an ``if`` reads, is never replayed
+    stale (no verification needed); going back to earlier values replays their keys."""
+    global _SCALE, _FLAG, _OFFSET
+    compiled, qnode = _pair(_named_globals_circuit)
+    changes = {
+        10: lambda: globals().update(_SCALE=0.9),
+        20: lambda: globals().update(_FLAG=-1.0),
+        25: lambda: globals().update(_FLAG=1.0),
+        30: lambda: _OFFSET.add_(0.1),  # in place: its version counter moves
+        35: lambda: globals().update(_OFFSET=torch.tensor(0.5, dtype=torch.float64)),
+    }
+    try:
+        for call in range(1, 41):
+            if call in changes:
+                with torch.no_grad():
+                    changes[call]()
+            x = _x(0.3 + 0.01 * call)
+            torch.testing.assert_close(compiled(x), qnode(x), atol=1e-12, rtol=0)
+        assert len(compiled.modes()) == 5
+        assert set(compiled.modes().values()) == {"REPLAY"}
+    finally:
+        _SCALE, _FLAG, _OFFSET = 0.7, 1.0, torch.tensor(0.2, dtype=torch.float64)

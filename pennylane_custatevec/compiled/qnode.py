@@ -5,8 +5,9 @@ A call's **signature key** is: per argument (positional, then keyword by name in
 call's order), a torch tensor by its shape, dtype, device and ``requires_grad``, a numpy
 array or Python value by its exact value (``exact.value_key``), anything else by identity,
 nested in lists, tuples and dicts; the differentiation options in force
-(``pennylane_custatevec.options``) and whether torch's grad mode is on. Per key (at most
-``MAX_KEYS``, least recently used dropped):
+(``pennylane_custatevec.options``), whether torch's grad mode is on, and the scalars and
+tensors the quantum function reads by name outside its arguments (``keys.NamedReads``).
+Per key (at most ``MAX_KEYS``, least recently used dropped):
 
 1. the first call records the quantum function with the real arguments, preprocesses it
    and runs it (``_recorded``): a circuit seen once costs what the QNode path costs;
@@ -70,7 +71,7 @@ from .function import (
     as_numpy,
     unflatten,
 )
-from .keys import argument_key, torch_leaves, with_tracers
+from .keys import NamedReads, argument_key, torch_leaves, with_tracers
 from .recording import Unserved, numeric_tape, record_call
 from .replay import (
     Batch,
@@ -142,6 +143,7 @@ class CompiledQNode:
             )
         self.qnode = qnode
         self.verify_every = verify_every
+        self._named_reads = NamedReads.of(qnode.func)
         self._entries: collections.OrderedDict = collections.OrderedDict()
         self._structures: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.RLock()
@@ -182,6 +184,7 @@ class CompiledQNode:
             tuple((name, argument_key(value, leaves)) for name, value in kwargs.items()),
             self._options_in_force(),
             torch.is_grad_enabled(),
+            self._named_reads.key(),
         )
         vmapped = VmapCall.of(leaves)
         if vmapped is not None:

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..exact import value_key
+from ..exact import identity_key, value_key
 from .randomness import GeneratorChanged, GeneratorWatch, generators_in
 
 
@@ -94,28 +94,13 @@ class Node:
         by index, constants by ``constant_key``), its outputs, whether it draws and its grad
         mode."""
         return (
-            _Identity(self.func),
+            identity_key(self.func),
             constant_key(self.args),
             constant_key(self.kwargs),
             self.outputs,
             self.random,
             self.grad_enabled,
         )
-
-
-class _Identity:
-    """A key equal only to the same object."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value):
-        self.value = value
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, _Identity) and other.value is self.value
-
-    def __hash__(self) -> int:
-        return id(self.value)
 
 
 def constant_key(value):
@@ -135,9 +120,7 @@ def constant_key(value):
         return (slice, constant_key((value.start, value.stop, value.step)))
     if type(value) is torch.device:
         return (torch.device, value.type, value.index)
-    if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
-        return _Identity(value)
-    return value_key(value)
+    return value_key(value)  # dtypes, layouts, generators, functions: by identity
 
 
 _METADATA = frozenset(
