@@ -12,6 +12,9 @@ each other in time; the report gives their median and quartiles (the figure to r
 each tree's best step.
 
     python benchmarks/compare_revisions.py --base /path/to/old/checkout --rounds 10
+
+``--compiled``: each tree's QNodes wrapped by ``pennylane_custatevec.compile`` (the torch
+workloads; every step continues the same keys' calls, so a step may hold a verification).
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ JACOBIAN_WORKLOADS = frozenset({"W2"})  # as run_workloads.py: a full Jacobian, 
 # The worker: one process per tree, driven over stdin/stdout, one JSON line per request
 
 
-def worker() -> None:
-    """Answer ``build W``, ``time W`` and ``drop W`` requests, one JSON line each."""
+def worker(compiled: bool = False) -> None:
+    """Answer ``build W``, ``time W`` and ``drop W`` requests, one JSON line each;
+    ``compiled``: the QNodes wrapped by ``pennylane_custatevec.compile``."""
     import torch
 
     sys.path.insert(0, str(HERE))
@@ -53,7 +57,7 @@ def worker() -> None:
         request, workload_id = line.split()
         if request == "build":
             vjp = workload_id not in JACOBIAN_WORKLOADS
-            setup = Setup("custatevec.qubit", "adjoint", vjp)
+            setup = Setup("custatevec.qubit", "adjoint", vjp, compiled=compiled)
             built[workload_id] = BUILDERS[workload_id](setup)
             values, gradients = built[workload_id].step()  # the warm-up, and the cross-check
             _reply({"values": np.ravel(values).tolist(), "gradients": np.ravel(gradients).tolist()})
@@ -78,10 +82,10 @@ def _reply(message: dict) -> None:
 class Worker:
     """A worker process importing the package from ``tree``."""
 
-    def __init__(self, tree: Path):
+    def __init__(self, tree: Path, compiled: bool = False):
         env = dict(os.environ, PYTHONPATH=str(tree))
         self.process = subprocess.Popen(
-            [sys.executable, __file__, "--worker"],
+            [sys.executable, __file__, "--worker", *(["--compiled"] if compiled else [])],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -175,8 +179,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workloads", default="W1,W2,W3,W4,W4F,W5,W6")
     parser.add_argument("--rounds", type=int, default=10, help="timed steps per tree")
     parser.add_argument("--out", type=Path, help="also write the markdown report here")
+    parser.add_argument("--compiled", action="store_true", help="time compiled QNodes")
     args = parser.parse_args(argv)
-    base, head = Worker(args.base.resolve()), Worker(args.head.resolve())
+    base = Worker(args.base.resolve(), args.compiled)
+    head = Worker(args.head.resolve(), args.compiled)
     lines = [
         "# Two revisions of custatevec.qubit, step by step in turn",
         "",
@@ -213,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--worker"]:
-        worker()
+    if sys.argv[1:2] == ["--worker"]:
+        worker(compiled=sys.argv[2:] == ["--compiled"])
     else:
         main()

@@ -224,6 +224,23 @@ def test_a_refused_trace_leaves_the_generators_as_the_quantum_function_would():
     assert _mode(compiled) == "RERECORD"
 
 
+def test_a_replay_refused_after_a_draw_leaves_the_generators_as_the_quantum_function_would():
+    """A replay that meets an output shape other than the trace's (the one-argument
+    ``torch.where``, whose length depends on values) after drawing: the generators go
+    back to their states before the replay, and the call is recorded, drawing once."""
+
+    def circuit(x):
+        draw = torch.rand(())
+        (above,) = torch.where(x > torch.tensor([0.0, 0.5, 1.0], dtype=torch.float64))
+        qml.RX(x + draw + 0.01 * above.sum(), 0)
+        return qml.expval(qml.Z(0))
+
+    compiled, qnode = _pair(circuit)
+    for call, value in enumerate([0.5, 0.52, 0.55, 0.57, 1.2, 1.25, 0.3]):
+        _same_seeded_call(compiled, qnode, _x(value), call)
+    assert _mode(compiled) == "RERECORD"
+
+
 def test_an_in_place_operation_on_an_argument_is_refused_before_it_runs():
     """An in-place change of an argument made by the quantum function happens once per
     call, as in the QNode: the trace refuses it before running it."""

@@ -72,6 +72,7 @@ from .function import (
     unflatten,
 )
 from .keys import NamedReads, argument_key, torch_leaves, with_tracers
+from .randomness import restore
 from .recording import Unserved, numeric_tape, record_call
 from .replay import (
     Batch,
@@ -211,9 +212,12 @@ class CompiledQNode:
                             entry.replay = entry.candidate = None
         replay = entry.replay  # once: another thread may drop it
         if entry.mode is _Mode.REPLAY and replay is not None:
+            before = replay.trace.generators.states_now() if replay.draws else None
             try:
                 return self._replayed(replay, leaves)
-            except TraceRefused:  # before any draw: the replay refuses at its outputs' shapes
+            except TraceRefused:  # the call is recorded instead: its draws made once
+                if before is not None:
+                    restore(before)
                 entry.mode, entry.replay = _Mode.RERECORD, None
         try:
             return self._recorded(args, kwargs, entry.config)[0]

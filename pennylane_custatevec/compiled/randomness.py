@@ -52,6 +52,13 @@ def generators_in(args: tuple, kwargs: dict) -> list[torch.Generator]:
     return [value for value in (*args, *kwargs.values()) if isinstance(value, torch.Generator)]
 
 
+def restore(states) -> None:
+    """Generators back to the states of ``(generator, state)`` pairs."""
+    with torch._C._DisableFuncTorch():
+        for generator, state in states:
+            generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+
+
 class GeneratorWatch:
     """The states of the watched generators: at the trace's start and as the last torch
     call left them (module docstring)."""
@@ -101,9 +108,11 @@ class GeneratorWatch:
 
     def rewind(self) -> None:
         """Every watched torch generator back to its state at the trace's start."""
-        with torch._C._DisableFuncTorch():
-            for generator, state in self._start.values():
-                generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+        restore(self._start.values())
+
+    def states_now(self) -> list[tuple[torch.Generator, bytes]]:
+        """The watched torch generators' states now (for ``restore``)."""
+        return [(generator, _state(generator)) for generator, _ in self._start.values()]
 
     def rewind_everything(self) -> None:
         """``rewind``, and numpy's and Python's global generators back to their states at

@@ -120,6 +120,11 @@ class Replay:
     gives then), else with what ``bind`` gives for the call."""
     lane_parameters: tuple | None = None
 
+    @functools.cached_property
+    def draws(self) -> bool:
+        """Whether a replay draws random numbers (``Trace.draws``, asked once)."""
+        return self.trace.draws
+
     def difference(self, other: Replay) -> str | None:
         """What differs between this trace of a key and ``other`` (None: the same
         structures, the same parameter sources, the same torch calls with the same

@@ -241,6 +241,11 @@ class Trace:
                 views[node.outputs[0][1]] = (tensor.index, index)
         return views
 
+    @property
+    def draws(self) -> bool:
+        """Whether a replay draws random numbers (a recorded call drew)."""
+        return any(node.random for node in self.nodes)
+
     def difference(self, other: Trace) -> str | None:
         """Where this trace's calls differ from ``other``'s (None: they compute the same
         expressions of the same leaves, constants bit for bit)."""
