@@ -137,15 +137,21 @@ class Comparison:
         return float(low), float(high)
 
 
-def compare(base: Worker, head: Worker, workload_id: str, rounds: int) -> Comparison:
-    """Build the workload in both trees, cross-check them, time ``rounds`` rounds."""
+def compare(
+    base: Worker, head: Worker, workload_id: str, rounds: int, warm_up: int = 1
+) -> Comparison:
+    """Build the workload in both trees, cross-check them (the first warm-up step), take
+    ``warm_up - 1`` more untimed steps each, time ``rounds`` rounds."""
     built = [base.ask("build", workload_id), head.ask("build", workload_id)]
     note = ""
     for key in ("values", "gradients"):
         if not np.allclose(built[0][key], built[1][key], atol=1e-6):
             note = "MISMATCH"
-    times: list[list[float]] = [[], []]
     workers = [base, head]
+    for _ in range(warm_up - 1):
+        for worker in workers:
+            worker.ask("time", workload_id)
+    times: list[list[float]] = [[], []]
     for round_index in range(rounds):
         order = (0, 1) if round_index % 2 == 0 else (1, 0)
         for index in order:
@@ -180,6 +186,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=10, help="timed steps per tree")
     parser.add_argument("--out", type=Path, help="also write the markdown report here")
     parser.add_argument("--compiled", action="store_true", help="time compiled QNodes")
+    parser.add_argument(
+        "--warm-up", type=int, default=1, help="untimed steps per tree first (at least 1)"
+    )
     args = parser.parse_args(argv)
     base = Worker(args.base.resolve(), args.compiled)
     head = Worker(args.head.resolve(), args.compiled)
@@ -190,7 +199,8 @@ def main(argv: list[str] | None = None) -> None:
         f"- base: {base.package} at {_revision(args.base)}",
         f"- head: {head.package} at {_revision(args.head)}",
         f"- command: `python benchmarks/compare_revisions.py {' '.join(argv or sys.argv[1:])}`",
-        f"- {args.rounds} rounds after one warm-up, one step of each tree per round, the order "
+        f"- {args.rounds} rounds after {args.warm_up} warm-up steps, one step of each tree per "
+        "round, the order "
         "swapped every round; ratio below 1: head is faster",
         "",
         "| workload | base, best | head, best | head / base, median of rounds | quartiles |",
@@ -199,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for workload_id in args.workloads.split(","):
             print(f"[{time.strftime('%H:%M:%S')}] {workload_id}", file=sys.stderr, flush=True)
-            result = compare(base, head, workload_id, args.rounds)
+            result = compare(base, head, workload_id, args.rounds, args.warm_up)
             low, high = result.quartiles
             cells = [
                 workload_id,
