@@ -47,7 +47,7 @@ from run_workloads import (  # the workload report's cells and helpers, shared
 )
 from workloads import BUILDERS, Setup
 
-from pennylane_custatevec.backends import custatevec
+from pennylane_custatevec.backends import custatevec, gpu
 from pennylane_custatevec.backends.cpu import CPUBackend
 
 SEED = 1234
@@ -87,7 +87,7 @@ class Machine:
 
 def gpu_machine() -> Machine:
     """The GPU, or RuntimeError saying why it cannot be used."""
-    reason = custatevec.unavailable_reason()
+    reason = gpu.unavailable_reason()
     if reason is not None:
         raise RuntimeError(reason)
     import cupy as cp

@@ -105,9 +105,9 @@ def report(strict: bool) -> int:
         print("cuquantum.bindings.custatevec does not import:")
         traceback.print_exc(file=sys.stdout)
         return 1 if strict else 0
-    from pennylane_custatevec.backends import custatevec
+    from pennylane_custatevec.backends import gpu
 
-    print(f"cuStateVec backend: {custatevec.unavailable_reason() or 'usable'}")
+    print(f"cuStateVec backend: {gpu.unavailable_reason() or 'usable'}")
     return 0
 
 

@@ -297,6 +297,7 @@ class FakeCupy:
         self.pool_calls: list[tuple] = []
         self.streams: list[FakeStream] = []
         self.synchronizations = 0
+        self.release_thresholds: dict[int, int] = {}  # GPU -> its pool's release threshold
         cupy = self
         self.cuda = types.SimpleNamespace(
             is_available=lambda: cupy.gpus > 0 and not cupy.driver_error,
@@ -308,6 +309,9 @@ class FakeCupy:
                 memGetInfo=lambda: (cupy.free_bytes, 1 << 35),
                 mallocAsync=self._malloc_async,
                 freeAsync=self._free_async,
+                cudaMemPoolAttrReleaseThreshold=4,  # the value of CUDA's enum
+                deviceGetDefaultMemPool=self._default_pool,
+                memPoolSetAttribute=self._set_pool_attribute,
             ),
             memory=types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError),
         )
@@ -317,6 +321,18 @@ class FakeCupy:
         if self.driver_error:
             raise CUDARuntimeError(self.driver_error)
         return self.gpus
+
+    def _default_pool(self, device: int) -> int:
+        if not 0 <= device < self.gpus:
+            raise CUDARuntimeError(f"cudaErrorInvalidDevice: device {device}")
+        return 0x7000 + device
+
+    def _set_pool_attribute(self, pool: int, attribute: int, value: int) -> None:
+        if attribute != self.cuda.runtime.cudaMemPoolAttrReleaseThreshold:
+            raise NotImplementedError("the double models the release threshold only")
+        if not 0 <= value < 1 << 64:
+            raise OverflowError(f"{value} does not fit cuuint64_t")
+        self.release_thresholds[pool - 0x7000] = value
 
     def _malloc_async(self, size: int, stream: int) -> int:
         buffer = self._allocate((size,), np.uint8)
@@ -446,6 +462,7 @@ class FakeCuStateVec:
         self._cupy = cupy
         self.create_error = create_error
         self.handles: dict[int, _Handle] = {}
+        self.created = 0  # handles created, over the double's life
         self.destroyed: list[int] = []
         self.samplers: dict[int, _Sampler] = {}
         self.calls: list[str] = []
@@ -460,6 +477,7 @@ class FakeCuStateVec:
             raise cuStateVecError(Status[self.create_error])
         handle = next(self._pointers)
         self.handles[handle] = _Handle(self._cupy.current_device)
+        self.created += 1
         return handle
 
     def destroy(self, handle):

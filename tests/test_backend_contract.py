@@ -46,7 +46,7 @@ from reference import (
 )
 from toy_backend import ToyBackend
 
-from pennylane_custatevec.backends import custatevec
+from pennylane_custatevec.backends import gpu
 from pennylane_custatevec.backends.base import Backend
 from pennylane_custatevec.backends.cpu import CPUBackend
 from pennylane_custatevec.backends.custatevec import CuStateVecBackend
@@ -69,7 +69,7 @@ PHASE_CASES = [("", (), (2,), (0,)), ("", (), (), ())]  # exp(-i angle/2 I): a p
 
 
 def _gpu_backend(dtype):
-    reason = custatevec.unavailable_reason()
+    reason = gpu.unavailable_reason()
     if reason is not None:
         pytest.skip(f"the cuStateVec backend cannot run here: {reason}")
     return CuStateVecBackend(dtype)

@@ -10,6 +10,8 @@ primitive and composition against dense references) is test_backend_contract.py.
 from __future__ import annotations
 
 import gc
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ from conftest import AUTO_BACKEND, stable_seed
 from custatevec_double import make_libraries
 from reference import random_states, random_unitary
 
-from pennylane_custatevec.backends import custatevec
+from pennylane_custatevec.backends import gpu
 from pennylane_custatevec.backends.cpu import CPUBackend
 from pennylane_custatevec.backends.custatevec import CuStateVecBackend
 
@@ -29,7 +31,7 @@ IMPLEMENTATIONS = ["double"] + (["gpu"] if AUTO_BACKEND == "custatevec" else [])
 def libraries(request):
     """The double, and the real cupy and cuStateVec where a GPU is usable."""
     if request.param == "gpu":
-        return custatevec.import_libraries()
+        return gpu.import_libraries()
     return make_libraries()
 
 
@@ -103,28 +105,74 @@ def test_block_steps_stay_on_the_device_until_one_gather(double, shared):
 # --- resources: handle, stream, memory handler, GPU choice (the double records them) --------
 
 
-def test_one_handle_stream_and_memory_handler_per_backend(double):
+def test_one_handle_stream_and_memory_handler_per_gpu(double):
+    """Every backend on a GPU shares its handle and stream (made once, at the first
+    backend), whose workspaces come from the GPU's stream-ordered pool with its release
+    threshold at the maximum; release_contexts (at exit) destroys the handle."""
     cp, cusv = double.cupy, double.custatevec
     backend = CuStateVecBackend(np.complex128, libraries=double)
     (handle,) = cusv.handles
     (stream,) = cp.streams
     assert cusv.handles[handle].stream == stream.ptr
     assert cusv.handles[handle].handler_sets == 1
+    assert cp.release_thresholds == {0: (1 << 64) - 1}
     rng = np.random.default_rng(0)
     state = backend.from_host(random_states(7, 3, rng))
     backend.apply_matrix(state, random_unitary(64, rng)[None], (0, 1, 2, 3, 4, 5))
     backend.apply_pauli(state, "XYZXYZ", (0, 1, 2, 3, 4, 5))
     backend.sample(state, (0, 1), 10, rng)
     backend.expval_matrix(state[:1], random_unitary(64, rng), (1, 2, 3, 4, 5, 6))
-    assert len(cusv.handles) == 1 and len(cp.streams) == 1
-    # workspace came from the stream-ordered pool, on the backend's stream, and went back
+    others = [CuStateVecBackend(dtype, libraries=double) for dtype in (np.complex64,) * 3]
+    others[0].apply_pauli(others[0].zero_state(2, 1), "X", (0,))
+    assert cusv.created == 1 and len(cusv.handles) == 1 and len(cp.streams) == 1
+    # workspace came from the stream-ordered pool, on the shared stream, and went back
     assert cp.pool_calls and cp.pool_allocations == {}
     assert {stream_ptr for _, _, stream_ptr in cp.pool_calls} == {stream.ptr}
     assert {stream_ptr for _, stream_ptr in cp.allocations} == {stream.ptr}
     assert cusv.samplers == {}
-    del backend, state
+    del backend, state, others
     gc.collect()
+    assert cusv.destroyed == []  # the handle outlives the backends
+    gpu.release_contexts(double)
     assert cusv.destroyed == [handle] and cusv.handles == {}
+    CuStateVecBackend(libraries=double)  # a new one after a release
+    assert cusv.created == 2
+
+
+def test_threads_take_the_gpus_context_in_turn(double):
+    """Backends on one GPU used from several threads: each call holds the context's lock,
+    so that one handle never runs two calls at once (the double would see them interleave
+    on its records)."""
+    backends = [CuStateVecBackend(libraries=double) for _ in range(4)]
+    context = backends[0]._context
+    assert all(b._context is context for b in backends)
+    inside, overlaps = [], []
+    apply_matrix = double.custatevec.apply_matrix
+
+    def recording(*args):
+        inside.append(1)
+        time.sleep(1e-4)  # hands the GIL to another thread: without the lock, it enters
+        overlaps.append(len(inside) > 1)
+        apply_matrix(*args)
+        inside.pop()
+
+    double.custatevec.apply_matrix = recording
+    rng = np.random.default_rng(2)
+    matrices = [random_unitary(4, rng)[None] for _ in range(4)]
+
+    def work(backend, matrix):
+        state = backend.zero_state(N, 1)
+        for _ in range(20):
+            backend.apply_matrix(state, matrix, (0, 3))
+
+    threads = [
+        threading.Thread(target=work, args=pair) for pair in zip(backends, matrices, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(overlaps) == 80 and not any(overlaps)
 
 
 def test_no_synchronisation_until_the_host_reads(double):
@@ -146,6 +194,7 @@ def test_device_id_picks_the_gpu(monkeypatch):
     backend = CuStateVecBackend(libraries=libraries, device_id=1)
     handle = list(libraries.custatevec.handles)[-1]
     assert backend.device_id == 1 and libraries.custatevec.handles[handle].device == 1
+    assert len(libraries.custatevec.handles) == 2  # one per GPU
     state = backend.zero_state(2, 1)  # calls run with GPU 1 current (the double checks)
     backend.apply_pauli(state, "X", (0,))
     assert backend.probabilities(state, (0,))[0, 1] == 1

@@ -7,7 +7,6 @@ from __future__ import annotations
 import inspect
 import json
 import re
-import types
 from importlib import metadata
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from custatevec_double import (
 )
 from reference import dense_operator, random_state, random_unitary, word_matrix
 
-from pennylane_custatevec.backends import custatevec
+from pennylane_custatevec.backends import custatevec, gpu
 
 SNAPSHOT = json.loads((Path(__file__).parent / "data" / "custatevec_bindings.json").read_text())
 C64F, R64F = cudaDataType.CUDA_C_64F, cudaDataType.CUDA_C_32F
@@ -63,10 +62,18 @@ def test_signatures_and_enums_match_the_real_binding_snapshot():
     assert {m.name: int(m) for m in cudaDataType} == SNAPSHOT["cudaDataType"]
 
 
+BINDING_USERS = (custatevec, gpu)
+"""The modules that call the binding: the backend and the GPU contexts."""
+
+
 def binding_names_the_backend_uses() -> set[str]:
-    """Every ``cusv.NAME`` and ``self._cusv.NAME`` in backends/custatevec.py."""
-    source = Path(custatevec.__file__).read_text(encoding="utf-8")
-    return set(re.findall(r"\b_?cusv\.([A-Za-z_]\w*)", source))
+    """Every ``cusv.NAME``, ``self._cusv.NAME`` and ``owner.custatevec.NAME`` in the
+    modules that call the binding (``BINDING_USERS``)."""
+    names = set()
+    for module in BINDING_USERS:
+        source = Path(module.__file__).read_text(encoding="utf-8")
+        names |= set(re.findall(r"\b(?:_?cusv|\w+\.custatevec)\.([A-Za-z_]\w*)", source))
+    return names
 
 
 def test_the_snapshot_has_every_binding_name_the_backend_uses():
@@ -115,7 +122,8 @@ def test_installed_binding_create_fails_as_the_fallback_expects(monkeypatch):
     """Without a GPU the real create() raises what ``unavailable_reason`` catches: with cuBLAS
     installed cuStateVecError NOT_INITIALIZED, which it reports as the GPU's problem; without
     cuBLAS cuda-pathfinder's DynamicLibNotFoundError for libcublasLt, a RuntimeError, which
-    it reports as cuBLAS's. A stand-in cupy that sees a GPU makes the probe reach create()."""
+    it reports as cuBLAS's. The double's cupy, which sees a GPU, makes the probe reach
+    create()."""
     cusv = pytest.importorskip("cuquantum.bindings.custatevec")
     from cuquantum import cudaDataType as installed_data_type
 
@@ -124,14 +132,14 @@ def test_installed_binding_create_fails_as_the_fallback_expects(monkeypatch):
         cusv.create()
     if cublas:
         assert "NOT_INITIALIZED" in str(info.value)
-    sees_a_gpu = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: True))
-    libraries = custatevec.Libraries(sees_a_gpu, cusv, installed_data_type)
-    monkeypatch.setattr(custatevec, "import_libraries", lambda: libraries)
-    custatevec.unavailable_reason.cache_clear()
+    sees_a_gpu = make_libraries().cupy  # the double's cupy, with its one GPU
+    libraries = gpu.Libraries(sees_a_gpu, cusv, installed_data_type)
+    monkeypatch.setattr(gpu, "import_libraries", lambda: libraries)
+    gpu.unavailable_reason.cache_clear()
     try:
-        reason = custatevec.unavailable_reason()
+        reason = gpu.unavailable_reason()
     finally:
-        custatevec.unavailable_reason.cache_clear()
+        gpu.unavailable_reason.cache_clear()
     expected = (
         r"cuStateVec could not start on the GPU \(NOT_INITIALIZED.*compute capability"
         if cublas
@@ -146,11 +154,11 @@ def test_installed_binding_probe_names_the_missing_gpu():
     package (cupy's runtime finds no driver, or no device)."""
     pytest.importorskip("cuquantum.bindings.custatevec")
     pytest.importorskip("cupy")
-    custatevec.unavailable_reason.cache_clear()
+    gpu.unavailable_reason.cache_clear()
     try:
-        reason = custatevec.unavailable_reason()
+        reason = gpu.unavailable_reason()
     finally:
-        custatevec.unavailable_reason.cache_clear()
+        gpu.unavailable_reason.cache_clear()
     assert re.match(r"no CUDA GPU is (usable|visible) ", reason), reason
 
 

@@ -26,7 +26,7 @@ import gpu_loads  # noqa: E402
 import gpu_site  # noqa: E402
 from gpu_loads import MIB, Load, split_loads  # noqa: E402
 
-from pennylane_custatevec.backends import custatevec  # noqa: E402
+from pennylane_custatevec.backends import gpu  # noqa: E402
 
 SCRIPTS = sorted([*ROOT.glob("scripts/*.sh"), ROOT / ".ci" / "run"])
 
@@ -251,7 +251,7 @@ def test_dry_run_fills_every_table(tmp_path):
 
 
 def test_without_a_gpu_the_benchmark_says_so_and_exits_0(tmp_path, monkeypatch):
-    monkeypatch.setattr(custatevec, "unavailable_reason", lambda: "no CUDA GPU is visible")
+    monkeypatch.setattr(gpu, "unavailable_reason", lambda: "no CUDA GPU is visible")
     out = tmp_path / "gpu_bench.md"
     assert gpu_bench.main(["--out", str(out)]) == 0
     assert "No GPU: no CUDA GPU is visible. Nothing measured;" in out.read_text()

@@ -5,7 +5,7 @@ import warnings
 import numpy as np
 from pennylane.exceptions import DeviceError
 
-from . import custatevec
+from . import gpu
 from .base import Backend
 from .cpu import CPUBackend
 from .custatevec import CuStateVecBackend
@@ -29,7 +29,7 @@ def select_backend(name: str, dtype: np.dtype, device_id: int | None = None) -> 
     ``device_id`` picks the GPU (ignored by the CPU backend)."""
     if name == "cpu":
         return CPUBackend(dtype)
-    reason = custatevec.unavailable_reason()
+    reason = gpu.unavailable_reason()
     if reason is None:
         return CuStateVecBackend(dtype, device_id)
     if name == "custatevec":

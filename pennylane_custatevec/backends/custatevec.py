@@ -1,9 +1,8 @@
 """cuStateVec backend: cupy state vectors updated through ``cuquantum.bindings.custatevec``.
 
-The only module of the package that touches cupy or cuQuantum, and only through
-:func:`import_libraries` (called when a backend is built or probed), so that importing the
-package never needs them. Tests replace that one function with a NumPy double of the
-library (``tests/custatevec_double.py``); the code below runs unchanged on it.
+The libraries come from ``gpu.import_libraries`` (called when a backend is built), so that
+importing the package never needs them; tests replace that function with a NumPy double
+of the library (``tests/custatevec_double.py``) and the code below runs unchanged on it.
 
 Every library call follows NVIDIA's Python samples: positional arguments in the C API's
 order, pointers as Python ints (``array.data.ptr`` on the device, ``array.ctypes.data``
@@ -11,26 +10,22 @@ on the host), ``0`` for NULL. State index bits are little-endian and ``targets[j
 the state bit that becomes bit ``j`` of a matrix index, as in the backend protocol, so
 targets pass through unchanged.
 
-One handle and one stream per backend; workspaces come from a stream-ordered memory pool
-(``cudaMallocAsync``) set as the handle's memory handler, so calls pass ``0, 0`` for
-their workspace. Nothing synchronises the stream except reading results on the host.
+Backends on one GPU share its handle and stream (``gpu.gpu_context``); workspaces come
+from the stream-ordered pool set as the handle's memory handler, so calls pass ``0, 0``
+for their workspace. Nothing synchronises the stream except reading results on the host.
 """
 
 from __future__ import annotations
 
-import ctypes
-import dataclasses
 import functools
-import importlib.util
-import os
-import weakref
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
 from ..pauli import pauli_word_matrix
+from . import gpu
 from .base import Backend, FusionTraits, StateBatch, bra_rows
+from .gpu import Libraries, resolve_device_id
 from .host import free_host_bytes
 
 SMALL_BATCHED_TARGETS = 4
@@ -42,170 +37,13 @@ NULL = 0
 _I_POWERS = (1.0 + 0.0j, 1.0j, -1.0 + 0.0j, -1.0j)
 
 
-@dataclasses.dataclass(frozen=True)
-class Libraries:
-    """What the backend uses: ``cupy``, ``cuquantum.bindings.custatevec`` and
-    ``cuquantum.cudaDataType``."""
-
-    cupy: Any
-    custatevec: Any
-    cuda_data_type: Any
-
-
-class NoUsableGPU(Exception):  # noqa: N818 - a reason, not an error: the probe returns it
-    """The NVIDIA driver sees no usable GPU (the message says why)."""
-
-
-def import_libraries() -> Libraries:
-    """Import cupy and cuStateVec's bindings (the seam that tests replace with a double).
-
-    On a machine whose NVIDIA driver sees no GPU, nothing is imported: a missing package
-    raises ``ModuleNotFoundError`` (found without importing), a missing GPU
-    :class:`NoUsableGPU` (asked of the driver's own library, ``driver_problem``). Importing
-    cupy and cuQuantum to find that out cost about 230 MiB of resident memory (their CUDA
-    libraries) on a CPU-only machine (measured: 523 -> 749 MiB at the first device)."""
-    for package in ("cupy", "cuquantum"):
-        if importlib.util.find_spec(package) is None:
-            raise ModuleNotFoundError(f"No module named {package!r}", name=package)
-    problem = driver_problem()
-    if problem is not None:
-        raise NoUsableGPU(problem)
-    import cupy
-    from cuquantum import cudaDataType
-    from cuquantum.bindings import custatevec
-
-    return Libraries(cupy, custatevec, cudaDataType)
-
-
-_CUDA_SUCCESS = 0
-_CUDA_ERROR_NO_DEVICE = 100
-
-
-def driver_problem() -> str | None:
-    """Why the NVIDIA driver gives no usable GPU, or None where it sees one: the driver's
-    library (``libcuda.so.1``, loaded with ctypes) is missing, ``cuInit`` fails, or it
-    counts no device (``CUDA_VISIBLE_DEVICES`` hides them all)."""
-    check = "check the NVIDIA driver (nvidia-smi) and CUDA_VISIBLE_DEVICES"
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError as exc:
-        return f"no CUDA GPU is usable (no NVIDIA driver: {exc}); {check}"
-    status = cuda.cuInit(0)
-    count = ctypes.c_int(0)
-    if status == _CUDA_SUCCESS:
-        status = cuda.cuDeviceGetCount(ctypes.byref(count))
-    if status == _CUDA_ERROR_NO_DEVICE or (status == _CUDA_SUCCESS and count.value == 0):
-        return f"no CUDA GPU is visible (0 devices); {check}"
-    if status != _CUDA_SUCCESS:
-        return f"no CUDA GPU is usable (the driver's CUDA error {status}); {check}"
-    return None
-
-
-INSTALL_HINT = (
-    'pip install "pennylane-custatevec[cuda12]" (CUDA 12 driver) or '
-    '"pennylane-custatevec[cuda13]" (CUDA 13 driver)'
-)
-
-
-@functools.cache
-def unavailable_reason() -> str | None:
-    """Why the cuStateVec backend cannot run in this process, or None when it can.
-
-    Probes in the order that tells the causes apart: the two packages, a visible GPU (the
-    driver's, then cupy's), then a library handle (which loads cuBLAS and checks the GPU).
-    Cached per process.
-    """
-    try:
-        libraries = import_libraries()
-    except ImportError as exc:
-        return _import_problem(exc)
-    except NoUsableGPU as exc:
-        return str(exc)
-    cp, cusv = libraries.cupy, libraries.custatevec
-    if not cp.cuda.is_available():
-        return _no_gpu_problem(cp)
-    try:
-        handle = cusv.create()
-    except cusv.cuStateVecError as exc:
-        return (
-            f"cuStateVec could not start on the GPU ({exc}); it needs compute capability "
-            "7.5 or newer and an NVIDIA driver >= 525.60.13 (CUDA 12) or >= 580.65.06 (CUDA 13)"
-        )
-    except RuntimeError as exc:
-        return (
-            f"cuBLAS could not be loaded ({exc}); the custatevec wheel does not install it: "
-            "pip install nvidia-cublas-cu12 (CUDA 12) or nvidia-cublas (CUDA 13), or the "
-            "[cuda12] / [cuda13] extra"
-        )
-    cusv.destroy(handle)
-    return None
-
-
-def _import_problem(exc: ImportError) -> str:
-    package = (exc.name or "").split(".")[0]
-    if package == "cupy":
-        return f"cupy is not installed ({INSTALL_HINT})"
-    if package == "cuquantum":
-        return f"cuquantum-python >= 26.9 is not installed ({exc}; {INSTALL_HINT})"
-    return f"importing cupy or cuquantum failed ({type(exc).__name__}: {exc})"
-
-
-def _no_gpu_problem(cp) -> str:
-    try:
-        count = cp.cuda.runtime.getDeviceCount()
-    except cp.cuda.runtime.CUDARuntimeError as exc:
-        return (
-            f"no CUDA GPU is usable ({exc}); check the NVIDIA driver (nvidia-smi) and "
-            "CUDA_VISIBLE_DEVICES"
-        )
-    return f"no CUDA GPU is visible ({count} devices); check nvidia-smi and CUDA_VISIBLE_DEVICES"
-
-
-def resolve_device_id(cp, device_id: int | None) -> int:
-    """The GPU to use: ``device_id``, else $LOCAL_RANK (one process per GPU under
-    torch.distributed), else the current CUDA device; refused unless it is visible."""
-    source = f"device_id={device_id}"
-    if device_id is None:
-        local_rank = os.environ.get("LOCAL_RANK")
-        if local_rank is None:
-            return cp.cuda.Device().id
-        if not local_rank.isdigit():
-            raise ValueError(f"LOCAL_RANK={local_rank!r} is not a GPU index; pass device_id.")
-        device_id, source = int(local_rank), f"LOCAL_RANK={local_rank}"
-    count = cp.cuda.runtime.getDeviceCount()
-    if device_id >= count:
-        raise ValueError(
-            f"{source} names GPU {device_id}, but {count} GPU(s) are visible (0 to "
-            f"{count - 1}); pass device_id, or check CUDA_VISIBLE_DEVICES."
-        )
-    return device_id
-
-
-def _stream_ordered_handler(runtime) -> tuple[Callable, Callable, str]:
-    """A memory handler (malloc, free, name) on the device's stream-ordered pool. It holds
-    no reference to the backend, so that the binding keeping it does not keep the backend."""
-
-    def malloc(size: int, stream: int) -> int:
-        return runtime.mallocAsync(size, stream)
-
-    def free(ptr: int, size: int, stream: int) -> None:
-        runtime.freeAsync(ptr, stream)
-
-    return malloc, free, "pennylane-custatevec stream-ordered pool"
-
-
-def _release(cusv, device, handle: int, stream) -> None:
-    """Destroy the handle on its device; ``stream`` is passed only to outlive the handle."""
-    with device:
-        cusv.destroy(handle)
-
-
 def _on_device(method):
-    """Run the method with the backend's GPU current and its stream as cupy's stream."""
+    """Run the method with the GPU's context locked (one thread at a time on its handle),
+    the GPU current and its stream as cupy's stream."""
 
     @functools.wraps(method)
     def on_device(self, *args, **kwargs):
-        with self._device, self._stream:
+        with self._context.lock, self._device, self._stream:
             return method(self, *args, **kwargs)
 
     return on_device
@@ -240,7 +78,7 @@ class CuStateVecBackend(Backend):
         device_id: int | None = None,
         libraries: Libraries | None = None,
     ):
-        libraries = libraries or import_libraries()
+        libraries = libraries or gpu.import_libraries()
         cp, cusv = libraries.cupy, libraries.custatevec
         self._cp, self._cusv = cp, cusv
         self.dtype = np.dtype(dtype)
@@ -255,13 +93,9 @@ class CuStateVecBackend(Backend):
         # Matrices, diagonals and expectation values are complex128 on the host: valid with
         # either state type.
         self._complex128 = libraries.cuda_data_type.CUDA_C_64F
-        self._device = cp.cuda.Device(self.device_id)
-        with self._device:
-            self._stream = cp.cuda.Stream(non_blocking=True)
-            self._handle = cusv.create()
-            cusv.set_stream(self._handle, self._stream.ptr)
-            cusv.set_device_mem_handler(self._handle, _stream_ordered_handler(cp.cuda.runtime))
-        weakref.finalize(self, _release, cusv, self._device, self._handle, self._stream)
+        self._context = gpu.gpu_context(libraries, self.device_id)
+        self._device, self._stream = self._context.device, self._context.stream
+        self._handle = self._context.handle
 
     # --- memory ------------------------------------------------------------------------
 

@@ -573,11 +573,11 @@ def test_gpu_backend_on_its_double(monkeypatch, grad_accumulation):
     a torch VJP of a broadcast minibatch against default.qubit."""
     from custatevec_double import make_libraries
 
-    from pennylane_custatevec.backends import custatevec
+    from pennylane_custatevec.backends import gpu
 
     libraries = make_libraries(gpus=4)
-    monkeypatch.setattr(custatevec, "import_libraries", lambda: libraries)
-    custatevec.unavailable_reason.cache_clear()
+    monkeypatch.setattr(gpu, "import_libraries", lambda: libraries)
+    gpu.unavailable_reason.cache_clear()
     try:
         dev = split_device(WIRES, backend="custatevec", grad_accumulation=grad_accumulation)
         assert dev._backend.local.name == "custatevec"
@@ -612,4 +612,4 @@ def test_gpu_backend_on_its_double(monkeypatch, grad_accumulation):
             atol=1e-10,
         )
     finally:
-        custatevec.unavailable_reason.cache_clear()
+        gpu.unavailable_reason.cache_clear()
