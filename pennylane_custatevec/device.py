@@ -268,9 +268,9 @@ class CuStateVecDevice(Device):
             "custatevec" when cupy, cuQuantum and a GPU are usable, else "cpu" (with a
             warning saying why).
         device_id (int, None): the GPU of the custatevec backend; ``None`` takes, with
-            ``mpi``, the rank's index among the ranks of its node, else $LOCAL_RANK when
-            set (one process per GPU under torch.distributed), else the current CUDA
-            device. Ignored by the CPU backend.
+            ``mpi``, the rank's index among the ranks of its node modulo the visible GPUs,
+            else $LOCAL_RANK when set (one process per GPU under torch.distributed), else
+            the current CUDA device. Ignored by the CPU backend.
         grad_accumulation ("deferred", "eager"): how the adjoint method accumulates
             gradient contributions: "deferred" (fused blocks, one reduction per block,
             batched tapes, one transfer per batch) or "eager" (the textbook sweep).
@@ -337,15 +337,15 @@ class CuStateVecDevice(Device):
         if mpi is False and not mpi_gather:
             raise ValueError("mpi_gather=False needs mpi=True (it says what each rank returns).")
         comm = None if mpi is False else distributed.communicator(mpi)
-        if comm is not None and device_id is None:
-            device_id = distributed.node_rank(comm)  # one GPU per rank of a node
+        # with mpi, a rank takes the GPU of its index on its node, modulo the visible GPUs
+        on_node = distributed.node_rank(comm) if comm is not None and device_id is None else None
         super().__init__(wires=wires, shots=shots)
         self._rng = _rng_from_seed(seed)
         # a jax key seeds every execution afresh: the same samples on every call, as
         # default.qubit samples under a key that it never advances
         self._execution_key = _jax_key_words(seed)
         self._backend = select_backend(
-            backend, dtype, None if device_id is None else int(device_id)
+            backend, dtype, None if device_id is None else int(device_id), on_node
         )
         if comm is not None:
             self._backend = distributed.DistributedBackend(self._backend, comm)

@@ -550,7 +550,7 @@ def test_toy_backend_runs_a_qnode_end_to_end(monkeypatch, grad_accumulation, fus
     and fused into blocks of 3 qubits) equal default.qubit's."""
     import pennylane_custatevec.device as device
 
-    monkeypatch.setattr(device, "select_backend", lambda name, dtype, device_id: ToyBackend(dtype))
+    monkeypatch.setattr(device, "select_backend", lambda name, dtype, *where: ToyBackend(dtype))
     dev = qml.device(
         "custatevec.qubit",
         wires=4,

@@ -211,6 +211,37 @@ def test_device_id_picks_the_gpu(monkeypatch):
         CuStateVecBackend(libraries=libraries)
 
 
+@pytest.mark.parametrize(("gpus", "ranks"), [(1, 2), (1, 4), (2, 4), (4, 4)])
+def test_mpi_ranks_take_the_gpus_round_robin(monkeypatch, gpus, ranks):
+    """Under MPI a rank takes GPU (its index on the node) modulo the visible GPUs: with one
+    GPU visible per rank (--gpus-per-task=1, a per-rank CUDA_VISIBLE_DEVICES) every rank
+    takes its GPU 0, and ranks that outnumber the GPUs share them; device_id and
+    $LOCAL_RANK stay strict."""
+    monkeypatch.setenv("LOCAL_RANK", str(gpus))  # not consulted under MPI
+    libraries = make_libraries(gpus=gpus)
+    chosen = [
+        CuStateVecBackend(libraries=libraries, rank_on_node=rank).device_id for rank in range(ranks)
+    ]
+    assert chosen == [rank % gpus for rank in range(ranks)]
+    assert len(libraries.custatevec.handles) == min(gpus, ranks)
+    with pytest.raises(ValueError, match=rf"device_id={gpus} names GPU {gpus}"):
+        CuStateVecBackend(libraries=libraries, device_id=gpus, rank_on_node=0)
+
+
+def test_an_mpi_device_on_a_node_rank_beyond_the_gpus_runs(monkeypatch, gpu_double):
+    """The device under mpi=True on the second rank of a node that shows it one GPU (the
+    double's): it takes GPU 0 instead of refusing GPU 1."""
+    import pennylane as qml
+
+    from pennylane_custatevec.backends import distributed
+
+    monkeypatch.setattr(distributed, "node_rank", lambda comm: 1)
+    dev = qml.device("custatevec.qubit", wires=2, backend="custatevec", mpi=True)
+    assert dev._backend.local.device_id == 0
+    with pytest.raises(ValueError, match="device_id=1 names GPU 1, but 1 GPU"):
+        qml.device("custatevec.qubit", wires=2, backend="custatevec", mpi=True, device_id=1)
+
+
 def test_available_bytes_is_the_gpus_free_memory():
     libraries = make_libraries(free_bytes=123_456_789)
     assert CuStateVecBackend(libraries=libraries).available_bytes() == 123_456_789

@@ -77,12 +77,13 @@ class CuStateVecBackend(Backend):
         dtype: np.dtype = np.complex128,
         device_id: int | None = None,
         libraries: Libraries | None = None,
+        rank_on_node: int | None = None,
     ):
         libraries = libraries or gpu.import_libraries()
         cp, cusv = libraries.cupy, libraries.custatevec
         self._cp, self._cusv = cp, cusv
         self.dtype = np.dtype(dtype)
-        self.device_id = resolve_device_id(cp, device_id)
+        self.device_id = resolve_device_id(cp, device_id, rank_on_node)
         single = self.dtype == np.complex64
         self._sv_type = (
             libraries.cuda_data_type.CUDA_C_32F if single else libraries.cuda_data_type.CUDA_C_64F

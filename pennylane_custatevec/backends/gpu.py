@@ -149,10 +149,16 @@ def _no_gpu_problem(cp) -> str:
     return f"no CUDA GPU is visible ({count} devices); check nvidia-smi and CUDA_VISIBLE_DEVICES"
 
 
-def resolve_device_id(cp, device_id: int | None) -> int:
-    """The GPU to use: ``device_id``, else $LOCAL_RANK (one process per GPU under
-    torch.distributed), else the current CUDA device; refused unless it is visible."""
+def resolve_device_id(cp, device_id: int | None, rank_on_node: int | None = None) -> int:
+    """The GPU to use: ``device_id``; else, under MPI, ``rank_on_node`` (the rank's index
+    among the ranks of its node) modulo the visible GPUs, so that ranks that see one GPU
+    each (``--gpus-per-task=1``, a per-rank CUDA_VISIBLE_DEVICES) or outnumber the GPUs
+    share them round-robin; else $LOCAL_RANK (one process per GPU under
+    torch.distributed); else the current CUDA device. A ``device_id`` or $LOCAL_RANK that
+    is not a visible GPU is refused."""
     source = f"device_id={device_id}"
+    if device_id is None and rank_on_node is not None:
+        return rank_on_node % cp.cuda.runtime.getDeviceCount()
     if device_id is None:
         local_rank = os.environ.get("LOCAL_RANK")
         if local_rank is None:

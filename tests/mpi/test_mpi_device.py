@@ -550,20 +550,21 @@ def test_fused_runs_on_split_vectors(monkeypatch):
 
 def test_each_rank_of_a_node_takes_its_own_gpu(monkeypatch):
     """With mpi and no device_id, the backend gets the rank's index on its node (every
-    rank here shares one node); an explicit device_id is kept."""
+    rank here shares one node), which it takes modulo the visible GPUs; an explicit
+    device_id is kept, and no node rank is asked for."""
     from pennylane_custatevec import device as device_module
 
     chosen = []
     plain = device_module.select_backend
 
-    def recording(name, dtype, device_id=None):
-        chosen.append(device_id)
-        return plain(name, dtype, device_id)
+    def recording(name, dtype, device_id=None, rank_on_node=None):
+        chosen.append((device_id, rank_on_node))
+        return plain(name, dtype, device_id, rank_on_node)
 
     monkeypatch.setattr(device_module, "select_backend", recording)
     qml.device(DEVICE, wires=4, backend="cpu", mpi=True)
     qml.device(DEVICE, wires=4, backend="cpu", mpi=True, device_id=0)
-    assert chosen == [COMM.Get_rank(), 0]
+    assert chosen == [(None, COMM.Get_rank()), (0, None)]
 
 
 @pytest.mark.parametrize("grad_accumulation", ["deferred", "eager"])
