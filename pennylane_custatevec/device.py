@@ -30,7 +30,7 @@ from pennylane.tape import QuantumScript
 from pennylane.transforms import defer_measurements, dynamic_one_shot
 
 from . import direct, settings, simulate
-from .backends import BACKEND_CHOICES, distributed, select_backend
+from .backends import BACKEND_CHOICES, distributed, messages, select_backend
 from .entrywise import EntrywiseState, EntrywiseUnitary, jit_whole_matrix_reason
 from .execution import PreparedTape, run_tapes
 from .gradients import deferred, eager, jvp
@@ -336,9 +336,9 @@ class CuStateVecDevice(Device):
             )
         if mpi is False and not mpi_gather:
             raise ValueError("mpi_gather=False needs mpi=True (it says what each rank returns).")
-        comm = None if mpi is False else distributed.communicator(mpi)
+        comm = None if mpi is False else messages.communicator(mpi)
         # with mpi, a rank takes the GPU of its index on its node, modulo the visible GPUs
-        on_node = distributed.node_rank(comm) if comm is not None and device_id is None else None
+        on_node = messages.node_rank(comm) if comm is not None and device_id is None else None
         super().__init__(wires=wires, shots=shots)
         self._rng = _rng_from_seed(seed)
         # a jax key seeds every execution afresh: the same samples on every call, as
@@ -350,8 +350,8 @@ class CuStateVecDevice(Device):
         if comm is not None:
             self._backend = distributed.DistributedBackend(self._backend, comm)
             self._backend.gather_results = bool(mpi_gather)
-            self._rng = distributed.shared_generator(self._rng, comm)
-            self._execution_key = distributed.rank_zero_value(self._execution_key, comm)
+            self._rng = messages.shared_generator(self._rng, comm)
+            self._execution_key = messages.rank_zero_value(self._execution_key, comm)
         self._kept = _KeptStates()
         # qml.snapshots' debugger while one is active (PennyLane sets it; its presence
         # tells PennyLane that the device records snapshots: snapshots_as_circuits)

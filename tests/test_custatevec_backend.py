@@ -228,18 +228,24 @@ def test_mpi_ranks_take_the_gpus_round_robin(monkeypatch, gpus, ranks):
         CuStateVecBackend(libraries=libraries, device_id=gpus, rank_on_node=0)
 
 
-def test_an_mpi_device_on_a_node_rank_beyond_the_gpus_runs(monkeypatch, gpu_double):
-    """The device under mpi=True on the second rank of a node that shows it one GPU (the
-    double's): it takes GPU 0 instead of refusing GPU 1."""
+def test_an_mpi_device_takes_its_node_rank_modulo_the_gpus(monkeypatch):
+    """The device under mpi=True on the fourth rank of a node that shows it two GPUs: it
+    takes GPU 3 % 2 = 1 instead of refusing GPU 3; device_id stays strict."""
     import pennylane as qml
 
-    from pennylane_custatevec.backends import distributed
+    from pennylane_custatevec.backends import messages
 
-    monkeypatch.setattr(distributed, "node_rank", lambda comm: 1)
-    dev = qml.device("custatevec.qubit", wires=2, backend="custatevec", mpi=True)
-    assert dev._backend.local.device_id == 0
-    with pytest.raises(ValueError, match="device_id=1 names GPU 1, but 1 GPU"):
-        qml.device("custatevec.qubit", wires=2, backend="custatevec", mpi=True, device_id=1)
+    libraries = make_libraries(gpus=2)
+    monkeypatch.setattr(gpu, "import_libraries", lambda: libraries)
+    monkeypatch.setattr(messages, "node_rank", lambda comm: 3)
+    gpu.unavailable_reason.cache_clear()
+    try:
+        dev = qml.device("custatevec.qubit", wires=2, backend="custatevec", mpi=True)
+        assert dev._backend.local.device_id == 1
+        with pytest.raises(ValueError, match="device_id=2 names GPU 2, but 2 GPU"):
+            qml.device("custatevec.qubit", wires=2, backend="custatevec", mpi=True, device_id=2)
+    finally:
+        gpu.unavailable_reason.cache_clear()
 
 
 def test_available_bytes_is_the_gpus_free_memory():
