@@ -74,6 +74,55 @@ def test_random_gate_sequence_matches_the_cpu_backend(make):
     np.testing.assert_allclose(gpu.to_host(on_gpu), on_cpu, atol=1e-12)
 
 
+# --- memory layout: every vector 128-byte aligned --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dtype", "n_qubits"),
+    [(np.complex64, 1), (np.complex64, 3), (np.complex64, 4), (np.complex128, 2)]
+    + [(np.complex128, 3)],
+)
+def test_every_vector_of_a_batch_starts_128_byte_aligned(double, dtype, n_qubits):
+    """compute_expectation and the batched calls need 128-byte-aligned vectors on
+    Blackwell GPUs (the double refuses others): a batch of vectors smaller than 128 bytes
+    is padded to a stride of 128 bytes, whichever way it was made, and computes as the
+    CPU backend does."""
+    backend, cpu = CuStateVecBackend(dtype, libraries=double), CPUBackend(dtype)
+    rng = np.random.default_rng(stable_seed("aligned", n_qubits))
+    psi = random_states(n_qubits, 3, rng)
+    made = {"zero_state": backend.zero_state(n_qubits, 3), "from_host": backend.from_host(psi)}
+    made["copy"] = backend.copy(made["from_host"])
+    made["concatenate"] = backend.concatenate(
+        [backend.vectors(made["from_host"], 0, 1), backend.vectors(made["copy"], 1, 3)]
+    )
+    made["vectors"] = backend.vectors(made["concatenate"], 1, 3)
+    padded = (1 << n_qubits) * np.dtype(dtype).itemsize < 128
+    for name, state in made.items():
+        assert state.shape[1] == 1 << n_qubits, name
+        assert state.data.ptr % 128 == 0 and state.strides[0] % 128 == 0, name
+        assert (state.strides[0] > state.shape[1] * state.itemsize) == padded, name
+    np.testing.assert_array_equal(
+        backend.to_host(made["concatenate"]), backend.to_host(made["copy"])
+    )
+    tol = 1e-5 if dtype == np.complex64 else 1e-12
+    matrices = np.stack([random_unitary(2, rng) for _ in range(3)])
+    observable = random_unitary(2, rng)
+    results = []
+    for b in (backend, cpu):
+        state = b.from_host(psi)
+        b.apply_matrix(state, matrices, (0,))
+        results.append(
+            (
+                b.to_host(state),
+                b.expval_matrix(state, observable, (0,)),
+                b.probabilities(state, (0,)),
+            )
+        )
+    for ours, theirs in zip(*results, strict=True):
+        np.testing.assert_allclose(ours, theirs, atol=tol)
+    assert {"apply_matrix_batched", "compute_expectation_batched"} <= set(double.custatevec.calls)
+
+
 # --- deferred adjoint: reductions on the device ------------------------------------------
 
 

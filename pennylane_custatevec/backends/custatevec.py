@@ -18,23 +18,28 @@ for their workspace. Nothing synchronises the stream except reading results on t
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 
 import numpy as np
 
 from ..pauli import pauli_word_matrix
 from . import gpu
 from .base import Backend, FusionTraits, StateBatch, bra_rows
+from .custatevec_args import (
+    NULL,
+    batch_layout,
+    bit_list,
+    control_arguments,
+    control_as_target,
+    on_host,
+    padded_stride,
+    pauli_as_permutation,
+    runs_batched,
+    split_at_bits,
+    vector_pointers,
+    without_identities,
+)
 from .gpu import Libraries, resolve_device_id
 from .host import free_host_bytes
-
-SMALL_BATCHED_TARGETS = 4
-"""A batch of vectors with a diagonal, Pauli word or rotation on at most this many targets
-runs as one ``apply_matrix_batched`` launch of dense matrices; larger operators run their
-specialised kernel once per vector (a dense matrix would cost 4**k)."""
-
-NULL = 0
-_I_POWERS = (1.0 + 0.0j, 1.0j, -1.0 + 0.0j, -1.0j)
 
 
 def _on_device(method):
@@ -61,7 +66,8 @@ CUSTATEVEC_FUSION_TRAITS = FusionTraits(
 
 
 class CuStateVecBackend(Backend):
-    """State vectors as a C-contiguous cupy array of shape (B, 2**n) on one GPU.
+    """State vectors as a cupy array of shape (B, 2**n) on one GPU: C-contiguous, or, for
+    vectors under 128 bytes, the view of a padded one (``custatevec_args.padded_stride``).
 
     Its own kernels: everything but the runs of rotations (``apply_z_rotations``,
     ``apply_one_qubit_rotations`` and their sweep steps, which fusion never plans here: see its
@@ -119,16 +125,29 @@ class CuStateVecBackend(Backend):
         free_bytes, _total_bytes = self._cp.cuda.runtime.memGetInfo()
         return free_bytes + self._cp.get_default_memory_pool().free_bytes()
 
+    def _batch(self, batch_size: int, amplitudes: int, zeroed: bool = True) -> StateBatch:
+        """New memory for ``batch_size`` vectors, each starting 128-byte aligned: a
+        C-contiguous array, or the ``[:, :amplitudes]`` view of a padded one (the smallest
+        vectors, ``custatevec_args.padded_stride``)."""
+        stride = padded_stride(amplitudes, self.dtype)
+        allocate = self._cp.zeros if zeroed else self._cp.empty
+        memory = allocate((batch_size, stride), dtype=self.dtype)
+        return memory if stride == amplitudes else memory[:, :amplitudes]
+
     @_on_device
     def zero_state(self, n_qubits: int, batch_size: int) -> StateBatch:
-        state = self._cp.zeros((batch_size, 1 << n_qubits), dtype=self.dtype)
+        state = self._batch(batch_size, 1 << n_qubits)
         state[:, 0] = 1.0
         return state
 
     @_on_device
     def from_host(self, vectors: np.ndarray) -> StateBatch:
         host = np.array(vectors, dtype=self.dtype, order="C", ndmin=2, copy=None)
-        return self._cp.asarray(host)
+        if padded_stride(host.shape[1], self.dtype) == host.shape[1]:
+            return self._cp.asarray(host)
+        state = self._batch(*host.shape, zeroed=False)
+        state[...] = host
+        return state
 
     @_on_device
     def to_host(self, state: StateBatch) -> np.ndarray:
@@ -136,7 +155,11 @@ class CuStateVecBackend(Backend):
 
     @_on_device
     def copy(self, state: StateBatch) -> StateBatch:
-        return state.copy()
+        if padded_stride(state.shape[1], self.dtype) == state.shape[1]:
+            return state.copy()
+        copied = self._batch(*state.shape, zeroed=False)
+        copied[...] = state
+        return copied
 
     @_on_device
     def read_block(self, block) -> np.ndarray:
@@ -172,8 +195,8 @@ class CuStateVecBackend(Backend):
         the M it reads) with ``matrices`` C-contiguous complex128 of shape (1 or m, d, d):
         one shared matrix, or matrix i for vectors i*vectors_per_matrix onwards (m *
         vectors_per_matrix vectors)."""
-        n_svs, n_index_bits = _layout(state)
-        controls_arg, values_arg = _controls(controls, control_values)
+        n_svs, n_index_bits, stride = batch_layout(state)
+        controls_arg, values_arg = control_arguments(controls, control_values)
         if n_svs == 1:
             self._cusv.apply_matrix(
                 self._handle,
@@ -184,7 +207,7 @@ class CuStateVecBackend(Backend):
                 self._complex128,
                 self._cusv.MatrixLayout.ROW,
                 int(adjoint),  # adjoint: 1 applies the conjugate transpose of the matrix
-                _bit_list(targets),
+                bit_list(targets),
                 len(targets),
                 controls_arg,
                 values_arg,
@@ -205,7 +228,7 @@ class CuStateVecBackend(Backend):
             self._sv_type,
             n_index_bits,
             n_svs,
-            1 << n_index_bits,  # sv_stride, in elements
+            stride,  # sv_stride, in elements (padded: see custatevec_args)
             map_type.BROADCAST if shared else map_type.MATRIX_INDEXED,
             indices,  # matrix_indices: int32 on the host, one per vector
             matrices.ctypes.data,
@@ -213,7 +236,7 @@ class CuStateVecBackend(Backend):
             self._cusv.MatrixLayout.ROW,
             int(adjoint),  # adjoint: 1 applies the conjugate transpose of each matrix
             matrices.shape[0],  # n_matrices
-            _bit_list(targets),
+            bit_list(targets),
             len(targets),
             controls_arg,
             values_arg,
@@ -230,14 +253,14 @@ class CuStateVecBackend(Backend):
             if not len(controls):
                 self.scale(state, diagonals[:, 0])
                 return
-            diagonals, targets, controls, control_values = _control_as_target(
+            diagonals, targets, controls, control_values = control_as_target(
                 diagonals, controls, control_values
             )
-        if _runs_batched(state, len(targets)):
+        if runs_batched(state, len(targets)):
             matrices = diagonals[:, :, None] * np.eye(diagonals.shape[1])
             self.apply_matrix(state, matrices, targets, controls, control_values)
             return
-        for vector, pointer in enumerate(_vector_pointers(state)):
+        for vector, pointer in enumerate(vector_pointers(state)):
             diagonal = diagonals[vector if diagonals.shape[0] > 1 else 0]
             self._generalized_permutation(
                 pointer, state, NULL, diagonal, targets, controls, control_values
@@ -248,26 +271,26 @@ class CuStateVecBackend(Backend):
         self, state, angles, paulis, targets, controls=(), control_values=()
     ) -> None:
         angles = np.ascontiguousarray(angles, dtype=np.float64).reshape(-1)
-        letters, bits = _without_identities(paulis, targets)
+        letters, bits = without_identities(paulis, targets)
         if not letters:  # exp(-i angle/2 I) is a phase
             phases = np.exp(-0.5j * angles)[:, None]
             self.apply_diagonal(state, phases, (), controls, control_values)
             return
-        if _runs_batched(state, len(bits)):
+        if runs_batched(state, len(bits)):
             word = pauli_word_matrix(letters)
             half = 0.5 * angles[:, None, None]
             matrices = np.cos(half) * np.eye(len(word)) - 1j * np.sin(half) * word
             self.apply_matrix(state, matrices, bits, controls, control_values)
             return
-        controls_arg, values_arg = _controls(controls, control_values)
+        controls_arg, values_arg = control_arguments(controls, control_values)
         pauli_codes = [self._cusv.Pauli[letter] for letter in letters]
-        for vector, pointer in enumerate(_vector_pointers(state)):
+        for vector, pointer in enumerate(vector_pointers(state)):
             angle = angles[vector if len(angles) > 1 else 0]
             self._cusv.apply_pauli_rotation(
                 self._handle,
                 pointer,
                 self._sv_type,
-                _layout(state)[1],
+                batch_layout(state)[1],
                 -0.5 * angle,  # theta: cuStateVec applies exp(+i theta P)
                 pauli_codes,
                 bits,
@@ -279,15 +302,15 @@ class CuStateVecBackend(Backend):
 
     @_on_device
     def apply_pauli(self, state, paulis, targets, controls=(), control_values=()) -> None:
-        letters, bits = _without_identities(paulis, targets)
+        letters, bits = without_identities(paulis, targets)
         if not letters:
             return
-        if _runs_batched(state, len(bits)):
+        if runs_batched(state, len(bits)):
             matrix = pauli_word_matrix(letters)[None]
             self.apply_matrix(state, matrix, bits, controls, control_values)
             return
-        permutation, diagonal = _pauli_as_permutation(letters)
-        for pointer in _vector_pointers(state):
+        permutation, diagonal = pauli_as_permutation(letters)
+        for pointer in vector_pointers(state):
             self._generalized_permutation(
                 pointer, state, permutation, diagonal, bits, controls, control_values
             )
@@ -296,17 +319,17 @@ class CuStateVecBackend(Backend):
         self, pointer, state, permutation, diagonal, targets, controls, control_values
     ) -> None:
         """D P on one vector (``permutation`` NULL: D alone)."""
-        controls_arg, values_arg = _controls(controls, control_values)
+        controls_arg, values_arg = control_arguments(controls, control_values)
         self._cusv.apply_generalized_permutation_matrix(
             self._handle,
             pointer,
             self._sv_type,
-            _layout(state)[1],
+            batch_layout(state)[1],
             permutation,
             diagonal.ctypes.data,
             self._complex128,
             0,  # adjoint: no
-            _bit_list(targets),
+            bit_list(targets),
             len(targets),
             controls_arg,
             values_arg,
@@ -314,6 +337,12 @@ class CuStateVecBackend(Backend):
             NULL,
             0,
         )
+
+    @_on_device
+    def apply_bit_permutation(self, state, sources) -> None:
+        """The base class's gather, on the backend's GPU and stream (cupy's indexing runs
+        on the current stream: outside it, it would race with the library's calls)."""
+        super().apply_bit_permutation(state, sources)
 
     @_on_device
     def scale(self, state, factors) -> None:
@@ -329,13 +358,13 @@ class CuStateVecBackend(Backend):
         out = np.zeros((state.shape[0], len(words)), dtype=np.float64)
         if not words:
             return out
-        kept = [_without_identities(paulis, targets) for paulis, targets in words]
-        for vector, pointer in enumerate(_vector_pointers(state)):
+        kept = [without_identities(paulis, targets) for paulis, targets in words]
+        for vector, pointer in enumerate(vector_pointers(state)):
             self._cusv.compute_expectations_on_pauli_basis(
                 self._handle,
                 pointer,
                 self._sv_type,
-                _layout(state)[1],
+                batch_layout(state)[1],
                 out[vector].ctypes.data,  # host output: one float64 per word
                 [[self._cusv.Pauli[letter] for letter in letters] for letters, _ in kept],
                 len(kept),  # number of Pauli words
@@ -347,7 +376,7 @@ class CuStateVecBackend(Backend):
     @_on_device
     def expval_matrix(self, state, matrix, targets) -> np.ndarray:
         matrix = np.ascontiguousarray(matrix, dtype=np.complex128)
-        n_svs, n_index_bits = _layout(state)
+        n_svs, n_index_bits, stride = batch_layout(state)
         out = np.empty(n_svs, dtype=np.complex128)
         if n_svs == 1:
             self._cusv.compute_expectation(
@@ -360,7 +389,7 @@ class CuStateVecBackend(Backend):
                 matrix.ctypes.data,
                 self._complex128,
                 self._cusv.MatrixLayout.ROW,
-                _bit_list(targets),
+                bit_list(targets),
                 len(targets),
                 self._compute_type,
                 NULL,
@@ -373,13 +402,13 @@ class CuStateVecBackend(Backend):
             self._sv_type,
             n_index_bits,
             n_svs,
-            1 << n_index_bits,  # sv_stride
+            stride,  # sv_stride, in elements
             out.ctypes.data,  # complex128, element [vector * n_matrices + matrix]
             matrix.ctypes.data,
             self._complex128,
             self._cusv.MatrixLayout.ROW,
             1,  # n_matrices
-            _bit_list(targets),
+            bit_list(targets),
             len(targets),
             self._compute_type,
             NULL,
@@ -427,8 +456,8 @@ class CuStateVecBackend(Backend):
         """The batch as (vectors, d, rest): the block's matrix index a (bit j of a is state
         bit targets[j]) then the other bits; a new C-contiguous array if ``copy``, else
         a view where the layout allows one."""
-        n_svs, n_index_bits = _layout(state)
-        shape, axis_of, rest = _split_at_bits(n_index_bits, targets)
+        n_svs, n_index_bits, _ = batch_layout(state)
+        shape, axis_of, rest = split_at_bits(n_index_bits, targets)
         front = [axis_of[int(bit)] for bit in reversed(targets)]  # a's top bit first
         tensor = state.reshape((n_svs,) + shape).transpose([0] + front + rest)
         if copy:
@@ -439,8 +468,8 @@ class CuStateVecBackend(Backend):
     def gather(self, arrays) -> list[np.ndarray]:
         arrays = list(arrays)
         # host arrays (the base class's default steps) pass through
-        fetched = iter(self._to_host_at_once([a for a in arrays if not _on_host(a)]))
-        return [array if _on_host(array) else next(fetched) for array in arrays]
+        fetched = iter(self._to_host_at_once([a for a in arrays if not on_host(a)]))
+        return [array if on_host(array) else next(fetched) for array in arrays]
 
     def _to_host_at_once(self, arrays: list) -> list[np.ndarray]:
         """Device arrays as numpy arrays, in one transfer."""
@@ -459,7 +488,16 @@ class CuStateVecBackend(Backend):
 
     @_on_device
     def concatenate(self, states) -> StateBatch:
-        return self._cp.concatenate(list(states))
+        states = list(states)
+        amplitudes = states[0].shape[1]
+        if padded_stride(amplitudes, self.dtype) == amplitudes:
+            return self._cp.concatenate(states)
+        joined = self._batch(sum(s.shape[0] for s in states), amplitudes, zeroed=False)
+        start = 0
+        for part in states:
+            joined[start : start + part.shape[0]] = part
+            start += part.shape[0]
+        return joined
 
     @_on_device
     def add_scaled(self, dst, src, factors) -> None:
@@ -470,9 +508,9 @@ class CuStateVecBackend(Backend):
 
     @_on_device
     def probabilities(self, state, bits) -> np.ndarray:
-        n_svs, n_index_bits = _layout(state)
+        n_svs, n_index_bits, stride = batch_layout(state)
         out = np.empty((n_svs, 1 << len(bits)), dtype=np.float64)
-        bit_ordering = _bit_list(bits) if len(bits) else NULL  # empty ordering: the norm
+        bit_ordering = bit_list(bits) if len(bits) else NULL  # empty ordering: the norm
         if n_svs == 1:
             self._cusv.abs2sum_array(
                 self._handle,
@@ -493,7 +531,7 @@ class CuStateVecBackend(Backend):
             self._sv_type,
             n_index_bits,
             n_svs,
-            1 << n_index_bits,  # sv_stride
+            stride,  # sv_stride, in elements
             out.ctypes.data,
             out.shape[1],  # abs2sum_array_stride
             bit_ordering,
@@ -506,13 +544,13 @@ class CuStateVecBackend(Backend):
 
     @_on_device
     def sample(self, state, bits, shots, rng) -> np.ndarray:
-        n_svs, n_index_bits = _layout(state)
+        n_svs, n_index_bits, _ = batch_layout(state)
         # One uniform number per shot from the caller's Generator: a seed fixes the samples.
         randnums = rng.random((n_svs, shots))
         out = np.zeros((n_svs, shots), dtype=np.int64)
         if not len(bits) or not shots:
             return out
-        for vector, pointer in enumerate(_vector_pointers(state)):
+        for vector, pointer in enumerate(vector_pointers(state)):
             sampler, _workspace_size = self._cusv.sampler_create(
                 self._handle, pointer, self._sv_type, n_index_bits, shots
             )
@@ -523,7 +561,7 @@ class CuStateVecBackend(Backend):
                     self._handle,
                     sampler,
                     out[vector].ctypes.data,  # host output, int64 bit strings
-                    _bit_list(bits),
+                    bit_list(bits),
                     len(bits),
                     randnums[vector],  # float64, in [0, 1)
                     shots,
@@ -532,104 +570,3 @@ class CuStateVecBackend(Backend):
             finally:
                 self._cusv.sampler_destroy(sampler)
         return out
-
-
-def _layout(state) -> tuple[int, int]:
-    """(number of vectors, index bits) of a C-contiguous batch."""
-    if not state.flags.c_contiguous:
-        raise ValueError("cuStateVec needs C-contiguous state vectors")
-    return state.shape[0], state.shape[1].bit_length() - 1
-
-
-def _vector_pointers(state) -> list[int]:
-    """Device pointers of each vector of the batch."""
-    return [state.data.ptr + vector * state.strides[0] for vector in range(state.shape[0])]
-
-
-def _runs_batched(state, n_targets: int) -> bool:
-    return state.shape[0] > 1 and n_targets <= SMALL_BATCHED_TARGETS
-
-
-def _bit_list(bits: Sequence[int]) -> list[int]:
-    """Bit positions as the binding's int32 sequence."""
-    return [int(bit) for bit in bits]
-
-
-def _controls(controls: Sequence[int], control_values: Sequence[int]) -> tuple:
-    """(controls, control bit values) arguments, NULL when there are none."""
-    if not len(controls):
-        return NULL, NULL
-    if len(control_values) != len(controls):
-        raise ValueError(
-            f"{len(controls)} controls need as many control values, not {len(control_values)}"
-        )
-    return _bit_list(controls), _bit_list(control_values)
-
-
-def _control_as_target(diagonals, controls, control_values):
-    """A phase d on the subspace where the controls hold, written as a diagonal on the
-    first control (d at its control value, 1 at the other) under the other controls."""
-    phase = diagonals[:, 0]
-    ones = np.ones_like(phase)
-    if control_values[0]:
-        diagonal = np.stack([ones, phase], axis=1)
-    else:
-        diagonal = np.stack([phase, ones], axis=1)
-    return diagonal, (controls[0],), tuple(controls[1:]), tuple(control_values[1:])
-
-
-def _split_at_bits(n_index_bits: int, targets: Sequence[int]) -> tuple[tuple, dict, list]:
-    """A vector's shape with an axis of 2 for each of the ``targets`` and one axis for each
-    run of the other bits (at most 2k + 1 axes: within cupy's and numpy's limit of 32
-    however large the state), the most significant bits first. Returns (shape, {bit: its
-    axis}, the other axes), axes counted from 1 (axis 0 is the batch)."""
-    chosen = {int(bit) for bit in targets}
-    shape, axis_of, rest = [], {}, []
-    run = 0
-    for bit in range(n_index_bits - 1, -1, -1):
-        if bit in chosen:
-            if run:
-                rest.append(len(shape) + 1)
-                shape.append(1 << run)
-                run = 0
-            axis_of[bit] = len(shape) + 1
-            shape.append(2)
-        else:
-            run += 1
-    if run:
-        rest.append(len(shape) + 1)
-        shape.append(1 << run)
-    return tuple(shape), axis_of, rest
-
-
-def _without_identities(paulis: str, targets: Sequence[int]) -> tuple[str, list[int]]:
-    """The letters other than I and their bits (I acts as the identity on its bit)."""
-    kept = [
-        (letter, int(bit)) for letter, bit in zip(paulis, targets, strict=True) if letter != "I"
-    ]
-    return "".join(letter for letter, _ in kept), [bit for _, bit in kept]
-
-
-@functools.cache
-def _pauli_as_permutation(letters: str) -> tuple[np.ndarray, np.ndarray]:
-    """A Pauli word (letter j on bit j of the matrix index) as D P for
-    apply_generalized_permutation_matrix: P|a> = |a ^ x> and D = diag(d) with
-    d[r] = i**n_Y (-1)**|(r ^ x) & z|, so that (D P psi)[r] = d[r] psi[r ^ x]. The
-    permutation is an involution, so the table reads the same in either direction."""
-    x_mask = sum(1 << j for j, letter in enumerate(letters) if letter in "XY")
-    z_mask = sum(1 << j for j, letter in enumerate(letters) if letter in "YZ")
-    source = np.arange(1 << len(letters), dtype=np.int64) ^ x_mask
-    parity = np.zeros_like(source)
-    for j in range(len(letters)):
-        parity ^= (source >> j) & (z_mask >> j) & 1
-    diagonal = _I_POWERS[letters.count("Y") % 4] * (1.0 - 2.0 * parity)
-    diagonal = np.ascontiguousarray(diagonal, dtype=np.complex128)
-    for array in (source, diagonal):
-        array.flags.writeable = False
-    return source, diagonal
-
-
-def _on_host(array) -> bool:
-    """Whether a reduction is a host numpy array (a cupy array, or the test double's
-    device array, a numpy subclass, is not)."""
-    return type(array) is np.ndarray

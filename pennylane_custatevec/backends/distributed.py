@@ -664,7 +664,7 @@ class DistributedBackend(Backend):
         outer = 1 << (low - 1 - local_position)
         inner = 1 << local_position
         halves = _view(state.local, (state.rows, outer, 2, inner))[:, :, 1 - value, :]
-        self.messages.exchange(self.local, _view(halves, (state.rows * outer, inner)), partner)
+        self.messages.exchange(self.local, halves, partner)
 
     def _swap_two_global(self, state: DistributedState, first: int, second: int) -> None:
         """Two global bits swapped: ranks whose two bits differ trade whole slices."""
@@ -813,7 +813,7 @@ def _view(array, shape: tuple[int, ...]):
     refuses where a view cannot be made."""
     if isinstance(array, np.ndarray):
         return np.reshape(array, shape, copy=False)
-    return array.reshape(shape)  # cupy: its slices of a batch stay contiguous
+    return array.reshape(shape)  # cupy: a vector's slices split its contiguous last axis
 
 
 def _flipped_bits(paulis: str, targets: Sequence[int]) -> list[int]:

@@ -62,22 +62,32 @@ class RankMessages:
         return out
 
     def exchange(self, backend: Backend, block, partner: int) -> None:
-        """``block`` (a 2-D view of a slice of ``backend``'s memory) <- the partner's block
-        of the same shape, the partner receiving ours; in messages of at most
-        ``EXCHANGE_CHUNK_AMPLITUDES``, each read and written back through the backend
-        (``read_block``, ``write_block``: in order with its pending work)."""
-        rows, cols = block.shape
+        """``block`` (a view of ``backend``'s memory, (rows, cols) or (vectors, rows,
+        cols)) <- the partner's block of the same shape, the partner receiving ours; in
+        messages of at most ``EXCHANGE_CHUNK_AMPLITUDES``, each read and written back
+        through the backend (``read_block``, ``write_block``: in order with its pending
+        work). The vectors of a 3-D block share messages where they lie one after the
+        other in memory, and go one by one where they do not (the cuStateVec backend's
+        smallest vectors, padded apart)."""
+        vectors, rows, cols = block.shape if block.ndim == 3 else (1, *block.shape)
         self.traffic.swaps += 1
-        self.traffic.swap_bytes += rows * cols * block.dtype.itemsize
+        self.traffic.swap_bytes += vectors * rows * cols * block.dtype.itemsize
+        if block.ndim == 2:
+            pieces = [block]
+        elif block.strides[0] == rows * block.strides[1]:
+            pieces = [block.reshape(vectors * rows, cols)]  # a view: the rows are adjacent
+        else:
+            pieces = list(block)
         cols_per = min(cols, EXCHANGE_CHUNK_AMPLITUDES)
-        rows_per = max(1, EXCHANGE_CHUNK_AMPLITUDES // cols_per)
-        for r in range(0, rows, rows_per):
-            for c in range(0, cols, cols_per):
-                part = block[r : r + rows_per, c : c + cols_per]
-                send = np.ascontiguousarray(backend.read_block(part))
-                received = np.empty_like(send)
-                self.comm.Sendrecv(send, dest=partner, recvbuf=received, source=partner)
-                backend.write_block(part, received)
+        for piece in pieces:
+            rows_per = max(1, EXCHANGE_CHUNK_AMPLITUDES // cols_per)
+            for r in range(0, piece.shape[0], rows_per):
+                for c in range(0, cols, cols_per):
+                    part = piece[r : r + rows_per, c : c + cols_per]
+                    send = np.ascontiguousarray(backend.read_block(part))
+                    received = np.empty_like(send)
+                    self.comm.Sendrecv(send, dest=partner, recvbuf=received, source=partner)
+                    backend.write_block(part, received)
 
 
 def communicator(mpi: Any):
