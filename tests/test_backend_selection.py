@@ -182,7 +182,7 @@ def test_device_on_custatevec_matches_the_cpu_backend(gpu_double):
     x, y = np.array([0.3, 1.1]), np.array([0.7, -0.2])  # broadcast: a batch of two
     results = [qml.QNode(measured, dev)(x, y) for dev in (gpu, cpu)]
     assert_allclose_nested(results[0], results[1], atol=1e-12)
-    assert {"apply_matrix_batched", "compute_expectations_on_pauli_basis"} <= set(
+    assert {"apply_matrix_batched", "compute_expectation_batched"} <= set(
         gpu_double.custatevec.calls
     )
 

@@ -123,6 +123,83 @@ def test_every_vector_of_a_batch_starts_128_byte_aligned(double, dtype, n_qubits
     assert {"apply_matrix_batched", "compute_expectation_batched"} <= set(double.custatevec.calls)
 
 
+# --- batches: few calls, no synchronisation inside ---------------------------------------
+
+
+def test_wide_operators_the_same_for_every_vector_run_on_runs_of_vectors(double):
+    """A diagonal, Pauli word or rotation on more than 4 targets, the same for every vector
+    of a batch of B, runs as one call per binary digit of B (2**j adjacent vectors are one
+    vector of n + j bits); with a parameter per vector, one call per vector; no
+    synchronisation either way. The results are the CPU backend's."""
+    cusv = double.custatevec
+    backend, cpu = CuStateVecBackend(libraries=double), CPUBackend()
+    rng = np.random.default_rng(stable_seed("runs"))
+    psi = random_states(N, 5, rng)  # 5 = 0b101: runs of 4 and 1
+    on_gpu, on_cpu = backend.from_host(psi), cpu.from_host(psi)
+    targets, controls, values = (0, 2, 3, 4, 5), (1,), (1,)
+    diagonal = np.exp(1j * rng.uniform(0, 6, size=(1, 32)))
+    calls = [
+        ("apply_pauli", ("XYZZY",), "apply_generalized_permutation_matrix", 2),
+        ("apply_diagonal", (diagonal,), "apply_generalized_permutation_matrix", 2),
+        ("apply_pauli_rotation", (np.array([0.3]), "XXYZY"), "apply_pauli_rotation", 2),
+        ("apply_pauli_rotation", (rng.uniform(0, 3, size=5), "YZXZX"), "apply_pauli_rotation", 5),
+    ]
+    before = double.cupy.synchronizations
+    for name, arguments, library_call, count in calls:
+        made = len(cusv.calls)
+        for b, state in ((backend, on_gpu), (cpu, on_cpu)):
+            getattr(b, name)(state, *arguments, targets, controls, values)
+        assert cusv.calls[made:] == [library_call] * count, name
+    assert double.cupy.synchronizations == before
+    np.testing.assert_allclose(backend.to_host(on_gpu), on_cpu, atol=1e-12)
+
+
+def test_pauli_expectations_of_a_batch_are_grouped_and_read_once(double):
+    """Words on a batch: grouped on at most 4 bits, one compute_expectation_batched per
+    group into device memory (the norm for the identity word from abs2sum), one transfer
+    for all; only words on more than 4 bits go vector by vector."""
+    cusv, cp = double.custatevec, double.cupy
+    backend, cpu = CuStateVecBackend(libraries=double), CPUBackend()
+    rng = np.random.default_rng(stable_seed("grouped words"))
+    psi = random_states(N, 3, rng)
+    narrow = [("ZZ", (0, 1)), ("XX", (2, 3)), ("YIY", (0, 4, 3)), ("Z", (5,)), ("XZ", (5, 1))]
+    narrow += [("II", (2, 3)), ("X", (0,))]
+    for words, batched, per_vector in ((narrow, 2, 0), (narrow + [("XYZXY", range(5))], 2, 3)):
+        state = backend.from_host(psi)
+        made, before = len(cusv.calls), cp.synchronizations
+        values = backend.expval_pauli_words(state, words)
+        issued = cusv.calls[made:]
+        assert issued.count("compute_expectation_batched") == batched
+        assert issued.count("abs2sum_array_batched") == 1  # the identity word
+        assert issued.count("compute_expectations_on_pauli_basis") == per_vector
+        assert cp.synchronizations == before + 1 + per_vector
+        expected = cpu.expval_pauli_words(cpu.from_host(psi), words)
+        np.testing.assert_allclose(values, expected, atol=1e-12)
+
+
+def test_a_batch_samples_its_marginals_on_the_device(double):
+    """Sampling a batch: the marginals into device memory, their cumulative sums and one
+    search per vector on the device, one transfer (no sampler, no other synchronisation);
+    the same outcomes as the base class's sampling from the marginal with the same draws.
+    A lone vector, and marginals over more than BATCHED_SAMPLING_BITS bits, take the
+    library's sampler."""
+    from pennylane_custatevec.backends.base import Backend
+
+    cusv, cp = double.custatevec, double.cupy
+    backend = CuStateVecBackend(libraries=double)
+    psi = random_states(N, 4, np.random.default_rng(stable_seed("marginals")))
+    state = backend.from_host(psi * np.array([[1.0], [2.0], [1.0], [0.5]]))  # norms vary
+    made, before = len(cusv.calls), cp.synchronizations
+    samples = backend.sample(state, (4, 1, 0), 200, np.random.default_rng(9))
+    assert cusv.calls[made:] == ["abs2sum_array_batched"] and cp.synchronizations == before + 1
+    reference = backend.from_host(psi)  # normalised: the base class normalises the marginal
+    expected = Backend.sample(backend, reference, (4, 1, 0), 200, np.random.default_rng(9))
+    np.testing.assert_array_equal(samples, expected)
+    made = len(cusv.calls)
+    backend.sample(backend.vectors(state, 1, 2), (4, 1, 0), 5, np.random.default_rng(9))
+    assert "sampler_sample" in cusv.calls[made:]
+
+
 # --- deferred adjoint: reductions on the device ------------------------------------------
 
 

@@ -28,7 +28,7 @@ from custatevec_double import (
 )
 from reference import dense_operator, random_state, random_unitary, word_matrix
 
-from pennylane_custatevec.backends import custatevec, gpu
+from pennylane_custatevec.backends import custatevec, custatevec_calls, gpu
 
 SNAPSHOT = json.loads((Path(__file__).parent / "data" / "custatevec_bindings.json").read_text())
 C64F, R64F = cudaDataType.CUDA_C_64F, cudaDataType.CUDA_C_32F
@@ -62,8 +62,8 @@ def test_signatures_and_enums_match_the_real_binding_snapshot():
     assert {m.name: int(m) for m in cudaDataType} == SNAPSHOT["cudaDataType"]
 
 
-BINDING_USERS = (custatevec, gpu)
-"""The modules that call the binding: the backend and the GPU contexts."""
+BINDING_USERS = (custatevec, custatevec_calls, gpu)
+"""The modules that call the binding: the backend, its calls and the GPU contexts."""
 
 
 def binding_names_the_backend_uses() -> set[str]:

@@ -26,20 +26,27 @@ from . import gpu
 from .base import Backend, FusionTraits, StateBatch, bra_rows
 from .custatevec_args import (
     NULL,
+    SMALL_BATCHED_TARGETS,
     batch_layout,
-    bit_list,
-    control_arguments,
     control_as_target,
     on_host,
     padded_stride,
     pauli_as_permutation,
+    pauli_groups,
     runs_batched,
     split_at_bits,
     vector_pointers,
+    vector_runs,
     without_identities,
 )
+from .custatevec_calls import LibraryCalls
 from .gpu import Libraries, resolve_device_id
 from .host import free_host_bytes
+
+BATCHED_SAMPLING_BITS = 20
+"""A batch samples up to this many bits from their marginal on the device, in one pass
+(2**k float64 per vector: 8 MiB at 20); more bits, or one vector, through the library's
+sampler, one vector at a time."""
 
 
 def _on_device(method):
@@ -86,23 +93,17 @@ class CuStateVecBackend(Backend):
         rank_on_node: int | None = None,
     ):
         libraries = libraries or gpu.import_libraries()
-        cp, cusv = libraries.cupy, libraries.custatevec
-        self._cp, self._cusv = cp, cusv
+        self._cp = libraries.cupy
         self.dtype = np.dtype(dtype)
-        self.device_id = resolve_device_id(cp, device_id, rank_on_node)
-        single = self.dtype == np.complex64
-        self._sv_type = (
-            libraries.cuda_data_type.CUDA_C_32F if single else libraries.cuda_data_type.CUDA_C_64F
-        )
-        self._compute_type = (
-            cusv.ComputeType.COMPUTE_32F if single else cusv.ComputeType.COMPUTE_64F
-        )
-        # Matrices, diagonals and expectation values are complex128 on the host: valid with
-        # either state type.
-        self._complex128 = libraries.cuda_data_type.CUDA_C_64F
+        self.device_id = resolve_device_id(self._cp, device_id, rank_on_node)
         self._context = gpu.gpu_context(libraries, self.device_id)
         self._device, self._stream = self._context.device, self._context.stream
-        self._handle = self._context.handle
+        self._calls = LibraryCalls(
+            libraries.custatevec,
+            self._context.handle,
+            libraries.cuda_data_type,
+            single=self.dtype == np.complex64,
+        )
 
     # --- memory ------------------------------------------------------------------------
 
@@ -178,73 +179,7 @@ class CuStateVecBackend(Backend):
     @_on_device
     def apply_matrix(self, state, matrices, targets, controls=(), control_values=()) -> None:
         matrices = np.ascontiguousarray(matrices, dtype=np.complex128)
-        self._matrix_call(state, matrices, targets, controls, control_values)
-
-    def _matrix_call(
-        self,
-        state,
-        matrices: np.ndarray,
-        targets,
-        controls=(),
-        control_values=(),
-        *,
-        adjoint: bool = False,
-        vectors_per_matrix: int = 1,
-    ) -> None:
-        """psi <- M psi (``adjoint``: M^dagger psi, the library conjugates and transposes
-        the M it reads) with ``matrices`` C-contiguous complex128 of shape (1 or m, d, d):
-        one shared matrix, or matrix i for vectors i*vectors_per_matrix onwards (m *
-        vectors_per_matrix vectors)."""
-        n_svs, n_index_bits, stride = batch_layout(state)
-        controls_arg, values_arg = control_arguments(controls, control_values)
-        if n_svs == 1:
-            self._cusv.apply_matrix(
-                self._handle,
-                state.data.ptr,
-                self._sv_type,
-                n_index_bits,
-                matrices.ctypes.data,
-                self._complex128,
-                self._cusv.MatrixLayout.ROW,
-                int(adjoint),  # adjoint: 1 applies the conjugate transpose of the matrix
-                bit_list(targets),
-                len(targets),
-                controls_arg,
-                values_arg,
-                len(controls),
-                self._compute_type,
-                NULL,  # workspace: from the handle's memory handler
-                0,
-            )
-            return
-        shared = matrices.shape[0] == 1
-        map_type = self._cusv.MatrixMapType
-        indices = NULL  # BROADCAST: every vector gets the one matrix
-        if not shared:  # MATRIX_INDEXED: vector i gets matrix i // vectors_per_matrix
-            indices = np.repeat(np.arange(matrices.shape[0], dtype=np.int32), vectors_per_matrix)
-        self._cusv.apply_matrix_batched(
-            self._handle,
-            state.data.ptr,
-            self._sv_type,
-            n_index_bits,
-            n_svs,
-            stride,  # sv_stride, in elements (padded: see custatevec_args)
-            map_type.BROADCAST if shared else map_type.MATRIX_INDEXED,
-            indices,  # matrix_indices: int32 on the host, one per vector
-            matrices.ctypes.data,
-            self._complex128,
-            self._cusv.MatrixLayout.ROW,
-            int(adjoint),  # adjoint: 1 applies the conjugate transpose of each matrix
-            matrices.shape[0],  # n_matrices
-            bit_list(targets),
-            len(targets),
-            controls_arg,
-            values_arg,
-            len(controls),
-            self._compute_type,
-            NULL,
-            0,
-        )
+        self._calls.apply_matrices(state, matrices, targets, controls, control_values)
 
     @_on_device
     def apply_diagonal(self, state, diagonals, targets, controls=(), control_values=()) -> None:
@@ -260,10 +195,11 @@ class CuStateVecBackend(Backend):
             matrices = diagonals[:, :, None] * np.eye(diagonals.shape[1])
             self.apply_matrix(state, matrices, targets, controls, control_values)
             return
-        for vector, pointer in enumerate(vector_pointers(state)):
-            diagonal = diagonals[vector if diagonals.shape[0] > 1 else 0]
-            self._generalized_permutation(
-                pointer, state, NULL, diagonal, targets, controls, control_values
+        shared = diagonals.shape[0] == 1
+        for vector, (pointer, n_bits) in enumerate(vector_runs(state, shared)):
+            diagonal = diagonals[0 if shared else vector]
+            self._calls.generalized_permutation(
+                pointer, n_bits, NULL, diagonal, targets, controls, control_values
             )
 
     @_on_device
@@ -282,22 +218,11 @@ class CuStateVecBackend(Backend):
             matrices = np.cos(half) * np.eye(len(word)) - 1j * np.sin(half) * word
             self.apply_matrix(state, matrices, bits, controls, control_values)
             return
-        controls_arg, values_arg = control_arguments(controls, control_values)
-        pauli_codes = [self._cusv.Pauli[letter] for letter in letters]
-        for vector, pointer in enumerate(vector_pointers(state)):
-            angle = angles[vector if len(angles) > 1 else 0]
-            self._cusv.apply_pauli_rotation(
-                self._handle,
-                pointer,
-                self._sv_type,
-                batch_layout(state)[1],
-                -0.5 * angle,  # theta: cuStateVec applies exp(+i theta P)
-                pauli_codes,
-                bits,
-                len(bits),
-                controls_arg,
-                values_arg,
-                len(controls),
+        shared = len(angles) == 1
+        for vector, (pointer, n_bits) in enumerate(vector_runs(state, shared)):
+            angle = angles[0 if shared else vector]
+            self._calls.pauli_rotation(
+                pointer, n_bits, angle, letters, bits, controls, control_values
             )
 
     @_on_device
@@ -310,33 +235,10 @@ class CuStateVecBackend(Backend):
             self.apply_matrix(state, matrix, bits, controls, control_values)
             return
         permutation, diagonal = pauli_as_permutation(letters)
-        for pointer in vector_pointers(state):
-            self._generalized_permutation(
-                pointer, state, permutation, diagonal, bits, controls, control_values
+        for pointer, n_bits in vector_runs(state):
+            self._calls.generalized_permutation(
+                pointer, n_bits, permutation, diagonal, bits, controls, control_values
             )
-
-    def _generalized_permutation(
-        self, pointer, state, permutation, diagonal, targets, controls, control_values
-    ) -> None:
-        """D P on one vector (``permutation`` NULL: D alone)."""
-        controls_arg, values_arg = control_arguments(controls, control_values)
-        self._cusv.apply_generalized_permutation_matrix(
-            self._handle,
-            pointer,
-            self._sv_type,
-            batch_layout(state)[1],
-            permutation,
-            diagonal.ctypes.data,
-            self._complex128,
-            0,  # adjoint: no
-            bit_list(targets),
-            len(targets),
-            controls_arg,
-            values_arg,
-            len(controls),
-            NULL,
-            0,
-        )
 
     @_on_device
     def apply_bit_permutation(self, state, sources) -> None:
@@ -355,65 +257,47 @@ class CuStateVecBackend(Backend):
 
     @_on_device
     def expval_pauli_words(self, state, words) -> np.ndarray:
-        out = np.zeros((state.shape[0], len(words)), dtype=np.float64)
+        """One vector: one call for every word. A batch: the words grouped on at most
+        ``SMALL_BATCHED_TARGETS`` bits (``pauli_groups``), each group one
+        ``compute_expectation_batched`` of its words' dense matrices over every vector,
+        into device memory, read back in one transfer; wider words one call per vector."""
+        n_svs = state.shape[0]
+        out = np.zeros((n_svs, len(words)), dtype=np.float64)
+        kept = [without_identities(paulis, targets) for paulis, targets in words]
         if not words:
             return out
-        kept = [without_identities(paulis, targets) for paulis, targets in words]
-        for vector, pointer in enumerate(vector_pointers(state)):
-            self._cusv.compute_expectations_on_pauli_basis(
-                self._handle,
-                pointer,
-                self._sv_type,
-                batch_layout(state)[1],
-                out[vector].ctypes.data,  # host output: one float64 per word
-                [[self._cusv.Pauli[letter] for letter in letters] for letters, _ in kept],
-                len(kept),  # number of Pauli words
-                [bits for _, bits in kept],
-                [len(bits) for _, bits in kept],
-            )
+        n_bits = batch_layout(state)[1]
+        if n_svs == 1:
+            self._calls.expvals_on_pauli_basis(state.data.ptr, n_bits, kept, out[0])
+            return out
+        groups, wide = pauli_groups(kept, SMALL_BATCHED_TARGETS)
+        values = [self._word_expvals(state, bits, members) for bits, members in groups]
+        for (_, members), group_values in zip(groups, self._to_host_at_once(values), strict=True):
+            out[:, [k for k, _ in members]] = group_values.real
+        if wide:
+            row = np.zeros(len(wide))
+            for vector, pointer in enumerate(vector_pointers(state)):
+                self._calls.expvals_on_pauli_basis(pointer, n_bits, [kept[k] for k in wide], row)
+                out[vector, wide] = row
         return out
+
+    def _word_expvals(self, state, bits, members):
+        """<P> of every word of a group on every vector, (vectors, words) complex128 in
+        device memory: no synchronisation. The words without letters give the norm."""
+        if not bits:
+            norms = self._cp.empty((state.shape[0], 1), dtype=np.float64)
+            self._calls.abs2sum(state, (), norms)
+            return self._cp.concatenate([norms.astype(np.complex128)] * len(members), axis=1)
+        matrices = np.stack([pauli_word_matrix(word) for _, word in members])
+        values = self._cp.empty((state.shape[0], len(members)), dtype=np.complex128)
+        self._calls.expectations(state, matrices, bits, values)
+        return values
 
     @_on_device
     def expval_matrix(self, state, matrix, targets) -> np.ndarray:
-        matrix = np.ascontiguousarray(matrix, dtype=np.complex128)
-        n_svs, n_index_bits, stride = batch_layout(state)
-        out = np.empty(n_svs, dtype=np.complex128)
-        if n_svs == 1:
-            self._cusv.compute_expectation(
-                self._handle,
-                state.data.ptr,
-                self._sv_type,
-                n_index_bits,
-                out.ctypes.data,  # the value is written here; the return value is not it
-                self._complex128,  # complex: a matrix that is not Hermitian has a complex value
-                matrix.ctypes.data,
-                self._complex128,
-                self._cusv.MatrixLayout.ROW,
-                bit_list(targets),
-                len(targets),
-                self._compute_type,
-                NULL,
-                0,
-            )
-            return out
-        self._cusv.compute_expectation_batched(
-            self._handle,
-            state.data.ptr,
-            self._sv_type,
-            n_index_bits,
-            n_svs,
-            stride,  # sv_stride, in elements
-            out.ctypes.data,  # complex128, element [vector * n_matrices + matrix]
-            matrix.ctypes.data,
-            self._complex128,
-            self._cusv.MatrixLayout.ROW,
-            1,  # n_matrices
-            bit_list(targets),
-            len(targets),
-            self._compute_type,
-            NULL,
-            0,
-        )
+        matrix = np.ascontiguousarray(matrix, dtype=np.complex128)[None]
+        out = np.empty(state.shape[0], dtype=np.complex128)
+        self._calls.expectations(state, matrix, targets, out)
         return out
 
     @_on_device
@@ -439,8 +323,10 @@ class CuStateVecBackend(Backend):
         before = self._target_major(bras, targets, copy=True)
         self._cp.conj(before, out=before)
         if len(targets):
-            self._matrix_call(phi, matrices, targets, adjoint=True)
-            self._matrix_call(bras, matrices, targets, adjoint=True, vectors_per_matrix=rows)
+            self._calls.apply_matrices(phi, matrices, targets, adjoint=True)
+            self._calls.apply_matrices(
+                bras, matrices, targets, adjoint=True, vectors_per_matrix=rows
+            )
         else:  # a 1 x 1 block is a factor (no zero-target matrix call)
             factors = np.conj(matrices[:, 0, 0])
             self.scale(phi, factors)
@@ -508,65 +394,39 @@ class CuStateVecBackend(Backend):
 
     @_on_device
     def probabilities(self, state, bits) -> np.ndarray:
-        n_svs, n_index_bits, stride = batch_layout(state)
-        out = np.empty((n_svs, 1 << len(bits)), dtype=np.float64)
-        bit_ordering = bit_list(bits) if len(bits) else NULL  # empty ordering: the norm
-        if n_svs == 1:
-            self._cusv.abs2sum_array(
-                self._handle,
-                state.data.ptr,
-                self._sv_type,
-                n_index_bits,
-                out.ctypes.data,  # host output
-                bit_ordering,
-                len(bits),
-                NULL,  # mask_bit_string: no mask
-                NULL,  # mask_ordering
-                0,  # mask_len
-            )
-            return out
-        self._cusv.abs2sum_array_batched(
-            self._handle,
-            state.data.ptr,
-            self._sv_type,
-            n_index_bits,
-            n_svs,
-            stride,  # sv_stride, in elements
-            out.ctypes.data,
-            out.shape[1],  # abs2sum_array_stride
-            bit_ordering,
-            len(bits),
-            NULL,  # mask_bit_strings: no mask
-            NULL,
-            0,
-        )
+        out = np.empty((state.shape[0], 1 << len(bits)), dtype=np.float64)
+        self._calls.abs2sum(state, bits, out)  # host output: one wait for the stream
         return out
 
     @_on_device
     def sample(self, state, bits, shots, rng) -> np.ndarray:
+        """A batch: the marginal of ``bits`` of every vector (``abs2sum_array_batched``
+        into device memory), its cumulative sums scaled by each vector's squared norm, one
+        ``searchsorted`` of the caller's uniform draws per vector, one transfer at the end
+        (no synchronisation before it); wider marginals (``BATCHED_SAMPLING_BITS``) and a
+        lone vector: the library's sampler, one vector at a time."""
         n_svs, n_index_bits, _ = batch_layout(state)
         # One uniform number per shot from the caller's Generator: a seed fixes the samples.
         randnums = rng.random((n_svs, shots))
         out = np.zeros((n_svs, shots), dtype=np.int64)
         if not len(bits) or not shots:
             return out
+        if n_svs > 1 and len(bits) <= BATCHED_SAMPLING_BITS:
+            return self._sample_marginals(state, bits, randnums)
         for vector, pointer in enumerate(vector_pointers(state)):
-            sampler, _workspace_size = self._cusv.sampler_create(
-                self._handle, pointer, self._sv_type, n_index_bits, shots
-            )
-            try:
-                # Workspace NULL: the memory handler provides it for the sampler's lifetime.
-                self._cusv.sampler_preprocess(self._handle, sampler, NULL, 0)
-                self._cusv.sampler_sample(
-                    self._handle,
-                    sampler,
-                    out[vector].ctypes.data,  # host output, int64 bit strings
-                    bit_list(bits),
-                    len(bits),
-                    randnums[vector],  # float64, in [0, 1)
-                    shots,
-                    self._cusv.SamplerOutput.RANDNUM_ORDER,
-                )
-            finally:
-                self._cusv.sampler_destroy(sampler)
+            self._calls.sample_vector(pointer, n_index_bits, bits, randnums[vector], out[vector])
         return out
+
+    def _sample_marginals(self, state, bits, randnums: np.ndarray) -> np.ndarray:
+        """Outcome r of vector b for draw u: the first r whose cumulative marginal exceeds
+        u times the vector's squared norm (as the library's sampler scales its draws)."""
+        cp = self._cp
+        outcomes = 1 << len(bits)
+        cumulative = cp.empty((state.shape[0], outcomes), dtype=np.float64)
+        self._calls.abs2sum(state, bits, cumulative)
+        cumulative = cp.cumsum(cumulative, axis=1)
+        draws = cp.multiply(cp.asarray(randnums), cumulative[:, -1:])
+        samples = cp.empty(randnums.shape, dtype=np.int64)
+        for vector in range(state.shape[0]):
+            samples[vector] = cp.searchsorted(cumulative[vector], draws[vector], side="right")
+        return cp.asnumpy(cp.minimum(samples, outcomes - 1))

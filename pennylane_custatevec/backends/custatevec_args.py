@@ -54,6 +54,57 @@ def vector_pointers(state) -> list[int]:
     return [state.data.ptr + vector * state.strides[0] for vector in range(state.shape[0])]
 
 
+def vector_runs(state, shared: bool = True) -> list[tuple[int, int]]:
+    """(device pointer, index bits) of each call that applies an operator to a batch: for
+    an operator the same for every vector (``shared``), runs of 2**j adjacent vectors of
+    2**n amplitudes taken as one vector of n + j index bits (the operator acts on its low
+    n bits as on each vector), following the binary digits of the batch size: at most
+    log2(B) + 1 calls. Otherwise, and for a padded batch, one call per vector."""
+    rows, n_bits, stride = batch_layout(state)
+    if not shared or stride != 1 << n_bits:
+        return [(pointer, n_bits) for pointer in vector_pointers(state)]
+    runs, start = [], 0
+    for j in reversed(range(rows.bit_length())):
+        if rows >> j & 1:
+            runs.append((state.data.ptr + start * stride * state.dtype.itemsize, n_bits + j))
+            start += 1 << j
+    return runs
+
+
+def pauli_groups(
+    words: Sequence[tuple[str, Sequence[int]]], width: int
+) -> tuple[list[tuple[list[int], list[tuple[int, str]]]], list[int]]:
+    """Pauli words (letters without I, their bits) grouped for batched expectation calls:
+    ([(bits of the group, [(word index, the word on those bits, I where it has no
+    letter)])], indices of the words wider than ``width``). A word joins the first group
+    whose bits it extends to at most ``width`` bits, widest words first; a word without
+    letters (the identity: the norm) has a group of no bits."""
+    groups: list[tuple[list[int], list[tuple[int, str, list[int]]]]] = []
+    wide = []
+    order = sorted(range(len(words)), key=lambda k: -len(words[k][1]))
+    for k in order:
+        letters, bits = words[k]
+        if len(bits) > width:
+            wide.append(k)
+            continue
+        for group_bits, members in groups:
+            union = group_bits + [b for b in bits if b not in group_bits]
+            if bool(group_bits) == bool(bits) and len(union) <= width:
+                group_bits[:] = union
+                members.append((k, letters, list(bits)))
+                break
+        else:
+            groups.append((list(bits), [(k, letters, list(bits))]))
+    spelled = []
+    for group_bits, members in groups:
+        on_group = []
+        for k, letters, bits in members:
+            letter_of = dict(zip(bits, letters, strict=True))
+            on_group.append((k, "".join(letter_of.get(b, "I") for b in group_bits)))
+        spelled.append((group_bits, on_group))
+    return spelled, sorted(wide)
+
+
 def runs_batched(state, n_targets: int) -> bool:
     return state.shape[0] > 1 and n_targets <= SMALL_BATCHED_TARGETS
 
