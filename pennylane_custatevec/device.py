@@ -391,7 +391,8 @@ class CuStateVecDevice(Device):
         gpu = getattr(self._backend, "device_id", None)
         where = self.backend_name if gpu is None else f"{self.backend_name}, device_id={gpu}"
         ranks = getattr(self._backend, "ranks", None)
-        where = where if ranks is None else f"{where}, mpi ranks={ranks}"
+        if ranks is not None:
+            where = f"{where}, mpi ranks={ranks}, swaps via {self._backend.swap_route}"
         return f"<CuStateVecDevice: wires={wires}, backend={where}, c_dtype={self.c_dtype.name}>"
 
     def supports_derivatives(

@@ -162,14 +162,49 @@ class CuStateVecBackend(Backend):
         copied[...] = state
         return copied
 
-    @_on_device
-    def read_block(self, block) -> np.ndarray:
-        # on the backend's stream (non-blocking: the null stream would not wait for it)
-        return self._cp.asnumpy(block)
+    # the bit swaps of the distributed backend (messages.py's routes): on this stream (a
+    # non-blocking one: the null stream would not wait for it)
 
     @_on_device
-    def write_block(self, block, values: np.ndarray) -> None:
-        block[...] = self._cp.asarray(values)
+    def read_block(self, block, out: np.ndarray | None = None) -> np.ndarray:
+        """A host copy of ``block`` (into ``out``: pinned memory, for the pinned route),
+        waiting for the stream."""
+        return self._cp.asnumpy(block, out=out)
+
+    @_on_device
+    def write_block(self, block, values) -> None:
+        """``block[...] = values``: device values copied on the stream; host values
+        through a device buffer, asynchronously from pinned memory (the caller leaves
+        ``values`` alone until the stream is waited for)."""
+        if on_host(values):
+            staged = self._cp.empty(values.shape, dtype=values.dtype)
+            staged.set(values, stream=self._stream)
+            values = staged
+        block[...] = values
+
+    @_on_device
+    def pinned_buffer(self, amplitudes: int) -> np.ndarray:
+        """``amplitudes`` of the backend's dtype in page-locked host memory (cupy's pinned
+        pool, which takes it back when the array is dropped)."""
+        memory = self._cp.cuda.alloc_pinned_memory(amplitudes * self.dtype.itemsize)
+        return np.frombuffer(memory, self.dtype, amplitudes)
+
+    @_on_device
+    def outside_readable(self, block) -> StateBatch:
+        """``block`` as contiguous GPU memory that a reader outside the stream (CUDA-aware
+        MPI) may read: a copy where it is strided, the stream waited for."""
+        contiguous = self._cp.ascontiguousarray(block)
+        self._stream.synchronize()
+        return contiguous
+
+    @_on_device
+    def device_buffer(self, shape: tuple[int, ...]) -> StateBatch:
+        """Uninitialised GPU memory of the backend's dtype (no stream work on it)."""
+        return self._cp.empty(shape, dtype=self.dtype)
+
+    def synchronize(self) -> None:
+        """Wait for the stream (the pinned route, before its buffers are reused)."""
+        self._stream.synchronize()
 
     def vectors(self, state: StateBatch, start: int, stop: int) -> StateBatch:
         return state[start:stop]

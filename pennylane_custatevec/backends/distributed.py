@@ -130,7 +130,9 @@ class DistributedBackend(Backend):
         self.rank_bits = size.bit_length() - 1
         self.min_local_qubits = MIN_LOCAL_QUBITS
         self.gather_results = True  # the device's mpi_gather (see Backend.gather_results)
-        self.messages = RankMessages(comm)
+        self.messages = RankMessages(comm, local)
+        self.swap_route = self.messages.route.name  # named by the device's repr
+        self.device_id = getattr(local, "device_id", None)  # the local backend's GPU
         self.dtype = local.dtype
         self.min_product_state_amplitudes = local.min_product_state_amplitudes
         self.sample_host_bytes = local.sample_host_bytes
@@ -664,7 +666,7 @@ class DistributedBackend(Backend):
         outer = 1 << (low - 1 - local_position)
         inner = 1 << local_position
         halves = _view(state.local, (state.rows, outer, 2, inner))[:, :, 1 - value, :]
-        self.messages.exchange(self.local, halves, partner)
+        self.messages.exchange(halves, partner)
 
     def _swap_two_global(self, state: DistributedState, first: int, second: int) -> None:
         """Two global bits swapped: ranks whose two bits differ trade whole slices."""
@@ -672,7 +674,7 @@ class DistributedBackend(Backend):
         if self._rank_bit(first, low) == self._rank_bit(second, low):
             return
         partner = self.rank ^ (1 << (first - low)) ^ (1 << (second - low))
-        self.messages.exchange(self.local, state.local, partner)
+        self.messages.exchange(state.local, partner)
 
     def _controls(
         self,

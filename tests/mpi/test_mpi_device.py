@@ -614,3 +614,40 @@ def test_gpu_backend_on_its_double(monkeypatch, grad_accumulation):
         )
     finally:
         gpu.unavailable_reason.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("swaps", "route"),
+    [("host", "pinned host memory"), ("device", "device memory (CUDA-aware MPI)")],
+)
+def test_gpu_bit_swap_routes_on_the_double(monkeypatch, swaps, route):
+    """Both GPU bit-swap routes on the double (PLCSV_MPI_SWAPS): gates on every wire swap
+    the global ones in, by pinned host memory or by device memory read by mpi4py through
+    __cuda_array_interface__; the state and an expectation are default.qubit's, and only
+    the pinned route copies through pinned memory."""
+    from custatevec_double import make_libraries
+
+    from pennylane_custatevec.backends import gpu
+
+    libraries = make_libraries(gpus=2)
+    monkeypatch.setattr(gpu, "import_libraries", lambda: libraries)
+    monkeypatch.setenv("PLCSV_MPI_SWAPS", swaps)
+    gpu.unavailable_reason.cache_clear()
+    try:
+        dev = split_device(WIRES, backend="custatevec")
+        assert dev._backend.swap_route == route and f"swaps via {route}" in repr(dev)
+        weights = np.random.default_rng(stable_seed("routes", swaps)).uniform(
+            0, 2 * np.pi, size=(2, WIRES, 3)
+        )
+
+        def circuit():
+            qml.StronglyEntanglingLayers(weights, wires=range(WIRES))
+            return qml.state(), qml.expval(qml.X(0) @ qml.Y(WIRES - 1))
+
+        ours = qml.QNode(circuit, dev)()
+        expected = qml.QNode(circuit, qml.device("default.qubit", wires=WIRES))()
+        assert_allclose_nested(ours, expected, atol=1e-10)
+        assert dev._backend.messages.traffic.swaps > 0
+        assert (libraries.cupy.pinned_copies > 0) == (swaps == "host")
+    finally:
+        gpu.unavailable_reason.cache_clear()
