@@ -16,6 +16,7 @@ machine).
 from __future__ import annotations
 
 import configparser
+import importlib.util
 import sys
 import traceback
 from importlib import metadata
@@ -92,6 +93,7 @@ def report(strict: bool) -> int:
             print(f"  {name} {metadata.version(name)}")
         except metadata.PackageNotFoundError:
             print(f"  {name}: not installed")
+    print(f"jax importable: {importlib.util.find_spec('jax') is not None}")
     try:
         import torch
 

@@ -16,7 +16,7 @@ import os
 import numpy as np
 import pennylane as qml
 import pytest
-from conftest import MPI_RUN, stable_seed
+from conftest import AUTO_BACKEND, MPI_RUN, stable_seed
 from custatevec_double import make_libraries
 from reference import (
     BACKEND_TOL,
@@ -116,7 +116,7 @@ if MPI_RUN:  # under mpiexec (scripts/run_tests.sh): the contract of the split b
         "mpi-cpu": _split(CPUBackend),
         "mpi-double": _split(BACKENDS["double"]),
         "mpi-double-device": _split(BACKENDS["double"], swaps="device"),
-    }
+    } | ({"mpi-gpu": _split(_gpu_backend)} if AUTO_BACKEND == "custatevec" else {})
 
 
 @pytest.fixture(params=list(BACKENDS))
