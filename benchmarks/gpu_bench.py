@@ -1,23 +1,34 @@
-"""The GPU benchmark: per-gate roofline of the cuStateVec backend, and workloads against a
-torch-on-CUDA peer and our own CPU backend.
+"""The GPU benchmark: per-gate latency and roofline of the cuStateVec backend, what it
+takes of GPU memory, and workloads against a torch-on-CUDA peer and our own CPU backend.
 
-    python benchmarks/gpu_bench.py [--quick | --dry-run] [--repeat 5] [--out FILE.md]
+    python benchmarks/gpu_bench.py [--quick | --check | --dry-run] [--part PART]
+        [--columns all|ours|peers] [--save FILE] [--peers FILE] [--repeat 5] [--out FILE.md]
 
-1. Gates: RX, CNOT, a dense 2-qubit unitary and fused 4- and 5-qubit blocks (dense
-   unitaries, as fusion makes them) applied by the backend to one state of 26, 28 and 30
-   qubits, complex128 and complex64. Effective bandwidth = the bytes the gate must read and
-   write (2 x the amplitudes it changes x their size: CNOT changes the half with its
-   control set) / the time per gate, against the device's copy bandwidth measured in the
-   same run (a cupy device-to-device copy, bytes read plus written).
-2. Workloads (``workloads.BUILDERS``) at GPU sizes: W1 at 24 and 28 qubits, W3, W5, W6;
-   ours on the GPU against ``default.qubit`` backprop with torch CUDA tensors and against
-   ours on the CPU backend (all cores), values and gradients cross-checked
-   (``run_workloads.cross_check``); peak GPU memory of each configuration.
+Parts (``--part``; ``all``, the default, runs every one):
+
+* ``latency``: RX, CNOT and a dense 2-qubit unitary at 8 to 20 qubits (complex128 and
+  complex64), each the mean of many applications, where launch and call overhead
+  dominate; and the time of cuStateVec's ``create()`` and of building a device.
+* ``gates``: the same gates and fused 4- and 5-qubit blocks (dense unitaries, as fusion
+  makes them) on one state of 26, 28 and 30 qubits. Effective bandwidth = the bytes the
+  gate must read and write (2 x the amplitudes it changes x their size: CNOT changes the
+  half with its control set) / the time per gate, against the device's copy bandwidth
+  measured in the same run (a device-to-device copy, bytes read plus written).
+* ``workloads``: W1, W3, W5, W6 (``workloads.BUILDERS``) at GPU sizes; ours on the GPU
+  against ``default.qubit`` backprop with torch CUDA tensors and against ours on the CPU
+  backend, values and gradients cross-checked (``run_workloads.cross_check``), and what
+  each configuration took of GPU memory. ``--columns peers --save FILE`` runs the peers
+  only and keeps their cells; ``--columns ours --peers FILE`` runs ours and cross-checks
+  against them (the GPU check splits the table over its two calls so).
+* ``memory``: what a cuStateVec handle, a 26-qubit state, a 5-qubit gate's workspace and
+  a W1 step take, as drops of the driver's free memory (``memGetInfo``: everything,
+  the handle's workspace and the stream-ordered pool included), beside each pool's own
+  figure (``gpu_machine.memory_note``).
 
 A markdown report (``--out``) is rewritten after every row, so that a run stopped at its
-time limit keeps what it measured; a summary table ends it. Without a usable GPU the script
-says why and exits 0; ``--dry-run`` runs every table at tiny sizes on the CPU backend (numpy
-copies for the bandwidth, torch on the CPU) to exercise the code here.
+time limit keeps what it measured. Without a usable GPU the script says why and exits 0;
+``--dry-run`` runs every table at tiny sizes on the CPU backend (numpy copies for the
+bandwidth, torch on the CPU) to exercise the code here.
 """
 
 from __future__ import annotations
@@ -26,16 +37,18 @@ import argparse
 import contextlib
 import datetime
 import gc
+import pickle
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pennylane as qml
 import torch
+from gpu_machine import Machine, cpu_machine, gpu_machine, memory_note, torch_machine
 from run_workloads import (  # the workload report's cells and helpers, shared
     Cell,
     _seconds,
@@ -47,12 +60,10 @@ from run_workloads import (  # the workload report's cells and helpers, shared
 )
 from workloads import BUILDERS, Setup
 
-from pennylane_custatevec.backends import custatevec
-from pennylane_custatevec.backends.cpu import CPUBackend
+from pennylane_custatevec.backends import gpu
 
 SEED = 1234
 GB = 1e9
-MIB = 1 << 20
 VERSIONS_REPORTED = (
     "pennylane",
     "torch",
@@ -60,94 +71,6 @@ VERSIONS_REPORTED = (
     "cuquantum-python-cu13",
     "custatevec-cu13",
 )
-
-
-# --- where it runs ------------------------------------------------------------------------
-
-
-@dataclass
-class Machine:
-    """The GPU (cupy and the cuStateVec backend) or, for ``--dry-run``, the CPU backend.
-
-    ``backend(dtype)`` makes the backend of the gate table; ``synchronize`` waits for its
-    work; ``copy_bandwidth(nbytes)`` measures bytes read plus written per second of a
-    device-to-device copy; ``reset_peak`` / ``peak_bytes`` bracket a configuration's GPU
-    memory (None on the CPU); ``ours_options`` builds our GPU column's device;
-    ``torch_device`` holds the torch peer's tensors."""
-
-    label: str
-    backend: Callable[[np.dtype], object]
-    synchronize: Callable[[], None]
-    copy_bandwidth: Callable[[int], float]
-    reset_peak: Callable[[], None] | None = None
-    peak_bytes: Callable[[], int] | None = None
-    ours_options: dict = field(default_factory=dict)
-    torch_device: str = "cpu"
-
-
-def gpu_machine() -> Machine:
-    """The GPU, or RuntimeError saying why it cannot be used."""
-    reason = custatevec.unavailable_reason()
-    if reason is not None:
-        raise RuntimeError(reason)
-    import cupy as cp
-
-    pool = cp.get_default_memory_pool()
-
-    def copy_bandwidth(nbytes: int) -> float:
-        source, destination = cp.ones(nbytes, dtype=cp.uint8), cp.empty(nbytes, dtype=cp.uint8)
-        destination.data.copy_from_device_async(source.data, nbytes)  # cudaMemcpyAsync, D2D
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        repeat = 10
-        start.record()
-        for _ in range(repeat):
-            destination.data.copy_from_device_async(source.data, nbytes)
-        stop.record()
-        stop.synchronize()
-        seconds = cp.cuda.get_elapsed_time(start, stop) / 1e3 / repeat
-        del source, destination
-        pool.free_all_blocks()
-        return 2 * nbytes / seconds
-
-    def reset_peak() -> None:
-        gc.collect()
-        pool.free_all_blocks()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-
-    def peak_bytes() -> int:
-        # cupy's pool keeps freed blocks: what it holds is the high-water mark of our
-        # arrays since reset_peak (an upper bound: a freed block may be the wrong size)
-        return pool.total_bytes() + torch.cuda.max_memory_allocated()
-
-    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
-    return Machine(
-        label=f"{name} (cuStateVec backend)",
-        backend=custatevec.CuStateVecBackend,
-        synchronize=lambda: cp.cuda.Device().synchronize(),
-        copy_bandwidth=copy_bandwidth,
-        reset_peak=reset_peak,
-        peak_bytes=peak_bytes,
-        torch_device="cuda",
-    )
-
-
-def cpu_machine() -> Machine:
-    """--dry-run: the CPU backend for the gates and for our 'GPU' column, torch on the CPU."""
-
-    def copy_bandwidth(nbytes: int) -> float:
-        source, destination = np.ones(nbytes, dtype=np.uint8), np.empty(nbytes, dtype=np.uint8)
-        start = time.perf_counter()
-        np.copyto(destination, source)
-        return 2 * nbytes / (time.perf_counter() - start)
-
-    return Machine(
-        label="dry run: CPU backend, numpy copy",
-        backend=CPUBackend,
-        synchronize=lambda: None,
-        copy_bandwidth=copy_bandwidth,
-        ours_options={"backend": "cpu"},
-    )
 
 
 # --- 1. gates -----------------------------------------------------------------------------
@@ -209,14 +132,20 @@ class GateTiming:
     """Effective bytes per second (``gate_bytes`` / ``seconds``)."""
 
 
-def time_gates(machine: Machine, sizes: Sequence[int], repeat: int) -> Iterator[GateTiming]:
-    """Each gate of :func:`gates` on one state per size and dtype: mean of ``repeat``
-    applications after two warm-ups, synchronised once around them."""
+LATENCY_GATES = 3
+"""The latency table's gates: the first three of :func:`gates` (RX, CNOT, 2-qubit dense)."""
+
+
+def time_gates(
+    machine: Machine, sizes: Sequence[int], repeat: int, first: int | None = None
+) -> Iterator[GateTiming]:
+    """Each gate of :func:`gates` (the ``first`` ones) on one state per size and dtype:
+    mean of ``repeat`` applications after two warm-ups, synchronised once around them."""
     for n_qubits in sizes:
         for dtype in (np.complex128, np.complex64):
             backend = machine.backend(dtype)
             state = backend.zero_state(n_qubits, 1)
-            for gate in gates():
+            for gate in gates()[:first]:
                 moved = gate_bytes(n_qubits, gate, np.dtype(dtype).itemsize)
                 seconds = _seconds_per_gate(machine, backend, state, gate, repeat)
                 yield GateTiming(
@@ -324,6 +253,13 @@ ROWS = {
         Row("W5", {"n_wires": 22, "depth": 2}),
         Row("W6", {"n_wires": 28}, {1: BACKPROP_MEMORY, 2: CPU_TIME}),
     ),
+    "check": (  # scripts/gpu_check.sh: our CPU column within a minute or so on 16 cores
+        Row("W1", {"n_wires": 20}),
+        Row("W1", {"n_wires": 28}, {1: BACKPROP_MEMORY, 2: CPU_TIME}),
+        Row("W3", {"n_wires": 16, "batch": 64}),
+        Row("W5", {"n_wires": 20, "depth": 2}),
+        Row("W6", {"n_wires": 28}, {1: BACKPROP_MEMORY, 2: CPU_TIME}),
+    ),
     "dry-run": (
         Row("W1", {"n_wires": 4}),
         Row("W1", {"n_wires": 6}, {1: BACKPROP_MEMORY}),
@@ -332,8 +268,18 @@ ROWS = {
         Row("W6", {"n_wires": 6}),
     ),
 }
-GATE_QUBITS = {"full": (26, 28, 30), "quick": (26, 28, 30), "dry-run": (6, 8)}
-COPY_BYTES = {"full": 4 << 30, "quick": 4 << 30, "dry-run": 1 << 20}
+GATE_QUBITS = {
+    "full": (26, 28, 30),
+    "quick": (26, 28, 30),
+    "check": (26, 28, 30),
+    "dry-run": (6, 8),
+}
+LATENCY_QUBITS = {"dry-run": (3, 5)}
+"""Sizes of the latency table; every mode but the dry run: 8, 12, 16 and 20 qubits."""
+COPY_BYTES = {"dry-run": 1 << 20}
+"""Bytes of the copy that measures the bandwidth; every mode but the dry run: 4 GiB."""
+MEMORY_QUBITS = {"dry-run": 6}
+"""The memory table's state; every mode but the dry run: 26 qubits (1 GiB at complex128)."""
 
 
 @contextlib.contextmanager
@@ -358,12 +304,11 @@ def devices_built(device_name: str, options: dict) -> Iterator[list]:
 
 def run_cell(machine: Machine, row: Row, column: Column, repeat: int) -> Cell:
     """Build, warm up (the cross-check's arrays), time the best of ``repeat`` steps, and
-    note the configuration's peak GPU memory."""
-    measure_gpu = column.on_gpu and machine.reset_peak is not None
+    note what the configuration took of GPU memory."""
+    measure_gpu = column.on_gpu and machine.reset_memory is not None
     try:
         with torch.device(column.torch_device):
-            if measure_gpu:
-                machine.reset_peak()
+            before = machine.reset_memory() if measure_gpu else None
             with devices_built(column.setup.device, dict(column.device_options)) as built:
                 workload = BUILDERS[row.workload](column.setup, **row.sizes)
             if column.backend is not None:
@@ -378,8 +323,8 @@ def run_cell(machine: Machine, row: Row, column: Column, repeat: int) -> Cell:
                 machine.synchronize()
                 times.append(time.perf_counter() - start)
             cell.seconds = min(times)
-            if measure_gpu:
-                cell.note = f"GPU peak {machine.peak_bytes() / MIB:.0f} MiB"
+            if before is not None:
+                cell.note = memory_note(before, machine.memory())
             return cell
     except torch.OutOfMemoryError as exc:
         return Cell(note=f"out of GPU memory ({str(exc).splitlines()[0][:60]})")
@@ -393,19 +338,57 @@ def run_cell(machine: Machine, row: Row, column: Column, repeat: int) -> Cell:
         gc.collect()
 
 
-def run_row(machine: Machine, row: Row, repeat: int) -> list[Cell]:
+PEER_COLUMNS = (1, 2)
+"""The workload table's peers (default.qubit on torch, ours on the CPU): ``--columns``."""
+
+
+def run_row(
+    machine: Machine, row: Row, repeat: int, run: Sequence[int], saved: list[Cell] | None
+) -> list[Cell]:
+    """The row's cells: the columns ``run`` runs, the others from ``saved`` (an earlier
+    run's cells of this row) or noted as not run here; then the cross-check."""
     cells = []
     for index, column in enumerate(columns(machine)):
         if index in row.skip:
             cells.append(Cell(note=row.skip[index]))
-            continue
-        progress(f"{row.label}: {column.label}")
-        cells.append(run_cell(machine, row, column, repeat))
+        elif index not in run:
+            cells.append(saved[index] if saved else Cell(note="not run in this call"))
+        else:
+            progress(f"{row.label}: {column.label}")
+            cells.append(run_cell(machine, row, column, repeat))
     cross_check(cells)
     return cells
 
 
+# --- 3. memory ----------------------------------------------------------------------------
+
+
+def memory_rows(machine: Machine, mode: str) -> Iterator[tuple[str, str]]:
+    """(what, ``memory_note``) for a cuStateVec handle, a state, a 5-qubit gate on it (its
+    workspace) and a W1 step, each from emptied pools."""
+    n = MEMORY_QUBITS.get(mode, 26)
+    libraries = gpu.import_libraries()
+    before = machine.reset_memory()
+    handle = libraries.custatevec.create()
+    yield "a cuStateVec handle (create())", memory_note(before, machine.memory())
+    libraries.custatevec.destroy(handle)
+    before = machine.reset_memory()
+    backend = machine.backend(np.complex128)
+    state = backend.zero_state(n, 1)
+    machine.synchronize()
+    yield f"a state of {n} qubits, complex128", memory_note(before, machine.memory())
+    backend.apply_matrix(state, gates()[-1].matrix[None], tuple(range(5)))
+    machine.synchronize()
+    yield "and a fused 5-qubit gate on it", memory_note(before, machine.memory())
+    del state, backend
+    row = ROWS[mode][0]
+    cell = run_cell(machine, row, columns(machine)[0], repeat=1)
+    yield f"a {row.label} step, ours", cell.note
+
+
 # --- the report ---------------------------------------------------------------------------
+
+PARTS = ("latency", "gates", "workloads", "memory")
 
 
 @dataclass
@@ -414,54 +397,81 @@ class Report:
     mode: str
     repeat: int
     gate_repeat: int
+    parts: tuple[str, ...] = PARTS
     copy_bandwidth: float | None = None
+    latency: list[GateTiming] = field(default_factory=list)
+    create_seconds: list[float] = field(default_factory=list)
+    """cuStateVec create() + destroy() of a handle of its own, each time."""
+    device_seconds: list[float] = field(default_factory=list)
+    """Building a custatevec.qubit device (the GPU's shared handle: after the first)."""
     gates: list[GateTiming] = field(default_factory=list)
     rows: dict[str, list[Cell]] = field(default_factory=dict)
+    memory: list[tuple[str, str]] = field(default_factory=list)
     note: str = ""
 
 
 def render(report: Report, labels: Sequence[str]) -> str:
-    """The markdown report: environment, the gate table, the workload table, a summary."""
-    versions = ", ".join(
-        f"{name} {_version(name)}"
-        for name in (
-            "pennylane",
-            "torch",
-            "cupy-cuda13x",
-            "cuquantum-python-cu13",
-            "custatevec-cu13",
-        )
-    )
+    """The markdown report: environment, then each part's table, then a summary."""
+    versions = ", ".join(f"{name} {_version(name)}" for name in VERSIONS_REPORTED)
     lines = [
         "# GPU benchmark",
         "",
         f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
         f"- machine: {report.machine_label}; {platform.platform()}",
         f"- python {platform.python_version()}, {versions}",
-        f"- sizes: {report.mode}; times: gates the mean of {report.gate_repeat} after two warm-ups,"
-        f"  workloads the best of {report.repeat} steps after one warm-up",
+        f"- sizes: {report.mode}; times: gates the mean of {report.gate_repeat} after two warm-ups"
+        f" (latency: of {latency_repeat(report.mode)}), workloads the best of {report.repeat}"
+        " steps after one"
+        " warm-up",
     ]
     if report.note:
         return "\n".join([*lines, "", report.note]) + "\n"
+    if "latency" in report.parts:
+        lines += ["", "## Latency", "", *create_lines(report), ""]
+        lines += gate_lines(report.latency, None)
     copy = report.copy_bandwidth
-    lines += ["", "## Gates", ""]
-    lines.append(
-        f"Copy bandwidth (device-to-device, read + written): {_gb_per_s(copy)}."
-        if copy
-        else "Copy bandwidth: not measured yet."
-    )
-    lines += ["", *gate_lines(report.gates, copy), "", "## Workloads", ""]
-    if report.rows:
-        lines += table_lines("workload", labels[0], [_Labelled(x) for x in labels[1:]], report.rows)
+    if "gates" in report.parts:
+        lines += ["", "## Gates", ""]
+        lines.append(
+            f"Copy bandwidth (device-to-device, read + written): {_gb_per_s(copy)}."
+            if copy
+            else "Copy bandwidth: not measured yet."
+        )
+        lines += ["", *gate_lines(report.gates, copy)]
+    if "workloads" in report.parts:
+        lines += ["", "## Workloads", ""]
+        if report.rows:
+            peers = [_Labelled(x) for x in labels[1:]]
+            lines += table_lines("workload", labels[0], peers, report.rows)
+    if "memory" in report.parts:
+        lines += ["", "## Memory", "", "| what | GPU memory taken |", "| --- | --- |"]
+        lines += [f"| {what} | {note} |" for what, note in report.memory]
+        if not report.memory:
+            lines.append("| - | not measured: no GPU memory to read |")
     lines += ["", "## Summary", "", *summary_lines(report, labels)]
     lines += [
         "",
         "ratio = peer time / our GPU time. Every configuration's values and gradients are",
         "compared with the first peer that ran (np.allclose, atol 1e-6): **MISMATCH** if not.",
-        "GPU peak: what cupy's pool held after the steps (freed blocks kept, an upper bound of",
-        "the peak) plus torch's peak allocation, both reset before the build.",
+        "GPU memory: the drop of the driver's free memory (memGetInfo) from emptied pools to",
+        "after the steps, which counts cuStateVec's handle and the stream-ordered pool too;",
+        "then what each pool holds (cupy's with its freed blocks, the stream-ordered pool's",
+        "high watermark, torch's peak).",
     ]
     return "\n".join(lines) + "\n"
+
+
+def create_lines(report: Report) -> list[str]:
+    """cuStateVec's create() and a device's construction, first and later ones."""
+
+    def times(values: list[float]) -> str:
+        return ", ".join(_seconds(v) for v in values) or "not measured"
+
+    return [
+        f"- cuStateVec create() + destroy(), a handle of its own: {times(report.create_seconds)}",
+        "- qml.device('custatevec.qubit') (the GPU's shared handle): "
+        + times(report.device_seconds),
+    ]
 
 
 @dataclass(frozen=True)
@@ -511,29 +521,53 @@ def _gb_per_s(bytes_per_second: float) -> str:
 
 # --- main ---------------------------------------------------------------------------------
 
+LATENCY_REPEAT = 200
+DEVICE_BUILDS = 5
+
+
+def latency_repeat(mode: str) -> int:
+    return 2 if mode == "dry-run" else LATENCY_REPEAT
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sizes = parser.add_mutually_exclusive_group()
     sizes.add_argument("--quick", action="store_true", help="fewer peers at the largest sizes")
+    sizes.add_argument("--check", action="store_true", help="the GPU check's sizes")
     sizes.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU backend")
+    parser.add_argument("--part", choices=("all", *PARTS), default="all")
+    parser.add_argument("--columns", choices=("all", "ours", "peers"), default="all")
+    parser.add_argument("--save", type=Path, help="keep the workload cells run here (pickle)")
+    parser.add_argument("--peers", type=Path, help="the peers' cells of an earlier --save")
     parser.add_argument("--repeat", type=int, default=None, help="timed steps (default 5, 2)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu_bench.md"))
     return parser.parse_args(argv)
 
 
+def _mode(args: argparse.Namespace) -> str:
+    if args.dry_run:
+        return "dry-run"
+    return "quick" if args.quick else "check" if args.check else "full"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    mode = "dry-run" if args.dry_run else "quick" if args.quick else "full"
+    mode = _mode(args)
     repeat = args.repeat or (5 if mode == "full" else 2)
     gate_repeat = 2 if mode == "dry-run" else 10
+    parts = PARTS if args.part == "all" else (args.part,)
     try:
-        machine = cpu_machine() if args.dry_run else gpu_machine()
+        if args.dry_run:
+            machine = cpu_machine()
+        elif args.columns == "peers" and parts == ("workloads",):
+            machine = torch_machine()  # the peers need no cuStateVec
+        else:
+            machine = gpu_machine()
     except RuntimeError as exc:
         machine = None
         note = f"No GPU: {exc}. Nothing measured; --dry-run runs the tables on the CPU."
     labels = [column.label for column in columns(machine or cpu_machine())]
-    report = Report(machine.label if machine else "no GPU", mode, repeat, gate_repeat)
+    report = Report(machine.label if machine else "no GPU", mode, repeat, gate_repeat, parts)
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
     def write() -> None:
@@ -545,21 +579,72 @@ def main(argv: list[str] | None = None) -> int:
         print(note)
         return 0
     torch.manual_seed(SEED)
-    report.copy_bandwidth = machine.copy_bandwidth(COPY_BYTES[mode])
-    progress(f"copy bandwidth {report.copy_bandwidth / GB:.0f} GB/s")
-    for timing in time_gates(machine, GATE_QUBITS[mode], gate_repeat):
-        report.gates.append(timing)
-        write()
-    for row in ROWS[mode]:
-        report.rows[row.label] = run_row(machine, row, repeat)
-        write()
+    if "latency" in parts:
+        run_latency(machine, report, write)
+    if "gates" in parts:
+        report.copy_bandwidth = machine.copy_bandwidth(COPY_BYTES.get(mode, 4 << 30))
+        progress(f"copy bandwidth {report.copy_bandwidth / GB:.0f} GB/s")
+        for timing in time_gates(machine, GATE_QUBITS[mode], gate_repeat):
+            report.gates.append(timing)
+            write()
+    if "workloads" in parts:
+        run_workloads(machine, report, args, write)
+    if "memory" in parts and machine.reset_memory is not None:
+        for entry in memory_rows(machine, mode):
+            report.memory.append(entry)
+            write()
     write()
     print(args.out.read_text(encoding="utf-8"))
     mismatches = [label for label, cells in report.rows.items() if any(c.mismatch for c in cells)]
+    print(f"SUMMARY: {one_line(report, mismatches)}")  # scripts/parts.sh records it
     if mismatches:
         print(f"gpu_bench.py: MISMATCH in {', '.join(mismatches)}", file=sys.stderr)
         return 1
     return 0
+
+
+def one_line(report: Report, mismatches: list[str]) -> str:
+    """What the run measured, in one line (the GPU check's summary of the part)."""
+    done = []
+    if "latency" in report.parts:
+        done.append(f"latency: {len(report.latency)} gate timings")
+    if "gates" in report.parts:
+        copy = _gb_per_s(report.copy_bandwidth) if report.copy_bandwidth else "not measured"
+        done.append(f"gates: {len(report.gates)} timings, copy bandwidth {copy}")
+    if "workloads" in report.parts:
+        checked = "MISMATCH in " + ", ".join(mismatches) if mismatches else "values agree"
+        done.append(f"workloads: {len(report.rows)} rows, {checked}")
+    if "memory" in report.parts:
+        done.append(f"memory: {len(report.memory)} readings")
+    return "; ".join(done)
+
+
+def run_latency(machine: Machine, report: Report, write) -> None:
+    """The latency table, create() and device construction times."""
+    sizes = LATENCY_QUBITS.get(report.mode, (8, 12, 16, 20))
+    for timing in time_gates(machine, sizes, latency_repeat(report.mode), first=LATENCY_GATES):
+        report.latency.append(timing)
+        write()
+    if machine.create_seconds is not None:
+        report.create_seconds = [machine.create_seconds() for _ in range(3)]
+    options = {"wires": 2, **machine.ours_options}
+    for _ in range(DEVICE_BUILDS):
+        start = time.perf_counter()
+        qml.device("custatevec.qubit", **options)
+        report.device_seconds.append(time.perf_counter() - start)
+    write()
+
+
+def run_workloads(machine: Machine, report: Report, args: argparse.Namespace, write) -> None:
+    """The workload rows: the columns ``--columns`` names, the others from ``--peers``;
+    ``--save`` keeps the cells run here."""
+    run = {"all": (0, *PEER_COLUMNS), "ours": (0,), "peers": PEER_COLUMNS}[args.columns]
+    saved = pickle.loads(args.peers.read_bytes()) if args.peers else {}
+    for row in ROWS[report.mode]:
+        report.rows[row.label] = run_row(machine, row, report.repeat, run, saved.get(row.label))
+        write()
+    if args.save:
+        args.save.write_bytes(pickle.dumps(report.rows))
 
 
 if __name__ == "__main__":

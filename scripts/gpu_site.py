@@ -16,6 +16,7 @@ machine).
 from __future__ import annotations
 
 import configparser
+import importlib.util
 import sys
 import traceback
 from importlib import metadata
@@ -92,6 +93,7 @@ def report(strict: bool) -> int:
             print(f"  {name} {metadata.version(name)}")
         except metadata.PackageNotFoundError:
             print(f"  {name}: not installed")
+    print(f"jax importable: {importlib.util.find_spec('jax') is not None}")
     try:
         import torch
 
@@ -105,9 +107,9 @@ def report(strict: bool) -> int:
         print("cuquantum.bindings.custatevec does not import:")
         traceback.print_exc(file=sys.stdout)
         return 1 if strict else 0
-    from pennylane_custatevec.backends import custatevec
+    from pennylane_custatevec.backends import gpu
 
-    print(f"cuStateVec backend: {custatevec.unavailable_reason() or 'usable'}")
+    print(f"cuStateVec backend: {gpu.unavailable_reason() or 'usable'}")
     return 0
 
 

@@ -1,6 +1,6 @@
 # Helpers for scripts that run several test parts and print one summary (sourced, not run).
-# run_part NAME COMMAND... runs every part, tees its output, and records its exit code and
-# closing line; run_part_within SECONDS NAME COMMAND... does the same under `timeout`
+# run_part NAME COMMAND... runs every part, tees its output, and records its exit code,
+# closing line and wall time; run_part_within SECONDS NAME COMMAND... does the same under `timeout`
 # (0: no limit), a part stopped at its limit counting as failed ("TIMED OUT"); skip_part
 # NAME REASON records a part that did not run; print_summary prints one line per part and
 # the totals, and returns non-zero if any part failed.
@@ -30,21 +30,27 @@ run_part_within() {
     fi
     echo
     echo "==> $name: $*" | tee -a "${PARTS_LOG:-/dev/null}"
+    local started=$SECONDS
     "${timer[@]}" "$@" 2>&1 | tee "$log" | tee -a "${PARTS_LOG:-/dev/null}"
-    local rc=${PIPESTATUS[0]}
-    # pytest's closing line, e.g. "398 passed, 52 skipped, 9 xfailed in 120.30s"; for other
-    # commands, their last line
-    local line
-    line="$(grep -E '^=*[ ]*[0-9]+ (passed|failed|errors?|skipped|deselected|xfailed|xpassed|warnings?)' "$log" \
+    local rc=${PIPESTATUS[0]} took=$((SECONDS - started))
+    # a line "SUMMARY: ..." that the command prints for itself; else pytest's closing line,
+    # e.g. "398 passed, 52 skipped, 9 xfailed in 120.30s"; for other commands, their last line
+    local line pytest_line
+    line="$(grep '^SUMMARY: ' "$log" | tail -n 1 | sed 's/^SUMMARY: //')"
+    pytest_line="$(grep -E '^=*[ ]*[0-9]+ (passed|failed|errors?|skipped|deselected|xfailed|xpassed|warnings?)' "$log" \
         | grep -E ' in [0-9.]+s' | tail -n 1 | sed -E 's/^=+ //; s/ =+$//')"
+    if [ -n "$line" ] && [ -n "$pytest_line" ]; then
+        line="$line ($pytest_line)"
+    fi
+    line="${line:-$pytest_line}"
     if [ -z "$line" ]; then
         line="$(grep -v '^[[:space:]]*$' "$log" | tail -n 1)"
     fi
     if [ "$limit" -gt 0 ] && { [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; }; then
         line="TIMED OUT after ${limit}s; last line: ${line:-none}"
     fi
-    # Exit code 5 (no tests collected) counts as a failure too.
-    record_part "$name" "$rc" "${line:-no output}"
+    # Exit code 5 (no tests collected) counts as a failure too; the part's wall time last.
+    record_part "$name" "$rc" "${line:-no output} [${took}s]"
 }
 
 skip_part() {  # skip_part NAME REASON: a part that did not run, not a failure
@@ -57,7 +63,9 @@ record_part() {  # record_part NAME CODE SUMMARY
     names+=("$1")
     codes+=("$2")
     summaries+=("$3")
-    if [ -n "${PARTS_SUMMARY:-}" ]; then
+    if [ -n "${PARTS_SUMMARY:-}" ] && [ "$2" = skipped ]; then
+        echo "$1: $3" >> "$PARTS_SUMMARY"  # "skipped: why"
+    elif [ -n "${PARTS_SUMMARY:-}" ]; then
         echo "$1: $(part_status "$2"); $3" >> "$PARTS_SUMMARY"
     fi
 }

@@ -14,7 +14,7 @@ import numpy as np
 import pennylane as qml
 import pytest
 
-from pennylane_custatevec.backends import custatevec
+from pennylane_custatevec.backends import gpu
 from pennylane_custatevec.backends.cpu import CPUBackend
 
 DEVICE = "custatevec.qubit"
@@ -29,7 +29,7 @@ TEST_BACKEND = os.environ.get("PLCSV_TEST_BACKEND", "")
 """``custatevec`` (set by scripts/gpu_check.sh): the session requires a usable GPU backend,
 so that ``backend="auto"`` (every device test) and the backend tests run on the GPU."""
 
-AUTO_BACKEND = "custatevec" if custatevec.unavailable_reason() is None else "cpu"
+AUTO_BACKEND = "custatevec" if gpu.unavailable_reason() is None else "cpu"
 """What ``backend="auto"`` picks in this process."""
 
 
@@ -46,7 +46,7 @@ def pytest_sessionstart(session):
     if TEST_BACKEND == "custatevec" and AUTO_BACKEND != "custatevec":
         pytest.exit(
             "PLCSV_TEST_BACKEND=custatevec, but the cuStateVec backend cannot run here: "
-            f"{custatevec.unavailable_reason()}",
+            f"{gpu.unavailable_reason()}",
             returncode=3,
         )
 
@@ -80,10 +80,10 @@ def gpu_double(monkeypatch):
     from custatevec_double import make_libraries
 
     libraries = make_libraries()
-    monkeypatch.setattr(custatevec, "import_libraries", lambda: libraries)
-    custatevec.unavailable_reason.cache_clear()
+    monkeypatch.setattr(gpu, "import_libraries", lambda: libraries)
+    gpu.unavailable_reason.cache_clear()
     yield libraries
-    custatevec.unavailable_reason.cache_clear()
+    gpu.unavailable_reason.cache_clear()
 
 
 @pytest.fixture(params=["cpu", "custatevec"])

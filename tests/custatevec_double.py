@@ -1,9 +1,8 @@
-"""A NumPy test double of the cupy and ``cuquantum.bindings.custatevec`` calls the backend makes.
+"""A NumPy test double of the ``cuquantum.bindings.custatevec`` calls the backend makes, over
+the cupy double of ``tests/cupy_double.py``.
 
 ``make_libraries()`` returns a ``Libraries`` that ``CuStateVecBackend`` runs on unchanged:
 
-* "device memory" is :class:`DeviceArray`, a numpy array that, like a cupy array, has
-  ``.data.ptr`` and refuses to mix with host numpy arrays in arithmetic;
 * :class:`FakeCuStateVec` has exactly the functions the backend calls, with the real
   binding's names and positional parameters (checked against a snapshot of
   cuquantum-python 26.9 in ``data/custatevec_bindings.json``), and NVIDIA's documented
@@ -15,8 +14,14 @@
   ones, ``apply_pauli_rotation`` applies exp(+i theta P), ``compute_expectation`` writes the
   value into its output buffer, ``abs2sum`` and the sampler order output bits by
   ``bit_ordering``, the sampler scales its random numbers by the squared norm;
-* :class:`FakeCupy` has the cupy subset the backend uses, records allocations, streams,
-  devices and memory-pool calls, and can pretend to have no GPU or little free memory.
+* every call runs on its handle's stream (``set_stream``; the null stream before): device
+  memory that another stream's work is pending on is a race (``cupy_double.
+  StreamRaceError``), and a call that writes host memory waits for the stream (it counts
+  in the cupy double's ``synchronizations``);
+* as on Blackwell GPUs, ``compute_expectation`` and the batched calls refuse state vectors
+  that are not 128-byte aligned (each vector of a batch: the pointer and the stride in
+  bytes), with INVALID_VALUE;
+* ``created`` counts the handles made, so that tests see one handle per GPU.
 
 Where the real library's behaviour is undocumented the double is stricter (it raises on
 length mismatches or unknown pointers rather than reading garbage).
@@ -29,12 +34,11 @@ import ctypes
 import enum
 import itertools
 import operator
-import types
-import weakref
 
 import numpy as np
+from cupy_double import DeviceArray, FakeCupy, find_memory, touch, wait_for
 
-from pennylane_custatevec.backends.custatevec import Libraries
+from pennylane_custatevec.backends.gpu import Libraries
 
 # --- enums (values of cuquantum-python 26.9) -----------------------------------------------
 
@@ -100,11 +104,14 @@ class ComputeType(enum.IntEnum):
 
 
 class cuStateVecError(Exception):  # noqa: N801, N818 - the real name
-    """As the real one: derives from Exception (not RuntimeError) and carries a status."""
+    """As the real one: derives from Exception (not RuntimeError) and carries a status;
+    the double adds what it found wrong."""
 
-    def __init__(self, status):
+    def __init__(self, status, detail: str = ""):
         self.status = status
-        super().__init__(f"{Status(status).name} ({int(status)})")
+        super().__init__(
+            f"{Status(status).name} ({int(status)})" + (f": {detail}" if detail else "")
+        )
 
 
 _SV_DTYPES = {cudaDataType.CUDA_C_64F: np.complex128, cudaDataType.CUDA_C_32F: np.complex64}
@@ -124,75 +131,11 @@ CONTEXT_WORKSPACE_TARGETS = 5
 """Above this many targets a matrix call needs extra workspace (NULL: from the handler)."""
 
 
-# --- memory ----------------------------------------------------------------------------------
+# --- memory: the library's view of pointers ----------------------------------------------
 
-_device_arrays: dict[int, weakref.ref] = {}
-
-
-class _MemoryPointer:
-    def __init__(self, ptr: int):
-        self.ptr = ptr
-
-
-class DeviceArray(np.ndarray):
-    """GPU memory stand-in: ``.data.ptr`` like cupy; arithmetic with a host numpy array
-    raises TypeError, as cupy does."""
-
-    def __array_finalize__(self, obj):
-        key = id(self)
-        _device_arrays[key] = weakref.ref(self, lambda _, key=key: _device_arrays.pop(key, None))
-
-    @property
-    def data(self):
-        return _MemoryPointer(self.ctypes.data)
-
-    def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
-        _refuse_host_arrays(inputs + (out or ()))
-        inputs = tuple(_host_view(x) for x in inputs)
-        if out is not None:
-            kwargs["out"] = tuple(_host_view(x) for x in out)
-        result = getattr(ufunc, method)(*inputs, **kwargs)
-        if out is not None:
-            return out[0] if len(out) == 1 else out
-        return _to_device(result)
-
-    def __array_function__(self, func, types_, args, kwargs):
-        if np.ndarray in types_:
-            raise TypeError(f"{func.__name__}: a host numpy array mixed with device arrays")
-        return super().__array_function__(func, types_, args, kwargs)
-
-
-def _refuse_host_arrays(values) -> None:
-    for value in values:
-        if isinstance(value, np.ndarray) and not isinstance(value, DeviceArray):
-            raise TypeError(
-                "Unsupported type <class 'numpy.ndarray'>: a host array in a device operation"
-            )
-
-
-def _host_view(value):
-    return value.view(np.ndarray) if isinstance(value, DeviceArray) else value
-
-
-def _to_device(value):
-    if isinstance(value, tuple):
-        return tuple(_to_device(v) for v in value)
-    if isinstance(value, (np.ndarray, np.generic)):
-        return np.asarray(value).view(DeviceArray)
-    return value
-
-
-def _device_memory(ptr: int, nbytes: int) -> np.ndarray | None:
-    """A uint8 view of ``nbytes`` of device memory at ``ptr``, or None if not device memory."""
-    for ref in list(_device_arrays.values()):
-        array = ref()
-        if array is None or not array.flags.c_contiguous:
-            continue
-        start = array.ctypes.data
-        if start <= ptr and ptr + nbytes <= start + array.nbytes:
-            flat = array.view(np.ndarray).reshape(-1).view(np.uint8)
-            return flat[ptr - start : ptr - start + nbytes]
-    return None
+VECTOR_ALIGNMENT = 128
+"""Bytes each state vector of compute_expectation and the batched calls must be aligned to
+(custatevec.h: "For Blackwell architecture, ... has to be 128-byte aligned")."""
 
 
 def _intptr(value) -> int:
@@ -202,16 +145,18 @@ def _intptr(value) -> int:
     return operator.index(value)
 
 
-def device_buffer(ptr, dtype, count: int) -> np.ndarray:
-    """``count`` elements at a device pointer (a state vector must live on the device)."""
+def device_buffer(ptr, dtype, count: int, stream: int) -> np.ndarray:
+    """``count`` elements at a device pointer (a state vector must live on the device),
+    used by work on ``stream``."""
     ptr = _intptr(ptr)
     if ptr == 0:
         raise cuStateVecError(Status.INVALID_VALUE)
     nbytes = count * np.dtype(dtype).itemsize
-    memory = _device_memory(ptr, nbytes)
-    if memory is None:
+    found = find_memory(ptr, nbytes)
+    if found is None:
         raise AssertionError(f"pointer {ptr:#x} ({nbytes} bytes) is not device memory")
-    return memory.view(dtype)
+    touch(found[0], stream)
+    return found[1].view(dtype)
 
 
 def host_buffer(ptr, dtype, count: int) -> np.ndarray:
@@ -220,18 +165,19 @@ def host_buffer(ptr, dtype, count: int) -> np.ndarray:
     if ptr == 0:
         raise cuStateVecError(Status.INVALID_VALUE)
     nbytes = count * np.dtype(dtype).itemsize
-    if _device_memory(ptr, nbytes) is not None:
+    if find_memory(ptr, nbytes) is not None:
         raise AssertionError(f"pointer {ptr:#x} is device memory; the library wants host memory")
     raw = ctypes.cast(ptr, ctypes.POINTER(ctypes.c_uint8))
     return np.ctypeslib.as_array(raw, shape=(nbytes,)).view(dtype)
 
 
-def any_buffer(ptr, dtype, count: int) -> np.ndarray:
-    """``count`` elements at a host or device pointer."""
+def any_buffer(ptr, dtype, count: int, stream: int) -> tuple[np.ndarray, bool]:
+    """(``count`` elements at a host or device pointer, whether on the device)."""
     ptr = _intptr(ptr)
     nbytes = count * np.dtype(dtype).itemsize
-    memory = _device_memory(ptr, nbytes) if ptr else None
-    return memory.view(dtype) if memory is not None else host_buffer(ptr, dtype, count)
+    if ptr and find_memory(ptr, nbytes) is not None:
+        return device_buffer(ptr, dtype, count, stream), True
+    return host_buffer(ptr, dtype, count), False
 
 
 def host_values(obj, dtype, count: int) -> np.ndarray | None:
@@ -263,150 +209,6 @@ def _uint32(value) -> int:
     if not 0 <= value < 1 << 32:
         raise OverflowError(f"{value} does not fit uint32_t")
     return value
-
-
-# --- cupy --------------------------------------------------------------------------------------
-
-
-class CUDARuntimeError(RuntimeError):
-    pass
-
-
-class OutOfMemoryError(MemoryError):
-    pass
-
-
-class _MemoryPool:
-    def free_bytes(self) -> int:
-        return 0
-
-
-class FakeCupy:
-    """The cupy subset the backend uses, on numpy; records what it was asked to do.
-
-    ``gpus=0`` pretends no GPU is visible; ``driver_error`` makes the device count raise;
-    ``free_bytes`` is what memGetInfo reports and the limit of an allocation.
-    """
-
-    def __init__(self, *, gpus: int = 1, free_bytes: int = 1 << 34, driver_error: str = ""):
-        self.gpus, self.free_bytes, self.driver_error = gpus, free_bytes, driver_error
-        self.current_device = 0
-        self.current_stream = 0
-        self.allocations: list[tuple[int, int]] = []  # (bytes, stream ptr) of new arrays
-        self.pool_allocations: dict[int, DeviceArray] = {}
-        self.pool_calls: list[tuple] = []
-        self.streams: list[FakeStream] = []
-        self.synchronizations = 0
-        cupy = self
-        self.cuda = types.SimpleNamespace(
-            is_available=lambda: cupy.gpus > 0 and not cupy.driver_error,
-            Device=lambda device=None: FakeDevice(cupy, device),
-            Stream=lambda non_blocking=False: FakeStream(cupy),
-            runtime=types.SimpleNamespace(
-                CUDARuntimeError=CUDARuntimeError,
-                getDeviceCount=self._device_count,
-                memGetInfo=lambda: (cupy.free_bytes, 1 << 35),
-                mallocAsync=self._malloc_async,
-                freeAsync=self._free_async,
-            ),
-            memory=types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError),
-        )
-        self._pool = _MemoryPool()
-
-    def _device_count(self) -> int:
-        if self.driver_error:
-            raise CUDARuntimeError(self.driver_error)
-        return self.gpus
-
-    def _malloc_async(self, size: int, stream: int) -> int:
-        buffer = self._allocate((size,), np.uint8)
-        self.pool_allocations[buffer.data.ptr] = buffer
-        self.pool_calls.append(("malloc", size, stream))
-        return buffer.data.ptr
-
-    def _free_async(self, ptr: int, stream: int) -> None:
-        del self.pool_allocations[ptr]
-        self.pool_calls.append(("free", ptr, stream))
-
-    def _allocate(self, shape, dtype) -> DeviceArray:
-        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        if nbytes > self.free_bytes:
-            raise OutOfMemoryError(f"Out of memory allocating {nbytes:,} bytes")
-        self.allocations.append((nbytes, self.current_stream))
-        return np.zeros(shape, dtype=dtype).view(DeviceArray)
-
-    def zeros(self, shape, dtype=float) -> DeviceArray:
-        return self._allocate(shape, dtype)
-
-    def asarray(self, host, dtype=None) -> DeviceArray:
-        if isinstance(host, DeviceArray):
-            return host
-        host = np.asarray(host, dtype=dtype)
-        array = self._allocate(host.shape, host.dtype)
-        array.view(np.ndarray)[...] = host
-        return array
-
-    def asnumpy(self, array) -> np.ndarray:
-        self.synchronizations += 1
-        return np.array(_host_view(array))
-
-    def concatenate(self, arrays, axis=0) -> DeviceArray:
-        """A new device array joining device arrays along ``axis`` (cupy refuses anything
-        but cupy arrays, host numpy arrays included)."""
-        arrays = list(arrays)
-        if not arrays:
-            raise ValueError("Cannot concatenate from empty tuple")
-        if not all(isinstance(array, DeviceArray) for array in arrays):
-            raise TypeError("Only cupy arrays can be concatenated")
-        joined = np.concatenate([_host_view(array) for array in arrays], axis=axis)
-        out = self._allocate(joined.shape, joined.dtype)
-        out.view(np.ndarray)[...] = joined
-        return out
-
-    conj = staticmethod(np.conj)
-    matmul = staticmethod(np.matmul)
-
-    def get_default_memory_pool(self) -> _MemoryPool:
-        return self._pool
-
-
-class FakeDevice:
-    def __init__(self, cupy: FakeCupy, device: int | None):
-        self._cupy = cupy
-        self.id = cupy.current_device if device is None else device
-        self._previous: list[int] = []
-
-    def __enter__(self):
-        if not 0 <= self.id < self._cupy.gpus:
-            raise CUDARuntimeError(f"cudaErrorInvalidDevice: device {self.id}")
-        self._previous.append(self._cupy.current_device)
-        self._cupy.current_device = self.id
-        return self
-
-    def __exit__(self, *exc):
-        self._cupy.current_device = self._previous.pop()
-
-
-class FakeStream:
-    _pointers = itertools.count(0x5000)
-
-    def __init__(self, cupy: FakeCupy):
-        self._cupy = cupy
-        self.ptr = next(self._pointers)
-        self.device_id = cupy.current_device
-        self._previous: list[int] = []
-        cupy.streams.append(self)
-
-    def __enter__(self):
-        self._previous.append(self._cupy.current_stream)
-        self._cupy.current_stream = self.ptr
-        return self
-
-    def __exit__(self, *exc):
-        self._cupy.current_stream = self._previous.pop()
-
-    def synchronize(self) -> None:
-        self._cupy.synchronizations += 1
 
 
 # --- cuStateVec --------------------------------------------------------------------------------
@@ -446,6 +248,7 @@ class FakeCuStateVec:
         self._cupy = cupy
         self.create_error = create_error
         self.handles: dict[int, _Handle] = {}
+        self.created = 0  # handles created, over the double's life
         self.destroyed: list[int] = []
         self.samplers: dict[int, _Sampler] = {}
         self.calls: list[str] = []
@@ -460,6 +263,7 @@ class FakeCuStateVec:
             raise cuStateVecError(Status[self.create_error])
         handle = next(self._pointers)
         self.handles[handle] = _Handle(self._cupy.current_device)
+        self.created += 1
         return handle
 
     def destroy(self, handle):
@@ -502,13 +306,13 @@ class FakeCuStateVec:
         extra_workspace_size_in_bytes,
     ):
         state = self._handle(handle)
-        vectors = _state(sv, sv_data_type, n_index_bits)
+        vectors = _state(sv, sv_data_type, n_index_bits, state.stream)
         _check_types(sv_data_type, matrix_data_type, compute_type)
         targets, controls, values = _bits(
             n_index_bits, targets, n_targets, controls, control_bit_values, n_controls
         )
         with self._workspace(state, n_targets, extra_workspace, extra_workspace_size_in_bytes):
-            m = _matrices(matrix, matrix_data_type, layout, adjoint, n_targets, 1)[0]
+            m = _matrices(matrix, matrix_data_type, layout, adjoint, n_targets, 1, state.stream)[0]
             _apply(vectors[0], m, targets, controls, values, compute_type)
         self.calls.append("apply_matrix")
 
@@ -537,12 +341,16 @@ class FakeCuStateVec:
         extra_workspace_size_in_bytes,
     ):
         state = self._handle(handle)
-        vectors = _state(batched_sv, sv_data_type, n_index_bits, n_svs, sv_stride)
+        vectors = _state(
+            batched_sv, sv_data_type, n_index_bits, state.stream, n_svs, sv_stride, aligned=True
+        )
         _check_types(sv_data_type, matrix_data_type, compute_type)
         targets, controls, values = _bits(
             n_index_bits, targets, n_targets, controls, control_bit_values, n_controls
         )
-        stack = _matrices(matrices, matrix_data_type, layout, adjoint, n_targets, n_matrices)
+        stack = _matrices(
+            matrices, matrix_data_type, layout, adjoint, n_targets, n_matrices, state.stream
+        )
         if MatrixMapType(map_type) is MatrixMapType.BROADCAST:
             indices = np.zeros(n_svs, dtype=np.int32)
         else:
@@ -569,8 +377,8 @@ class FakeCuStateVec:
         control_bit_values,
         n_controls,
     ):
-        self._handle(handle)
-        vectors = _state(sv, sv_data_type, n_index_bits)
+        state = self._handle(handle)
+        vectors = _state(sv, sv_data_type, n_index_bits, state.stream)
         if n_targets < 1:  # "at least one target and a corresponding Pauli basis"
             raise cuStateVecError(Status.INVALID_VALUE)
         codes = host_values(paulis, np.int32, n_targets)  # custatevecPauli_t is an int
@@ -602,7 +410,7 @@ class FakeCuStateVec:
         extra_workspace_size_in_bytes,
     ):
         state = self._handle(handle)
-        vectors = _state(sv, sv_data_type, n_index_bits)
+        vectors = _state(sv, sv_data_type, n_index_bits, state.stream)
         dim = 1 << n_targets
         table = host_values(permutation, np.int64, dim)
         diagonal_ptr = _intptr(diagonals)
@@ -613,7 +421,7 @@ class FakeCuStateVec:
         d = (
             np.ones(dim)
             if diagonal_ptr == 0
-            else any_buffer(diagonal_ptr, _SV_DTYPES[diagonals_data_type], dim)
+            else any_buffer(diagonal_ptr, _SV_DTYPES[diagonals_data_type], dim, state.stream)[0]
         )
         targets, controls, values = _bits(
             n_index_bits, targets, n_targets, controls, control_bit_values, n_controls
@@ -649,10 +457,10 @@ class FakeCuStateVec:
         extra_workspace_size_in_bytes,
     ):
         state = self._handle(handle)
-        vectors = _state(sv, sv_data_type, n_index_bits)
+        vectors = _state(sv, sv_data_type, n_index_bits, state.stream, aligned=True)
         _check_types(sv_data_type, matrix_data_type, compute_type)
         bits, _, _ = _bits(n_index_bits, basis_bits, n_basis_bits, 0, 0, 0)
-        m = _matrices(matrix, matrix_data_type, layout, 0, n_basis_bits, 1)[0]
+        m = _matrices(matrix, matrix_data_type, layout, 0, n_basis_bits, 1, state.stream)[0]
         with self._workspace(state, n_basis_bits, extra_workspace, extra_workspace_size_in_bytes):
             value = _expectation(vectors[0], m, bits)
         if expectation_data_type == cudaDataType.CUDA_C_64F:
@@ -661,6 +469,7 @@ class FakeCuStateVec:
             host_buffer(expectation_value, np.float64, 1)[0] = value.real
         else:
             raise cuStateVecError(Status.INVALID_VALUE)
+        self._host_written(state)
         self.calls.append("compute_expectation")
         return 0.0  # the residual norm ("not available in this version"), not the value
 
@@ -684,15 +493,23 @@ class FakeCuStateVec:
         extra_workspace_size_in_bytes,
     ):
         state = self._handle(handle)
-        vectors = _state(batched_sv, sv_data_type, n_index_bits, n_svs, sv_stride)
+        vectors = _state(
+            batched_sv, sv_data_type, n_index_bits, state.stream, n_svs, sv_stride, aligned=True
+        )
         _check_types(sv_data_type, matrix_data_type, compute_type)
         bits, _, _ = _bits(n_index_bits, basis_bits, n_basis_bits, 0, 0, 0)
-        stack = _matrices(matrices, matrix_data_type, layout, 0, n_basis_bits, n_matrices)
-        out = any_buffer(expectation_values, np.complex128, n_svs * n_matrices)
+        stack = _matrices(
+            matrices, matrix_data_type, layout, 0, n_basis_bits, n_matrices, state.stream
+        )
+        out, on_device = any_buffer(
+            expectation_values, np.complex128, n_svs * n_matrices, state.stream
+        )
         with self._workspace(state, n_basis_bits, extra_workspace, extra_workspace_size_in_bytes):
             for v, vector in enumerate(vectors):
                 for m, matrix in enumerate(stack):
                     out[v * n_matrices + m] = _expectation(vector, matrix, bits)
+        if not on_device:
+            self._host_written(state)
         self.calls.append("compute_expectation_batched")
 
     def compute_expectations_on_pauli_basis(
@@ -707,8 +524,8 @@ class FakeCuStateVec:
         basis_bits_array,
         n_basis_bits_array,
     ):
-        self._handle(handle)
-        vectors = _state(sv, sv_data_type, n_index_bits)
+        state = self._handle(handle)
+        vectors = _state(sv, sv_data_type, n_index_bits, state.stream)
         if not all(isinstance(a, (list, tuple)) for a in pauli_operators_array):
             raise NotImplementedError("the double takes nested Python sequences only")
         lengths = host_values(n_basis_bits_array, np.uint32, n_pauli_operator_arrays)
@@ -719,6 +536,7 @@ class FakeCuStateVec:
             bits, _, _ = _bits(n_index_bits, list(basis_bits_array[k]), count, 0, 0, 0)
             word = _word_matrix([Pauli(int(code)) for code in codes])
             out[k] = _expectation(vectors[0], word, bits).real
+        self._host_written(state)
         self.calls.append("compute_expectations_on_pauli_basis")
 
     # probabilities
@@ -736,13 +554,15 @@ class FakeCuStateVec:
         mask_ordering,
         mask_len,
     ):
-        self._handle(handle)
-        vectors = _state(sv, sv_data_type, n_index_bits)
+        state = self._handle(handle)
+        vectors = _state(sv, sv_data_type, n_index_bits, state.stream)
         ordering, mask_bits, mask_values = _bits(
             n_index_bits, bit_ordering, bit_ordering_len, mask_ordering, mask_bit_string, mask_len
         )
-        out = any_buffer(abs2sum, np.float64, 1 << bit_ordering_len)
+        out, on_device = any_buffer(abs2sum, np.float64, 1 << bit_ordering_len, state.stream)
         out[:] = _abs2sum(vectors[0], ordering, mask_bits, mask_values)
+        if not on_device:
+            self._host_written(state)
         self.calls.append("abs2sum_array")
 
     def abs2sum_array_batched(
@@ -761,26 +581,32 @@ class FakeCuStateVec:
         mask_ordering,
         mask_len,
     ):
-        self._handle(handle)
-        vectors = _state(batched_sv, sv_data_type, n_index_bits, n_svs, sv_stride)
+        state = self._handle(handle)
+        vectors = _state(
+            batched_sv, sv_data_type, n_index_bits, state.stream, n_svs, sv_stride, aligned=True
+        )
         ordering, mask_bits, _ = _bits(
             n_index_bits, bit_ordering, bit_ordering_len, mask_ordering, 0, mask_len
         )
         strings = host_values(mask_bit_strings, np.int64, n_svs) if mask_len else None
         size = 1 << bit_ordering_len
         assert abs2sum_array_stride >= size, "abs2sum_array_stride is below the array size"
-        out = any_buffer(abs2sum_arrays, np.float64, (n_svs - 1) * abs2sum_array_stride + size)
+        out, on_device = any_buffer(
+            abs2sum_arrays, np.float64, (n_svs - 1) * abs2sum_array_stride + size, state.stream
+        )
         for v, vector in enumerate(vectors):
             values = [] if strings is None else [(strings[v] >> j) & 1 for j in range(mask_len)]
             start = v * abs2sum_array_stride
             out[start : start + size] = _abs2sum(vector, ordering, mask_bits, values)
+        if not on_device:
+            self._host_written(state)
         self.calls.append("abs2sum_array_batched")
 
     # sampler
 
     def sampler_create(self, handle, sv, sv_data_type, n_index_bits, n_max_shots):
         state = self._handle(handle)
-        vectors = _state(sv, sv_data_type, n_index_bits)
+        vectors = _state(sv, sv_data_type, n_index_bits, state.stream)
         sampler = next(self._pointers)
         self.samplers[sampler] = _Sampler(state, vectors[0], _uint32(n_max_shots))
         return sampler, 1 << 10  # the workspace size
@@ -823,6 +649,7 @@ class FakeCuStateVec:
         if SamplerOutput(output) is SamplerOutput.ASCENDING_ORDER:
             strings = np.sort(strings)
         host_buffer(bit_strings, np.int64, n_shots)[:] = strings
+        self._host_written(state)
         assert entry.handle is state
         self.calls.append("sampler_sample")
 
@@ -845,6 +672,11 @@ class FakeCuStateVec:
             )
         return state
 
+    def _host_written(self, state: _Handle) -> None:
+        """A call that wrote host memory returns once its stream's work is done."""
+        wait_for(state.stream)
+        self._cupy.synchronizations += 1
+
     @contextlib.contextmanager
     def _workspace(self, state: _Handle, n_targets: int, extra_workspace, size):
         """Large operators need extra workspace: given, or (NULL) from the memory handler,
@@ -862,8 +694,11 @@ class FakeCuStateVec:
             free(ptr, 1 << 12, state.stream)
 
 
-def _state(ptr, sv_data_type, n_index_bits, n_svs=1, sv_stride=None) -> np.ndarray:
-    """The state vectors at a device pointer, (n_svs, 2**n) with the given element stride."""
+def _state(
+    ptr, sv_data_type, n_index_bits, stream: int, n_svs=1, sv_stride=None, aligned=False
+) -> np.ndarray:
+    """The state vectors at a device pointer, (n_svs, 2**n) with the given element stride,
+    used on ``stream``; ``aligned``: each vector must start on a 128-byte boundary."""
     dtype = _SV_DTYPES.get(sv_data_type)
     if dtype is None:
         raise cuStateVecError(Status.INVALID_VALUE)
@@ -871,7 +706,15 @@ def _state(ptr, sv_data_type, n_index_bits, n_svs=1, sv_stride=None) -> np.ndarr
     stride = dim if sv_stride is None else sv_stride
     if stride < dim:
         raise cuStateVecError(Status.INVALID_VALUE)
-    flat = device_buffer(ptr, dtype, (_uint32(n_svs) - 1) * stride + dim)
+    flat = device_buffer(ptr, dtype, (_uint32(n_svs) - 1) * stride + dim, stream)
+    if aligned and (
+        _intptr(ptr) % VECTOR_ALIGNMENT or (n_svs > 1 and stride * flat.itemsize % VECTOR_ALIGNMENT)
+    ):
+        raise cuStateVecError(
+            Status.INVALID_VALUE,
+            f"state vectors at {_intptr(ptr):#x}, stride {stride * flat.itemsize} bytes, are not "
+            f"{VECTOR_ALIGNMENT}-byte aligned (required on Blackwell)",
+        )
     return np.lib.stride_tricks.as_strided(
         flat, shape=(n_svs, dim), strides=(stride * flat.itemsize, flat.itemsize)
     )
@@ -882,10 +725,12 @@ def _check_types(sv_data_type, matrix_data_type, compute_type) -> None:
         raise cuStateVecError(Status.INVALID_VALUE)
 
 
-def _matrices(ptr, matrix_data_type, layout, adjoint, n_targets, n_matrices) -> np.ndarray:
+def _matrices(
+    ptr, matrix_data_type, layout, adjoint, n_targets, n_matrices, stream: int
+) -> np.ndarray:
     """Square matrices in one chunk of host or device memory, as row-major complex128."""
     dim = 1 << n_targets
-    flat = any_buffer(ptr, _SV_DTYPES[matrix_data_type], n_matrices * dim * dim)
+    flat, _ = any_buffer(ptr, _SV_DTYPES[matrix_data_type], n_matrices * dim * dim, stream)
     stack = flat.reshape(n_matrices, dim, dim).astype(np.complex128)
     if MatrixLayout(layout) is MatrixLayout.COL:
         stack = stack.transpose(0, 2, 1)

@@ -8,10 +8,10 @@ tests) exercise the cuStateVec backend's code without a GPU:
 
 from custatevec_double import make_libraries
 
-from pennylane_custatevec.backends import custatevec
+from pennylane_custatevec.backends import gpu
 
 
 def pytest_configure(config):
     libraries = make_libraries()
-    custatevec.import_libraries = lambda: libraries
-    custatevec.unavailable_reason.cache_clear()
+    gpu.import_libraries = lambda: libraries
+    gpu.unavailable_reason.cache_clear()

@@ -11,10 +11,12 @@ test_custatevec_backend.py.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pennylane as qml
 import pytest
-from conftest import MPI_RUN, stable_seed
+from conftest import AUTO_BACKEND, MPI_RUN, stable_seed
 from custatevec_double import make_libraries
 from reference import (
     BACKEND_TOL,
@@ -46,11 +48,12 @@ from reference import (
 )
 from toy_backend import ToyBackend
 
-from pennylane_custatevec.backends import custatevec
+from pennylane_custatevec.backends import gpu
 from pennylane_custatevec.backends.base import Backend
 from pennylane_custatevec.backends.cpu import CPUBackend
 from pennylane_custatevec.backends.custatevec import CuStateVecBackend
 from pennylane_custatevec.backends.distributed import DistributedBackend
+from pennylane_custatevec.backends.messages import SWAP_ROUTE_VARIABLE
 
 N = 6
 DTYPES = pytest.mark.parametrize("dtype", [np.complex128, np.complex64], ids=["c128", "c64"])
@@ -69,7 +72,7 @@ PHASE_CASES = [("", (), (2,), (0,)), ("", (), (), ())]  # exp(-i angle/2 I): a p
 
 
 def _gpu_backend(dtype):
-    reason = custatevec.unavailable_reason()
+    reason = gpu.unavailable_reason()
     if reason is not None:
         pytest.skip(f"the cuStateVec backend cannot run here: {reason}")
     return CuStateVecBackend(dtype)
@@ -83,14 +86,22 @@ BACKENDS = {
 }
 
 
-def _split(make_local):
+def _split(make_local, swaps: str = "auto"):
     """The distributed backend over this MPI job's ranks, on local backends that
-    ``make_local`` makes; vectors of N qubits are split (2 local bits suffice)."""
+    ``make_local`` makes; vectors of N qubits are split (2 local bits suffice). ``swaps``:
+    the bit-swap route (``PLCSV_MPI_SWAPS`` while it is built)."""
 
     def make(dtype):
         from mpi4py import MPI
 
-        backend = DistributedBackend(make_local(dtype), MPI.COMM_WORLD)
+        before = os.environ.get(SWAP_ROUTE_VARIABLE)
+        os.environ[SWAP_ROUTE_VARIABLE] = swaps
+        try:
+            backend = DistributedBackend(make_local(dtype), MPI.COMM_WORLD)
+        finally:
+            os.environ.pop(SWAP_ROUTE_VARIABLE)
+            if before is not None:
+                os.environ[SWAP_ROUTE_VARIABLE] = before
         backend.min_local_qubits = 2
         return backend
 
@@ -98,7 +109,14 @@ def _split(make_local):
 
 
 if MPI_RUN:  # under mpiexec (scripts/run_tests.sh): the contract of the split backend
-    BACKENDS = {"mpi-cpu": _split(CPUBackend), "mpi-double": _split(BACKENDS["double"])}
+    # over the CPU backend (host memory) and the cuStateVec double by its two routes:
+    # pinned host memory (its MPI is not CUDA-aware) and device memory, which mpi4py
+    # reads through __cuda_array_interface__ (the double's is host memory)
+    BACKENDS = {
+        "mpi-cpu": _split(CPUBackend),
+        "mpi-double": _split(BACKENDS["double"]),
+        "mpi-double-device": _split(BACKENDS["double"], swaps="device"),
+    } | ({"mpi-gpu": _split(_gpu_backend)} if AUTO_BACKEND == "custatevec" else {})
 
 
 @pytest.fixture(params=list(BACKENDS))
@@ -550,7 +568,7 @@ def test_toy_backend_runs_a_qnode_end_to_end(monkeypatch, grad_accumulation, fus
     and fused into blocks of 3 qubits) equal default.qubit's."""
     import pennylane_custatevec.device as device
 
-    monkeypatch.setattr(device, "select_backend", lambda name, dtype, device_id: ToyBackend(dtype))
+    monkeypatch.setattr(device, "select_backend", lambda name, dtype, *where: ToyBackend(dtype))
     dev = qml.device(
         "custatevec.qubit",
         wires=4,

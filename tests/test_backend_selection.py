@@ -19,7 +19,7 @@ from custatevec_double import make_libraries
 from reference import assert_21_qubits_refused
 
 from pennylane_custatevec import backends
-from pennylane_custatevec.backends import BackendUnavailableError, custatevec
+from pennylane_custatevec.backends import BackendUnavailableError, gpu
 
 
 @pytest.fixture
@@ -34,11 +34,11 @@ def probe_sees(monkeypatch):
                 raise outcome
             return outcome
 
-        monkeypatch.setattr(custatevec, "import_libraries", import_libraries)
-        custatevec.unavailable_reason.cache_clear()
+        monkeypatch.setattr(gpu, "import_libraries", import_libraries)
+        gpu.unavailable_reason.cache_clear()
 
     yield set_outcome
-    custatevec.unavailable_reason.cache_clear()
+    gpu.unavailable_reason.cache_clear()
 
 
 PROBLEMS = {
@@ -90,11 +90,16 @@ def test_custatevec_that_cannot_run_raises_naming_what_is_missing(probe_sees, pr
     assert "backend='cpu'" in str(info.value)
 
 
-def test_probe_destroys_its_handle(probe_sees):
+def test_probe_keeps_its_handle_for_the_backends(probe_sees):
+    """The probe's handle is the current GPU's, which every backend there shares: one
+    create() in the process."""
     libraries = make_libraries()
     probe_sees(libraries)
-    assert custatevec.unavailable_reason() is None
-    assert libraries.custatevec.handles == {} and len(libraries.custatevec.destroyed) == 1
+    assert gpu.unavailable_reason() is None
+    assert len(libraries.custatevec.handles) == 1 and libraries.custatevec.destroyed == []
+    for _ in range(3):
+        qml.device("custatevec.qubit", wires=2, backend="custatevec")
+    assert libraries.custatevec.created == 1
 
 
 def _missing_here() -> str:
@@ -111,7 +116,7 @@ def _missing_here() -> str:
 def test_here_auto_picks_the_cpu_and_says_why(monkeypatch):
     """This machine has no usable GPU: the real probe says what is missing."""
     monkeypatch.setattr(backends, "_fallbacks_reported", set())
-    custatevec.unavailable_reason.cache_clear()
+    gpu.unavailable_reason.cache_clear()
     missing = _missing_here()
     with pytest.warns(UserWarning, match=missing):
         assert qml.device("custatevec.qubit", wires=1).backend_name == "cpu"
@@ -120,7 +125,7 @@ def test_here_auto_picks_the_cpu_and_says_why(monkeypatch):
 
 
 def test_cpu_backend_needs_no_probe(monkeypatch):
-    monkeypatch.setattr(custatevec, "unavailable_reason", lambda: pytest.fail("probed"))
+    monkeypatch.setattr(gpu, "unavailable_reason", lambda: pytest.fail("probed"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         dev = qml.device("custatevec.qubit", wires=1, backend="cpu", device_id=3)
@@ -177,7 +182,7 @@ def test_device_on_custatevec_matches_the_cpu_backend(gpu_double):
     x, y = np.array([0.3, 1.1]), np.array([0.7, -0.2])  # broadcast: a batch of two
     results = [qml.QNode(measured, dev)(x, y) for dev in (gpu, cpu)]
     assert_allclose_nested(results[0], results[1], atol=1e-12)
-    assert {"apply_matrix_batched", "compute_expectations_on_pauli_basis"} <= set(
+    assert {"apply_matrix_batched", "compute_expectation_batched"} <= set(
         gpu_double.custatevec.calls
     )
 
@@ -299,18 +304,18 @@ DRIVERS = {
 @pytest.mark.parametrize("case", list(DRIVERS))
 def test_driver_problem_names_what_the_driver_says(monkeypatch, case):
     loader, message = DRIVERS[case]
-    monkeypatch.setattr(custatevec.ctypes, "CDLL", loader)
-    problem = custatevec.driver_problem()
+    monkeypatch.setattr(gpu.ctypes, "CDLL", loader)
+    problem = gpu.driver_problem()
     assert re.search(message, problem), problem
     assert problem.endswith("check the NVIDIA driver (nvidia-smi) and CUDA_VISIBLE_DEVICES")
     if all(importlib.util.find_spec(p) for p in ("cupy", "cuquantum")):
-        with pytest.raises(custatevec.NoUsableGPU, match=re.escape(problem)):
-            custatevec.import_libraries()  # refused before importing anything
+        with pytest.raises(gpu.NoUsableGPU, match=re.escape(problem)):
+            gpu.import_libraries()  # refused before importing anything
 
 
 def test_a_driver_that_counts_a_gpu_lets_the_probe_import(monkeypatch):
-    monkeypatch.setattr(custatevec.ctypes, "CDLL", lambda _: _FakeDriver(0, count=2))
-    assert custatevec.driver_problem() is None
+    monkeypatch.setattr(gpu.ctypes, "CDLL", lambda _: _FakeDriver(0, count=2))
+    assert gpu.driver_problem() is None
 
 
 def test_without_a_driver_the_first_device_imports_neither_cupy_nor_cuquantum():

@@ -10,6 +10,8 @@ primitive and composition against dense references) is test_backend_contract.py.
 from __future__ import annotations
 
 import gc
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ from conftest import AUTO_BACKEND, stable_seed
 from custatevec_double import make_libraries
 from reference import random_states, random_unitary
 
-from pennylane_custatevec.backends import custatevec
+from pennylane_custatevec.backends import gpu
 from pennylane_custatevec.backends.cpu import CPUBackend
 from pennylane_custatevec.backends.custatevec import CuStateVecBackend
 
@@ -29,7 +31,7 @@ IMPLEMENTATIONS = ["double"] + (["gpu"] if AUTO_BACKEND == "custatevec" else [])
 def libraries(request):
     """The double, and the real cupy and cuStateVec where a GPU is usable."""
     if request.param == "gpu":
-        return custatevec.import_libraries()
+        return gpu.import_libraries()
     return make_libraries()
 
 
@@ -72,6 +74,132 @@ def test_random_gate_sequence_matches_the_cpu_backend(make):
     np.testing.assert_allclose(gpu.to_host(on_gpu), on_cpu, atol=1e-12)
 
 
+# --- memory layout: every vector 128-byte aligned --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dtype", "n_qubits"),
+    [(np.complex64, 1), (np.complex64, 3), (np.complex64, 4), (np.complex128, 2)]
+    + [(np.complex128, 3)],
+)
+def test_every_vector_of_a_batch_starts_128_byte_aligned(double, dtype, n_qubits):
+    """compute_expectation and the batched calls need 128-byte-aligned vectors on
+    Blackwell GPUs (the double refuses others): a batch of vectors smaller than 128 bytes
+    is padded to a stride of 128 bytes, whichever way it was made, and computes as the
+    CPU backend does."""
+    backend, cpu = CuStateVecBackend(dtype, libraries=double), CPUBackend(dtype)
+    rng = np.random.default_rng(stable_seed("aligned", n_qubits))
+    psi = random_states(n_qubits, 3, rng)
+    made = {"zero_state": backend.zero_state(n_qubits, 3), "from_host": backend.from_host(psi)}
+    made["copy"] = backend.copy(made["from_host"])
+    made["concatenate"] = backend.concatenate(
+        [backend.vectors(made["from_host"], 0, 1), backend.vectors(made["copy"], 1, 3)]
+    )
+    made["vectors"] = backend.vectors(made["concatenate"], 1, 3)
+    padded = (1 << n_qubits) * np.dtype(dtype).itemsize < 128
+    for name, state in made.items():
+        assert state.shape[1] == 1 << n_qubits, name
+        assert state.data.ptr % 128 == 0 and state.strides[0] % 128 == 0, name
+        assert (state.strides[0] > state.shape[1] * state.itemsize) == padded, name
+    np.testing.assert_array_equal(
+        backend.to_host(made["concatenate"]), backend.to_host(made["copy"])
+    )
+    tol = 1e-5 if dtype == np.complex64 else 1e-12
+    matrices = np.stack([random_unitary(2, rng) for _ in range(3)])
+    observable = random_unitary(2, rng)
+    results = []
+    for b in (backend, cpu):
+        state = b.from_host(psi)
+        b.apply_matrix(state, matrices, (0,))
+        results.append(
+            (
+                b.to_host(state),
+                b.expval_matrix(state, observable, (0,)),
+                b.probabilities(state, (0,)),
+            )
+        )
+    for ours, theirs in zip(*results, strict=True):
+        np.testing.assert_allclose(ours, theirs, atol=tol)
+    assert {"apply_matrix_batched", "compute_expectation_batched"} <= set(double.custatevec.calls)
+
+
+# --- batches: few calls, no synchronisation inside ---------------------------------------
+
+
+def test_wide_operators_the_same_for_every_vector_run_on_runs_of_vectors(double):
+    """A diagonal, Pauli word or rotation on more than 4 targets, the same for every vector
+    of a batch of B, runs as one call per binary digit of B (2**j adjacent vectors are one
+    vector of n + j bits); with a parameter per vector, one call per vector; no
+    synchronisation either way. The results are the CPU backend's."""
+    cusv = double.custatevec
+    backend, cpu = CuStateVecBackend(libraries=double), CPUBackend()
+    rng = np.random.default_rng(stable_seed("runs"))
+    psi = random_states(N, 5, rng)  # 5 = 0b101: runs of 4 and 1
+    on_gpu, on_cpu = backend.from_host(psi), cpu.from_host(psi)
+    targets, controls, values = (0, 2, 3, 4, 5), (1,), (1,)
+    diagonal = np.exp(1j * rng.uniform(0, 6, size=(1, 32)))
+    calls = [
+        ("apply_pauli", ("XYZZY",), "apply_generalized_permutation_matrix", 2),
+        ("apply_diagonal", (diagonal,), "apply_generalized_permutation_matrix", 2),
+        ("apply_pauli_rotation", (np.array([0.3]), "XXYZY"), "apply_pauli_rotation", 2),
+        ("apply_pauli_rotation", (rng.uniform(0, 3, size=5), "YZXZX"), "apply_pauli_rotation", 5),
+    ]
+    before = double.cupy.synchronizations
+    for name, arguments, library_call, count in calls:
+        made = len(cusv.calls)
+        for b, state in ((backend, on_gpu), (cpu, on_cpu)):
+            getattr(b, name)(state, *arguments, targets, controls, values)
+        assert cusv.calls[made:] == [library_call] * count, name
+    assert double.cupy.synchronizations == before
+    np.testing.assert_allclose(backend.to_host(on_gpu), on_cpu, atol=1e-12)
+
+
+def test_pauli_expectations_of_a_batch_are_grouped_and_read_once(double):
+    """Words on a batch: grouped on at most 4 bits, one compute_expectation_batched per
+    group into device memory (the norm for the identity word from abs2sum), one transfer
+    for all; only words on more than 4 bits go vector by vector."""
+    cusv, cp = double.custatevec, double.cupy
+    backend, cpu = CuStateVecBackend(libraries=double), CPUBackend()
+    rng = np.random.default_rng(stable_seed("grouped words"))
+    psi = random_states(N, 3, rng)
+    narrow = [("ZZ", (0, 1)), ("XX", (2, 3)), ("YIY", (0, 4, 3)), ("Z", (5,)), ("XZ", (5, 1))]
+    narrow += [("II", (2, 3)), ("X", (0,))]
+    for words, batched, per_vector in ((narrow, 2, 0), (narrow + [("XYZXY", range(5))], 2, 3)):
+        state = backend.from_host(psi)
+        made, before = len(cusv.calls), cp.synchronizations
+        values = backend.expval_pauli_words(state, words)
+        issued = cusv.calls[made:]
+        assert issued.count("compute_expectation_batched") == batched
+        assert issued.count("abs2sum_array_batched") == 1  # the identity word
+        assert issued.count("compute_expectations_on_pauli_basis") == per_vector
+        assert cp.synchronizations == before + 1 + per_vector
+        expected = cpu.expval_pauli_words(cpu.from_host(psi), words)
+        np.testing.assert_allclose(values, expected, atol=1e-12)
+
+
+def test_a_batch_samples_its_marginals_on_the_device(double):
+    """Sampling a batch: the marginals into device memory, their cumulative sums and one
+    search per vector on the device, one transfer (no sampler, no other synchronisation);
+    the same outcomes as the base class's sampling from the marginal with the same draws.
+    A lone vector, and marginals over more than BATCHED_SAMPLING_BITS bits, take the
+    library's sampler."""
+    from pennylane_custatevec.backends.base import Backend
+
+    cusv, cp = double.custatevec, double.cupy
+    backend = CuStateVecBackend(libraries=double)
+    psi = random_states(N, 4, np.random.default_rng(stable_seed("marginals")))
+    state = backend.from_host(psi * np.array([[1.0], [2.0], [1.0], [0.5]]))  # norms vary
+    made, before = len(cusv.calls), cp.synchronizations
+    samples = backend.sample(state, (4, 1, 0), 200, np.random.default_rng(9))
+    assert cusv.calls[made:] == ["abs2sum_array_batched"] and cp.synchronizations == before + 1
+    reference = backend.from_host(psi)  # normalised: the base class normalises the marginal
+    expected = Backend.sample(backend, reference, (4, 1, 0), 200, np.random.default_rng(9))
+    np.testing.assert_array_equal(samples, expected)
+    made = len(cusv.calls)
+    backend.sample(backend.vectors(state, 1, 2), (4, 1, 0), 5, np.random.default_rng(9))
+    assert "sampler_sample" in cusv.calls[made:]
+
+
 # --- deferred adjoint: reductions on the device ------------------------------------------
 
 
@@ -103,28 +231,74 @@ def test_block_steps_stay_on_the_device_until_one_gather(double, shared):
 # --- resources: handle, stream, memory handler, GPU choice (the double records them) --------
 
 
-def test_one_handle_stream_and_memory_handler_per_backend(double):
+def test_one_handle_stream_and_memory_handler_per_gpu(double):
+    """Every backend on a GPU shares its handle and stream (made once, at the first
+    backend), whose workspaces come from the GPU's stream-ordered pool with its release
+    threshold at the maximum; release_contexts (at exit) destroys the handle."""
     cp, cusv = double.cupy, double.custatevec
     backend = CuStateVecBackend(np.complex128, libraries=double)
     (handle,) = cusv.handles
     (stream,) = cp.streams
     assert cusv.handles[handle].stream == stream.ptr
     assert cusv.handles[handle].handler_sets == 1
+    assert cp.release_thresholds == {0: (1 << 64) - 1}
     rng = np.random.default_rng(0)
     state = backend.from_host(random_states(7, 3, rng))
     backend.apply_matrix(state, random_unitary(64, rng)[None], (0, 1, 2, 3, 4, 5))
     backend.apply_pauli(state, "XYZXYZ", (0, 1, 2, 3, 4, 5))
     backend.sample(state, (0, 1), 10, rng)
     backend.expval_matrix(state[:1], random_unitary(64, rng), (1, 2, 3, 4, 5, 6))
-    assert len(cusv.handles) == 1 and len(cp.streams) == 1
-    # workspace came from the stream-ordered pool, on the backend's stream, and went back
+    others = [CuStateVecBackend(dtype, libraries=double) for dtype in (np.complex64,) * 3]
+    others[0].apply_pauli(others[0].zero_state(2, 1), "X", (0,))
+    assert cusv.created == 1 and len(cusv.handles) == 1 and len(cp.streams) == 1
+    # workspace came from the stream-ordered pool, on the shared stream, and went back
     assert cp.pool_calls and cp.pool_allocations == {}
     assert {stream_ptr for _, _, stream_ptr in cp.pool_calls} == {stream.ptr}
     assert {stream_ptr for _, stream_ptr in cp.allocations} == {stream.ptr}
     assert cusv.samplers == {}
-    del backend, state
+    del backend, state, others
     gc.collect()
+    assert cusv.destroyed == []  # the handle outlives the backends
+    gpu.release_contexts(double)
     assert cusv.destroyed == [handle] and cusv.handles == {}
+    CuStateVecBackend(libraries=double)  # a new one after a release
+    assert cusv.created == 2
+
+
+def test_threads_take_the_gpus_context_in_turn(double):
+    """Backends on one GPU used from several threads: each call holds the context's lock,
+    so that one handle never runs two calls at once (the double would see them interleave
+    on its records)."""
+    backends = [CuStateVecBackend(libraries=double) for _ in range(4)]
+    context = backends[0]._context
+    assert all(b._context is context for b in backends)
+    inside, overlaps = [], []
+    apply_matrix = double.custatevec.apply_matrix
+
+    def recording(*args):
+        inside.append(1)
+        time.sleep(1e-4)  # hands the GIL to another thread: without the lock, it enters
+        overlaps.append(len(inside) > 1)
+        apply_matrix(*args)
+        inside.pop()
+
+    double.custatevec.apply_matrix = recording
+    rng = np.random.default_rng(2)
+    matrices = [random_unitary(4, rng)[None] for _ in range(4)]
+
+    def work(backend, matrix):
+        state = backend.zero_state(N, 1)
+        for _ in range(20):
+            backend.apply_matrix(state, matrix, (0, 3))
+
+    threads = [
+        threading.Thread(target=work, args=pair) for pair in zip(backends, matrices, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(overlaps) == 80 and not any(overlaps)
 
 
 def test_no_synchronisation_until_the_host_reads(double):
@@ -146,6 +320,7 @@ def test_device_id_picks_the_gpu(monkeypatch):
     backend = CuStateVecBackend(libraries=libraries, device_id=1)
     handle = list(libraries.custatevec.handles)[-1]
     assert backend.device_id == 1 and libraries.custatevec.handles[handle].device == 1
+    assert len(libraries.custatevec.handles) == 2  # one per GPU
     state = backend.zero_state(2, 1)  # calls run with GPU 1 current (the double checks)
     backend.apply_pauli(state, "X", (0,))
     assert backend.probabilities(state, (0,))[0, 1] == 1
@@ -160,6 +335,43 @@ def test_device_id_picks_the_gpu(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "first")
     with pytest.raises(ValueError, match="LOCAL_RANK='first' is not a GPU index"):
         CuStateVecBackend(libraries=libraries)
+
+
+@pytest.mark.parametrize(("gpus", "ranks"), [(1, 2), (1, 4), (2, 4), (4, 4)])
+def test_mpi_ranks_take_the_gpus_round_robin(monkeypatch, gpus, ranks):
+    """Under MPI a rank takes GPU (its index on the node) modulo the visible GPUs: with one
+    GPU visible per rank (--gpus-per-task=1, a per-rank CUDA_VISIBLE_DEVICES) every rank
+    takes its GPU 0, and ranks that outnumber the GPUs share them; device_id and
+    $LOCAL_RANK stay strict."""
+    monkeypatch.setenv("LOCAL_RANK", str(gpus))  # not consulted under MPI
+    libraries = make_libraries(gpus=gpus)
+    chosen = [
+        CuStateVecBackend(libraries=libraries, rank_on_node=rank).device_id for rank in range(ranks)
+    ]
+    assert chosen == [rank % gpus for rank in range(ranks)]
+    assert len(libraries.custatevec.handles) == min(gpus, ranks)
+    with pytest.raises(ValueError, match=rf"device_id={gpus} names GPU {gpus}"):
+        CuStateVecBackend(libraries=libraries, device_id=gpus, rank_on_node=0)
+
+
+def test_an_mpi_device_takes_its_node_rank_modulo_the_gpus(monkeypatch):
+    """The device under mpi=True on the fourth rank of a node that shows it two GPUs: it
+    takes GPU 3 % 2 = 1 instead of refusing GPU 3; device_id stays strict."""
+    import pennylane as qml
+
+    from pennylane_custatevec.backends import messages
+
+    libraries = make_libraries(gpus=2)
+    monkeypatch.setattr(gpu, "import_libraries", lambda: libraries)
+    monkeypatch.setattr(messages, "node_rank", lambda comm: 3)
+    gpu.unavailable_reason.cache_clear()
+    try:
+        dev = qml.device("custatevec.qubit", wires=2, backend="custatevec", mpi=True)
+        assert dev._backend.local.device_id == 1
+        with pytest.raises(ValueError, match="device_id=2 names GPU 2, but 2 GPU"):
+            qml.device("custatevec.qubit", wires=2, backend="custatevec", mpi=True, device_id=2)
+    finally:
+        gpu.unavailable_reason.cache_clear()
 
 
 def test_available_bytes_is_the_gpus_free_memory():

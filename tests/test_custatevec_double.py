@@ -7,7 +7,6 @@ from __future__ import annotations
 import inspect
 import json
 import re
-import types
 from importlib import metadata
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from custatevec_double import (
 )
 from reference import dense_operator, random_state, random_unitary, word_matrix
 
-from pennylane_custatevec.backends import custatevec
+from pennylane_custatevec.backends import custatevec, custatevec_calls, gpu
 
 SNAPSHOT = json.loads((Path(__file__).parent / "data" / "custatevec_bindings.json").read_text())
 C64F, R64F = cudaDataType.CUDA_C_64F, cudaDataType.CUDA_C_32F
@@ -63,10 +62,18 @@ def test_signatures_and_enums_match_the_real_binding_snapshot():
     assert {m.name: int(m) for m in cudaDataType} == SNAPSHOT["cudaDataType"]
 
 
+BINDING_USERS = (custatevec, custatevec_calls, gpu)
+"""The modules that call the binding: the backend, its calls and the GPU contexts."""
+
+
 def binding_names_the_backend_uses() -> set[str]:
-    """Every ``cusv.NAME`` and ``self._cusv.NAME`` in backends/custatevec.py."""
-    source = Path(custatevec.__file__).read_text(encoding="utf-8")
-    return set(re.findall(r"\b_?cusv\.([A-Za-z_]\w*)", source))
+    """Every ``cusv.NAME``, ``self._cusv.NAME`` and ``owner.custatevec.NAME`` in the
+    modules that call the binding (``BINDING_USERS``)."""
+    names = set()
+    for module in BINDING_USERS:
+        source = Path(module.__file__).read_text(encoding="utf-8")
+        names |= set(re.findall(r"\b(?:_?cusv|\w+\.custatevec)\.([A-Za-z_]\w*)", source))
+    return names
 
 
 def test_the_snapshot_has_every_binding_name_the_backend_uses():
@@ -115,7 +122,8 @@ def test_installed_binding_create_fails_as_the_fallback_expects(monkeypatch):
     """Without a GPU the real create() raises what ``unavailable_reason`` catches: with cuBLAS
     installed cuStateVecError NOT_INITIALIZED, which it reports as the GPU's problem; without
     cuBLAS cuda-pathfinder's DynamicLibNotFoundError for libcublasLt, a RuntimeError, which
-    it reports as cuBLAS's. A stand-in cupy that sees a GPU makes the probe reach create()."""
+    it reports as cuBLAS's. The double's cupy, which sees a GPU, makes the probe reach
+    create()."""
     cusv = pytest.importorskip("cuquantum.bindings.custatevec")
     from cuquantum import cudaDataType as installed_data_type
 
@@ -124,14 +132,14 @@ def test_installed_binding_create_fails_as_the_fallback_expects(monkeypatch):
         cusv.create()
     if cublas:
         assert "NOT_INITIALIZED" in str(info.value)
-    sees_a_gpu = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: True))
-    libraries = custatevec.Libraries(sees_a_gpu, cusv, installed_data_type)
-    monkeypatch.setattr(custatevec, "import_libraries", lambda: libraries)
-    custatevec.unavailable_reason.cache_clear()
+    sees_a_gpu = make_libraries().cupy  # the double's cupy, with its one GPU
+    libraries = gpu.Libraries(sees_a_gpu, cusv, installed_data_type)
+    monkeypatch.setattr(gpu, "import_libraries", lambda: libraries)
+    gpu.unavailable_reason.cache_clear()
     try:
-        reason = custatevec.unavailable_reason()
+        reason = gpu.unavailable_reason()
     finally:
-        custatevec.unavailable_reason.cache_clear()
+        gpu.unavailable_reason.cache_clear()
     expected = (
         r"cuStateVec could not start on the GPU \(NOT_INITIALIZED.*compute capability"
         if cublas
@@ -146,11 +154,11 @@ def test_installed_binding_probe_names_the_missing_gpu():
     package (cupy's runtime finds no driver, or no device)."""
     pytest.importorskip("cuquantum.bindings.custatevec")
     pytest.importorskip("cupy")
-    custatevec.unavailable_reason.cache_clear()
+    gpu.unavailable_reason.cache_clear()
     try:
-        reason = custatevec.unavailable_reason()
+        reason = gpu.unavailable_reason()
     finally:
-        custatevec.unavailable_reason.cache_clear()
+        gpu.unavailable_reason.cache_clear()
     assert re.match(r"no CUDA GPU is (usable|visible) ", reason), reason
 
 
@@ -378,10 +386,156 @@ def test_concatenate_joins_device_arrays_into_a_new_one():
     joined = cp.concatenate([first, second])
     assert isinstance(joined, DeviceArray) and joined.shape == (3, 4)
     assert len(cp.allocations) == allocations + 1  # new device memory
-    np.testing.assert_array_equal(cp.asnumpy(joined), np.concatenate([first, second]))
+    expected = np.concatenate([cp.asnumpy(first), cp.asnumpy(second)])
+    np.testing.assert_array_equal(cp.asnumpy(joined), expected)
     joined[0] = 5
     assert cp.asnumpy(first)[0, 0] == 0
     with pytest.raises(TypeError):
         cp.concatenate([first, np.ones((1, 4))])
     with pytest.raises(ValueError):
         cp.concatenate([])
+
+
+# --- what a GPU would refuse: implicit conversion, stream order, alignment ---------------
+
+
+def test_device_arrays_refuse_implicit_conversion_like_cupy():
+    """cupy's __array__ raises TypeError: numpy never reads device memory silently. The
+    explicit reads (asnumpy, get, float of one element) work, each a synchronisation."""
+    cp = make_libraries().cupy
+    on_device = cp.asarray(np.arange(3.0))
+    for convert in (
+        np.asarray,
+        np.array,
+        np.ascontiguousarray,
+        lambda a: np.array([a, a]),
+        lambda a: np.asarray(a, dtype=complex),
+    ):
+        with pytest.raises(TypeError, match="Implicit conversion to a NumPy array"):
+            convert(on_device)
+    assert not isinstance(on_device, np.ndarray)
+    before = cp.synchronizations
+    np.testing.assert_array_equal(on_device.get(), [0, 1, 2])
+    assert float(on_device[2]) == 2.0 and cp.asnumpy(on_device).dtype == np.float64
+    assert cp.synchronizations == before + 3
+    view = on_device[1:]  # views share the memory and keep their base alive
+    view[0] = 7
+    assert on_device.get()[1] == 7 and view.base is on_device
+
+
+def test_allocations_are_256_byte_aligned_as_cudas():
+    cp = make_libraries().cupy
+    for size in (1, 3, 17, 1000):
+        assert cp.zeros(size, dtype=np.complex64).data.ptr % 256 == 0
+
+
+def test_work_on_another_stream_is_a_race_until_synchronised():
+    """A non-blocking stream and the null stream do not wait for each other: an array
+    written on one and used, or read by the host, on the other without a synchronisation
+    races on a GPU, and the double refuses it."""
+    from cupy_double import StreamRaceError
+
+    cp = make_libraries().cupy
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        written = cp.zeros(4, dtype=np.complex128)
+    with pytest.raises(StreamRaceError, match="read by the host on stream 0x0"):
+        cp.asnumpy(written)  # on the null stream
+    with pytest.raises(StreamRaceError, match="used on stream 0x0"):
+        written + written
+    with stream:
+        doubled = written + written  # on its own stream: ordered
+    with pytest.raises(StreamRaceError, match="outside reader"):
+        assert doubled.__cuda_array_interface__  # MPI reads it outside any stream order
+    assert cp.asnumpy(doubled, stream=stream).tolist() == [0j] * 4  # waits for the stream
+    assert doubled.__cuda_array_interface__["data"][0] == doubled.data.ptr
+    cp.asnumpy(written)  # waited for: any stream may read it now
+    blocking = cp.cuda.Stream()
+    with blocking:
+        ordered = cp.zeros(2)
+    cp.asnumpy(ordered)  # a blocking stream and the null stream wait for each other
+
+
+def test_library_calls_run_on_the_handles_stream(lib):
+    """A call reads its state vector on the handle's stream: memory that cupy wrote on
+    another stream without a synchronisation is a race; a call that writes host memory
+    waits for the stream (a synchronisation)."""
+    from cupy_double import StreamRaceError
+
+    cp, cusv, handle = lib
+    stream = cp.cuda.Stream(non_blocking=True)
+    cusv.set_stream(handle, stream.ptr)
+    m = np.eye(2, dtype=np.complex128)
+    sv = cp.zeros(8, dtype=np.complex128)  # the null stream's memset
+
+    def apply():
+        cusv.apply_matrix(
+            handle, sv.data.ptr, C64F, 3, m.ctypes.data, C64F, ROW, 0, [0], 1,
+            0, 0, 0, COMPUTE_64F, 0, 0,
+        )  # fmt: skip
+
+    with pytest.raises(StreamRaceError, match=f"stream {stream.ptr:#x}"):
+        apply()
+    cp.cuda.Device().synchronize()
+    apply()
+    with pytest.raises(StreamRaceError):
+        cp.asnumpy(sv)  # the null stream, not the handle's
+    out = np.zeros(4)
+    before = cp.synchronizations
+    cusv.abs2sum_array(handle, sv.data.ptr, C64F, 3, out.ctypes.data, [0, 1], 2, 0, 0, 0)
+    assert cp.synchronizations == before + 1  # a host output waits for the stream
+    cp.asnumpy(sv)  # nothing pending now
+    with stream:
+        on_device = cp.zeros(4)
+    before = cp.synchronizations
+    cusv.abs2sum_array(handle, sv.data.ptr, C64F, 3, on_device.data.ptr, [0, 1], 2, 0, 0, 0)
+    assert cp.synchronizations == before  # a device output does not
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
+def test_expectation_and_batched_calls_need_128_byte_aligned_vectors(lib, dtype):
+    """As on Blackwell: compute_expectation and the batched calls refuse a vector that does
+    not start on a 128-byte boundary, a batch's stride included (2**n elements of a small
+    vector are fewer than 128 bytes); the other calls take any vector."""
+    cp, cusv, handle = lib
+    sv_type = C64F if dtype == np.complex128 else R64F
+    compute = COMPUTE_64F if dtype == np.complex128 else ComputeType.COMPUTE_32F
+    n = 2
+    short = 128 // np.dtype(dtype).itemsize // 2  # a stride of 64 bytes
+    batch = cp.zeros(3 * 128 // np.dtype(dtype).itemsize, dtype=dtype)
+    m = np.eye(2, dtype=np.complex128)
+    out = np.zeros(16, dtype=np.complex128)
+
+    def batched(stride):
+        cusv.apply_matrix_batched(
+            handle, batch.data.ptr, sv_type, n, 3, stride, MatrixMapType.BROADCAST, 0,
+            m.ctypes.data, C64F, ROW, 0, 1, [0], 1, 0, 0, 0, compute, 0, 0,
+        )  # fmt: skip
+
+    def expectation(offset):
+        cusv.compute_expectation(
+            handle, batch.data.ptr + offset, sv_type, n, out.ctypes.data, C64F,
+            m.ctypes.data, C64F, ROW, [0], 1, compute, 0, 0,
+        )  # fmt: skip
+
+    with pytest.raises(cuStateVecError, match="INVALID_VALUE.*not 128-byte aligned"):
+        batched(short)
+    batched(2 * short)  # padded to 128 bytes
+    with pytest.raises(cuStateVecError, match="not 128-byte aligned"):
+        expectation(64)
+    expectation(128)
+    cusv.apply_matrix(  # a single vector at any offset
+        handle, batch.data.ptr + 64, sv_type, n, m.ctypes.data, C64F, ROW, 0, [0], 1,
+        0, 0, 0, compute, 0, 0,
+    )  # fmt: skip
+
+
+def test_pinned_host_memory_is_recorded_with_the_copies_into_it():
+    cp = make_libraries().cupy
+    memory = cp.cuda.alloc_pinned_memory(64)
+    host = np.frombuffer(memory, np.complex128, 4)
+    assert memory.ptr == host.ctypes.data and cp.pinned_allocations == 1
+    cp.asnumpy(cp.asarray(np.arange(4.0) + 1j), out=host)
+    assert host.tolist() == [1j, 1 + 1j, 2 + 1j, 3 + 1j] and cp.pinned_copies == 1
+    cp.asnumpy(cp.zeros(4, dtype=np.complex128), out=np.zeros(4, dtype=np.complex128))
+    assert cp.pinned_copies == 1  # pageable memory is not counted

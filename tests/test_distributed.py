@@ -100,3 +100,96 @@ def test_whole_results_too_large_for_host_memory_are_refused(monkeypatch):
         backend.to_host(state)
     with pytest.raises(distributed.ResultTooLargeError, match="probabilities of 16 qubits"):
         backend.probabilities(state, tuple(range(16)))
+
+
+# --- the bit-swap routes ----------------------------------------------------------------
+
+
+def _split_double(monkeypatch, setting: str | None = None, cuda_aware: bool = False):
+    """A one-rank distributed backend over the cuStateVec double, its route chosen under
+    ``PLCSV_MPI_SWAPS=setting`` (None: unset) by an MPI library that is CUDA-aware or not."""
+    from custatevec_double import make_libraries
+    from mpi4py import MPI
+
+    from pennylane_custatevec.backends import messages
+    from pennylane_custatevec.backends.custatevec import CuStateVecBackend
+
+    if setting is None:
+        monkeypatch.delenv(messages.SWAP_ROUTE_VARIABLE, raising=False)
+    else:
+        monkeypatch.setenv(messages.SWAP_ROUTE_VARIABLE, setting)
+    monkeypatch.setattr(messages, "cuda_aware_mpi", lambda: cuda_aware)
+    libraries = make_libraries()
+    local = CuStateVecBackend(libraries=libraries)
+    return DistributedBackend(local, MPI.COMM_WORLD), libraries
+
+
+@pytest.mark.parametrize(
+    ("setting", "cuda_aware", "route"),
+    [
+        (None, False, "pinned host memory"),
+        ("auto", True, "device memory (CUDA-aware MPI)"),
+        ("device", False, "device memory (CUDA-aware MPI)"),
+        ("host", True, "pinned host memory"),
+        (" Auto ", False, "pinned host memory"),
+    ],
+)
+def test_a_gpu_backend_swaps_through_device_memory_where_mpi_takes_it(
+    monkeypatch, caplog, setting, cuda_aware, route
+):
+    """The route is chosen once, named by the backend and a log record: device memory
+    where the MPI library is CUDA-aware (or PLCSV_MPI_SWAPS=device), else pinned host
+    memory; a CPU backend's slices are host memory already."""
+    with caplog.at_level("INFO", logger="pennylane_custatevec"):
+        backend, _ = _split_double(monkeypatch, setting, cuda_aware)
+    assert backend.swap_route == route
+    assert f"bit swaps between MPI ranks go through {route}" in caplog.text
+    from mpi4py import MPI
+
+    assert DistributedBackend(CPUBackend(), MPI.COMM_WORLD).swap_route == "host memory"
+
+
+def test_an_unknown_swap_route_is_refused_by_name(monkeypatch):
+    with pytest.raises(
+        ValueError, match=r"PLCSV_MPI_SWAPS='pcie' is not a bit-swap route; use auto"
+    ):
+        _split_double(monkeypatch, "pcie")
+
+
+def test_this_mpi_library_says_whether_it_is_cuda_aware():
+    """Open MPI's wheel here answers MPIX_Query_cuda_support (0: no CUDA)."""
+    from pennylane_custatevec.backends import messages
+
+    assert messages.cuda_aware_mpi() is False
+
+
+def test_the_device_repr_names_the_route(monkeypatch, gpu_double):
+    monkeypatch.setenv("PLCSV_MPI_SWAPS", "host")
+    dev = qml.device(DEVICE, wires=2, backend="custatevec", mpi=True)
+    assert "device_id=0, mpi ranks=1, swaps via pinned host memory" in repr(dev)
+
+
+@pytest.mark.parametrize("setting", ["host", "device"])
+def test_gpu_routes_move_blocks_in_stream_order(monkeypatch, setting):
+    """Both GPU routes on a partner that is this rank itself (MPI.COMM_SELF): the block
+    comes back unchanged, without a stream race (the double checks each copy, and the
+    device route's MPI read through __cuda_array_interface__); the pinned route copies
+    through pinned memory and leaves nothing pending, the device route never touches the
+    host (its last copy stays queued on the stream)."""
+    from mpi4py import MPI
+
+    from pennylane_custatevec.backends import messages
+
+    monkeypatch.setattr(messages, "EXCHANGE_CHUNK_AMPLITUDES", 8)  # several messages
+    backend, libraries = _split_double(monkeypatch, setting)
+    cp, local = libraries.cupy, backend.local
+    psi = np.random.default_rng(3).normal(size=(3, 64)) + 0j
+    state = local.from_host(psi)
+    halves = state.reshape(3, 4, 2, 8)[:, :, 1, :]  # strided, as a bit swap's
+    rank_messages = messages.RankMessages(MPI.COMM_SELF, local)
+    rank_messages.exchange(halves, partner=0)
+    assert cp.pinned_copies == (12 if setting == "host" else 0)  # 96 amplitudes in 8s
+    assert rank_messages.traffic.swaps == 1 and rank_messages.traffic.swap_bytes == 96 * 16
+    if setting == "host":  # its pinned buffers are free again: the stream was waited for
+        np.testing.assert_array_equal(cp.asnumpy(state), psi)  # on the null stream
+    np.testing.assert_array_equal(local.to_host(state), psi)

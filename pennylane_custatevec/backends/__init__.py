@@ -5,7 +5,7 @@ import warnings
 import numpy as np
 from pennylane.exceptions import DeviceError
 
-from . import custatevec
+from . import gpu
 from .base import Backend
 from .cpu import CPUBackend
 from .custatevec import CuStateVecBackend
@@ -22,16 +22,19 @@ _fallbacks_reported: set[str] = set()
 per device (test suites and training loops build many devices)."""
 
 
-def select_backend(name: str, dtype: np.dtype, device_id: int | None = None) -> Backend:
+def select_backend(
+    name: str, dtype: np.dtype, device_id: int | None = None, rank_on_node: int | None = None
+) -> Backend:
     """The backend called ``name``. ``"auto"`` is custatevec when cupy, cuQuantum and a GPU
     are usable, else the CPU backend with a warning saying why; ``"custatevec"`` where it
     cannot run raises :class:`BackendUnavailableError` naming what is missing.
-    ``device_id`` picks the GPU (ignored by the CPU backend)."""
+    ``device_id`` picks the GPU, else an MPI rank's ``rank_on_node`` modulo the visible
+    GPUs (``gpu.resolve_device_id``; both ignored by the CPU backend)."""
     if name == "cpu":
         return CPUBackend(dtype)
-    reason = custatevec.unavailable_reason()
+    reason = gpu.unavailable_reason()
     if reason is None:
-        return CuStateVecBackend(dtype, device_id)
+        return CuStateVecBackend(dtype, device_id, rank_on_node=rank_on_node)
     if name == "custatevec":
         raise BackendUnavailableError(
             f"backend='custatevec' is not available on this machine: {reason}. "

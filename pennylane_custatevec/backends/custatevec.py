@@ -1,9 +1,8 @@
 """cuStateVec backend: cupy state vectors updated through ``cuquantum.bindings.custatevec``.
 
-The only module of the package that touches cupy or cuQuantum, and only through
-:func:`import_libraries` (called when a backend is built or probed), so that importing the
-package never needs them. Tests replace that one function with a NumPy double of the
-library (``tests/custatevec_double.py``); the code below runs unchanged on it.
+The libraries come from ``gpu.import_libraries`` (called when a backend is built), so that
+importing the package never needs them; tests replace that function with a NumPy double
+of the library (``tests/custatevec_double.py``) and the code below runs unchanged on it.
 
 Every library call follows NVIDIA's Python samples: positional arguments in the C API's
 order, pointers as Python ints (``array.data.ptr`` on the device, ``array.ctypes.data``
@@ -11,201 +10,52 @@ on the host), ``0`` for NULL. State index bits are little-endian and ``targets[j
 the state bit that becomes bit ``j`` of a matrix index, as in the backend protocol, so
 targets pass through unchanged.
 
-One handle and one stream per backend; workspaces come from a stream-ordered memory pool
-(``cudaMallocAsync``) set as the handle's memory handler, so calls pass ``0, 0`` for
-their workspace. Nothing synchronises the stream except reading results on the host.
+Backends on one GPU share its handle and stream (``gpu.gpu_context``); workspaces come
+from the stream-ordered pool set as the handle's memory handler, so calls pass ``0, 0``
+for their workspace. Nothing synchronises the stream except reading results on the host.
 """
 
 from __future__ import annotations
 
-import ctypes
-import dataclasses
 import functools
-import importlib.util
-import os
-import weakref
-from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
 from ..pauli import pauli_word_matrix
+from . import gpu
 from .base import Backend, FusionTraits, StateBatch, bra_rows
+from .custatevec_args import (
+    NULL,
+    SMALL_BATCHED_TARGETS,
+    batch_layout,
+    control_as_target,
+    on_host,
+    padded_stride,
+    pauli_as_permutation,
+    pauli_groups,
+    runs_batched,
+    split_at_bits,
+    vector_pointers,
+    vector_runs,
+    without_identities,
+)
+from .custatevec_calls import LibraryCalls
+from .gpu import Libraries, resolve_device_id
 from .host import free_host_bytes
 
-SMALL_BATCHED_TARGETS = 4
-"""A batch of vectors with a diagonal, Pauli word or rotation on at most this many targets
-runs as one ``apply_matrix_batched`` launch of dense matrices; larger operators run their
-specialised kernel once per vector (a dense matrix would cost 4**k)."""
-
-NULL = 0
-_I_POWERS = (1.0 + 0.0j, 1.0j, -1.0 + 0.0j, -1.0j)
-
-
-@dataclasses.dataclass(frozen=True)
-class Libraries:
-    """What the backend uses: ``cupy``, ``cuquantum.bindings.custatevec`` and
-    ``cuquantum.cudaDataType``."""
-
-    cupy: Any
-    custatevec: Any
-    cuda_data_type: Any
-
-
-class NoUsableGPU(Exception):  # noqa: N818 - a reason, not an error: the probe returns it
-    """The NVIDIA driver sees no usable GPU (the message says why)."""
-
-
-def import_libraries() -> Libraries:
-    """Import cupy and cuStateVec's bindings (the seam that tests replace with a double).
-
-    On a machine whose NVIDIA driver sees no GPU, nothing is imported: a missing package
-    raises ``ModuleNotFoundError`` (found without importing), a missing GPU
-    :class:`NoUsableGPU` (asked of the driver's own library, ``driver_problem``). Importing
-    cupy and cuQuantum to find that out cost about 230 MiB of resident memory (their CUDA
-    libraries) on a CPU-only machine (measured: 523 -> 749 MiB at the first device)."""
-    for package in ("cupy", "cuquantum"):
-        if importlib.util.find_spec(package) is None:
-            raise ModuleNotFoundError(f"No module named {package!r}", name=package)
-    problem = driver_problem()
-    if problem is not None:
-        raise NoUsableGPU(problem)
-    import cupy
-    from cuquantum import cudaDataType
-    from cuquantum.bindings import custatevec
-
-    return Libraries(cupy, custatevec, cudaDataType)
-
-
-_CUDA_SUCCESS = 0
-_CUDA_ERROR_NO_DEVICE = 100
-
-
-def driver_problem() -> str | None:
-    """Why the NVIDIA driver gives no usable GPU, or None where it sees one: the driver's
-    library (``libcuda.so.1``, loaded with ctypes) is missing, ``cuInit`` fails, or it
-    counts no device (``CUDA_VISIBLE_DEVICES`` hides them all)."""
-    check = "check the NVIDIA driver (nvidia-smi) and CUDA_VISIBLE_DEVICES"
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError as exc:
-        return f"no CUDA GPU is usable (no NVIDIA driver: {exc}); {check}"
-    status = cuda.cuInit(0)
-    count = ctypes.c_int(0)
-    if status == _CUDA_SUCCESS:
-        status = cuda.cuDeviceGetCount(ctypes.byref(count))
-    if status == _CUDA_ERROR_NO_DEVICE or (status == _CUDA_SUCCESS and count.value == 0):
-        return f"no CUDA GPU is visible (0 devices); {check}"
-    if status != _CUDA_SUCCESS:
-        return f"no CUDA GPU is usable (the driver's CUDA error {status}); {check}"
-    return None
-
-
-INSTALL_HINT = (
-    'pip install "pennylane-custatevec[cuda12]" (CUDA 12 driver) or '
-    '"pennylane-custatevec[cuda13]" (CUDA 13 driver)'
-)
-
-
-@functools.cache
-def unavailable_reason() -> str | None:
-    """Why the cuStateVec backend cannot run in this process, or None when it can.
-
-    Probes in the order that tells the causes apart: the two packages, a visible GPU (the
-    driver's, then cupy's), then a library handle (which loads cuBLAS and checks the GPU).
-    Cached per process.
-    """
-    try:
-        libraries = import_libraries()
-    except ImportError as exc:
-        return _import_problem(exc)
-    except NoUsableGPU as exc:
-        return str(exc)
-    cp, cusv = libraries.cupy, libraries.custatevec
-    if not cp.cuda.is_available():
-        return _no_gpu_problem(cp)
-    try:
-        handle = cusv.create()
-    except cusv.cuStateVecError as exc:
-        return (
-            f"cuStateVec could not start on the GPU ({exc}); it needs compute capability "
-            "7.5 or newer and an NVIDIA driver >= 525.60.13 (CUDA 12) or >= 580.65.06 (CUDA 13)"
-        )
-    except RuntimeError as exc:
-        return (
-            f"cuBLAS could not be loaded ({exc}); the custatevec wheel does not install it: "
-            "pip install nvidia-cublas-cu12 (CUDA 12) or nvidia-cublas (CUDA 13), or the "
-            "[cuda12] / [cuda13] extra"
-        )
-    cusv.destroy(handle)
-    return None
-
-
-def _import_problem(exc: ImportError) -> str:
-    package = (exc.name or "").split(".")[0]
-    if package == "cupy":
-        return f"cupy is not installed ({INSTALL_HINT})"
-    if package == "cuquantum":
-        return f"cuquantum-python >= 26.9 is not installed ({exc}; {INSTALL_HINT})"
-    return f"importing cupy or cuquantum failed ({type(exc).__name__}: {exc})"
-
-
-def _no_gpu_problem(cp) -> str:
-    try:
-        count = cp.cuda.runtime.getDeviceCount()
-    except cp.cuda.runtime.CUDARuntimeError as exc:
-        return (
-            f"no CUDA GPU is usable ({exc}); check the NVIDIA driver (nvidia-smi) and "
-            "CUDA_VISIBLE_DEVICES"
-        )
-    return f"no CUDA GPU is visible ({count} devices); check nvidia-smi and CUDA_VISIBLE_DEVICES"
-
-
-def resolve_device_id(cp, device_id: int | None) -> int:
-    """The GPU to use: ``device_id``, else $LOCAL_RANK (one process per GPU under
-    torch.distributed), else the current CUDA device; refused unless it is visible."""
-    source = f"device_id={device_id}"
-    if device_id is None:
-        local_rank = os.environ.get("LOCAL_RANK")
-        if local_rank is None:
-            return cp.cuda.Device().id
-        if not local_rank.isdigit():
-            raise ValueError(f"LOCAL_RANK={local_rank!r} is not a GPU index; pass device_id.")
-        device_id, source = int(local_rank), f"LOCAL_RANK={local_rank}"
-    count = cp.cuda.runtime.getDeviceCount()
-    if device_id >= count:
-        raise ValueError(
-            f"{source} names GPU {device_id}, but {count} GPU(s) are visible (0 to "
-            f"{count - 1}); pass device_id, or check CUDA_VISIBLE_DEVICES."
-        )
-    return device_id
-
-
-def _stream_ordered_handler(runtime) -> tuple[Callable, Callable, str]:
-    """A memory handler (malloc, free, name) on the device's stream-ordered pool. It holds
-    no reference to the backend, so that the binding keeping it does not keep the backend."""
-
-    def malloc(size: int, stream: int) -> int:
-        return runtime.mallocAsync(size, stream)
-
-    def free(ptr: int, size: int, stream: int) -> None:
-        runtime.freeAsync(ptr, stream)
-
-    return malloc, free, "pennylane-custatevec stream-ordered pool"
-
-
-def _release(cusv, device, handle: int, stream) -> None:
-    """Destroy the handle on its device; ``stream`` is passed only to outlive the handle."""
-    with device:
-        cusv.destroy(handle)
+BATCHED_SAMPLING_BITS = 20
+"""A batch samples up to this many bits from their marginal on the device, in one pass
+(2**k float64 per vector: 8 MiB at 20); more bits, or one vector, through the library's
+sampler, one vector at a time."""
 
 
 def _on_device(method):
-    """Run the method with the backend's GPU current and its stream as cupy's stream."""
+    """Run the method with the GPU's context locked (one thread at a time on its handle),
+    the GPU current and its stream as cupy's stream."""
 
     @functools.wraps(method)
     def on_device(self, *args, **kwargs):
-        with self._device, self._stream:
+        with self._context.lock, self._device, self._stream:
             return method(self, *args, **kwargs)
 
     return on_device
@@ -223,7 +73,8 @@ CUSTATEVEC_FUSION_TRAITS = FusionTraits(
 
 
 class CuStateVecBackend(Backend):
-    """State vectors as a C-contiguous cupy array of shape (B, 2**n) on one GPU.
+    """State vectors as a cupy array of shape (B, 2**n) on one GPU: C-contiguous, or, for
+    vectors under 128 bytes, the view of a padded one (``custatevec_args.padded_stride``).
 
     Its own kernels: everything but the runs of rotations (``apply_z_rotations``,
     ``apply_one_qubit_rotations`` and their sweep steps, which fusion never plans here: see its
@@ -239,29 +90,20 @@ class CuStateVecBackend(Backend):
         dtype: np.dtype = np.complex128,
         device_id: int | None = None,
         libraries: Libraries | None = None,
+        rank_on_node: int | None = None,
     ):
-        libraries = libraries or import_libraries()
-        cp, cusv = libraries.cupy, libraries.custatevec
-        self._cp, self._cusv = cp, cusv
+        libraries = libraries or gpu.import_libraries()
+        self._cp = libraries.cupy
         self.dtype = np.dtype(dtype)
-        self.device_id = resolve_device_id(cp, device_id)
-        single = self.dtype == np.complex64
-        self._sv_type = (
-            libraries.cuda_data_type.CUDA_C_32F if single else libraries.cuda_data_type.CUDA_C_64F
+        self.device_id = resolve_device_id(self._cp, device_id, rank_on_node)
+        self._context = gpu.gpu_context(libraries, self.device_id)
+        self._device, self._stream = self._context.device, self._context.stream
+        self._calls = LibraryCalls(
+            libraries.custatevec,
+            self._context.handle,
+            libraries.cuda_data_type,
+            single=self.dtype == np.complex64,
         )
-        self._compute_type = (
-            cusv.ComputeType.COMPUTE_32F if single else cusv.ComputeType.COMPUTE_64F
-        )
-        # Matrices, diagonals and expectation values are complex128 on the host: valid with
-        # either state type.
-        self._complex128 = libraries.cuda_data_type.CUDA_C_64F
-        self._device = cp.cuda.Device(self.device_id)
-        with self._device:
-            self._stream = cp.cuda.Stream(non_blocking=True)
-            self._handle = cusv.create()
-            cusv.set_stream(self._handle, self._stream.ptr)
-            cusv.set_device_mem_handler(self._handle, _stream_ordered_handler(cp.cuda.runtime))
-        weakref.finalize(self, _release, cusv, self._device, self._handle, self._stream)
 
     # --- memory ------------------------------------------------------------------------
 
@@ -284,16 +126,29 @@ class CuStateVecBackend(Backend):
         free_bytes, _total_bytes = self._cp.cuda.runtime.memGetInfo()
         return free_bytes + self._cp.get_default_memory_pool().free_bytes()
 
+    def _batch(self, batch_size: int, amplitudes: int, zeroed: bool = True) -> StateBatch:
+        """New memory for ``batch_size`` vectors, each starting 128-byte aligned: a
+        C-contiguous array, or the ``[:, :amplitudes]`` view of a padded one (the smallest
+        vectors, ``custatevec_args.padded_stride``)."""
+        stride = padded_stride(amplitudes, self.dtype)
+        allocate = self._cp.zeros if zeroed else self._cp.empty
+        memory = allocate((batch_size, stride), dtype=self.dtype)
+        return memory if stride == amplitudes else memory[:, :amplitudes]
+
     @_on_device
     def zero_state(self, n_qubits: int, batch_size: int) -> StateBatch:
-        state = self._cp.zeros((batch_size, 1 << n_qubits), dtype=self.dtype)
+        state = self._batch(batch_size, 1 << n_qubits)
         state[:, 0] = 1.0
         return state
 
     @_on_device
     def from_host(self, vectors: np.ndarray) -> StateBatch:
         host = np.array(vectors, dtype=self.dtype, order="C", ndmin=2, copy=None)
-        return self._cp.asarray(host)
+        if padded_stride(host.shape[1], self.dtype) == host.shape[1]:
+            return self._cp.asarray(host)
+        state = self._batch(*host.shape, zeroed=False)
+        state[...] = host
+        return state
 
     @_on_device
     def to_host(self, state: StateBatch) -> np.ndarray:
@@ -301,16 +156,55 @@ class CuStateVecBackend(Backend):
 
     @_on_device
     def copy(self, state: StateBatch) -> StateBatch:
-        return state.copy()
+        if padded_stride(state.shape[1], self.dtype) == state.shape[1]:
+            return state.copy()
+        copied = self._batch(*state.shape, zeroed=False)
+        copied[...] = state
+        return copied
+
+    # the bit swaps of the distributed backend (messages.py's routes): on this stream (a
+    # non-blocking one: the null stream would not wait for it)
 
     @_on_device
-    def read_block(self, block) -> np.ndarray:
-        # on the backend's stream (non-blocking: the null stream would not wait for it)
-        return self._cp.asnumpy(block)
+    def read_block(self, block, out: np.ndarray | None = None) -> np.ndarray:
+        """A host copy of ``block`` (into ``out``: pinned memory, for the pinned route),
+        waiting for the stream."""
+        return self._cp.asnumpy(block, out=out)
 
     @_on_device
-    def write_block(self, block, values: np.ndarray) -> None:
-        block[...] = self._cp.asarray(values)
+    def write_block(self, block, values) -> None:
+        """``block[...] = values``: device values copied on the stream; host values
+        through a device buffer, asynchronously from pinned memory (the caller leaves
+        ``values`` alone until the stream is waited for)."""
+        if on_host(values):
+            staged = self._cp.empty(values.shape, dtype=values.dtype)
+            staged.set(values, stream=self._stream)
+            values = staged
+        block[...] = values
+
+    @_on_device
+    def pinned_buffer(self, amplitudes: int) -> np.ndarray:
+        """``amplitudes`` of the backend's dtype in page-locked host memory (cupy's pinned
+        pool, which takes it back when the array is dropped)."""
+        memory = self._cp.cuda.alloc_pinned_memory(amplitudes * self.dtype.itemsize)
+        return np.frombuffer(memory, self.dtype, amplitudes)
+
+    @_on_device
+    def outside_readable(self, block) -> StateBatch:
+        """``block`` as contiguous GPU memory that a reader outside the stream (CUDA-aware
+        MPI) may read: a copy where it is strided, the stream waited for."""
+        contiguous = self._cp.ascontiguousarray(block)
+        self._stream.synchronize()
+        return contiguous
+
+    @_on_device
+    def device_buffer(self, shape: tuple[int, ...]) -> StateBatch:
+        """Uninitialised GPU memory of the backend's dtype (no stream work on it)."""
+        return self._cp.empty(shape, dtype=self.dtype)
+
+    def synchronize(self) -> None:
+        """Wait for the stream (the pinned route, before its buffers are reused)."""
+        self._stream.synchronize()
 
     def vectors(self, state: StateBatch, start: int, stop: int) -> StateBatch:
         return state[start:stop]
@@ -320,73 +214,7 @@ class CuStateVecBackend(Backend):
     @_on_device
     def apply_matrix(self, state, matrices, targets, controls=(), control_values=()) -> None:
         matrices = np.ascontiguousarray(matrices, dtype=np.complex128)
-        self._matrix_call(state, matrices, targets, controls, control_values)
-
-    def _matrix_call(
-        self,
-        state,
-        matrices: np.ndarray,
-        targets,
-        controls=(),
-        control_values=(),
-        *,
-        adjoint: bool = False,
-        vectors_per_matrix: int = 1,
-    ) -> None:
-        """psi <- M psi (``adjoint``: M^dagger psi, the library conjugates and transposes
-        the M it reads) with ``matrices`` C-contiguous complex128 of shape (1 or m, d, d):
-        one shared matrix, or matrix i for vectors i*vectors_per_matrix onwards (m *
-        vectors_per_matrix vectors)."""
-        n_svs, n_index_bits = _layout(state)
-        controls_arg, values_arg = _controls(controls, control_values)
-        if n_svs == 1:
-            self._cusv.apply_matrix(
-                self._handle,
-                state.data.ptr,
-                self._sv_type,
-                n_index_bits,
-                matrices.ctypes.data,
-                self._complex128,
-                self._cusv.MatrixLayout.ROW,
-                int(adjoint),  # adjoint: 1 applies the conjugate transpose of the matrix
-                _bit_list(targets),
-                len(targets),
-                controls_arg,
-                values_arg,
-                len(controls),
-                self._compute_type,
-                NULL,  # workspace: from the handle's memory handler
-                0,
-            )
-            return
-        shared = matrices.shape[0] == 1
-        map_type = self._cusv.MatrixMapType
-        indices = NULL  # BROADCAST: every vector gets the one matrix
-        if not shared:  # MATRIX_INDEXED: vector i gets matrix i // vectors_per_matrix
-            indices = np.repeat(np.arange(matrices.shape[0], dtype=np.int32), vectors_per_matrix)
-        self._cusv.apply_matrix_batched(
-            self._handle,
-            state.data.ptr,
-            self._sv_type,
-            n_index_bits,
-            n_svs,
-            1 << n_index_bits,  # sv_stride, in elements
-            map_type.BROADCAST if shared else map_type.MATRIX_INDEXED,
-            indices,  # matrix_indices: int32 on the host, one per vector
-            matrices.ctypes.data,
-            self._complex128,
-            self._cusv.MatrixLayout.ROW,
-            int(adjoint),  # adjoint: 1 applies the conjugate transpose of each matrix
-            matrices.shape[0],  # n_matrices
-            _bit_list(targets),
-            len(targets),
-            controls_arg,
-            values_arg,
-            len(controls),
-            self._compute_type,
-            NULL,
-            0,
-        )
+        self._calls.apply_matrices(state, matrices, targets, controls, control_values)
 
     @_on_device
     def apply_diagonal(self, state, diagonals, targets, controls=(), control_values=()) -> None:
@@ -395,17 +223,18 @@ class CuStateVecBackend(Backend):
             if not len(controls):
                 self.scale(state, diagonals[:, 0])
                 return
-            diagonals, targets, controls, control_values = _control_as_target(
+            diagonals, targets, controls, control_values = control_as_target(
                 diagonals, controls, control_values
             )
-        if _runs_batched(state, len(targets)):
+        if runs_batched(state, len(targets)):
             matrices = diagonals[:, :, None] * np.eye(diagonals.shape[1])
             self.apply_matrix(state, matrices, targets, controls, control_values)
             return
-        for vector, pointer in enumerate(_vector_pointers(state)):
-            diagonal = diagonals[vector if diagonals.shape[0] > 1 else 0]
-            self._generalized_permutation(
-                pointer, state, NULL, diagonal, targets, controls, control_values
+        shared = diagonals.shape[0] == 1
+        for vector, (pointer, n_bits) in enumerate(vector_runs(state, shared)):
+            diagonal = diagonals[0 if shared else vector]
+            self._calls.generalized_permutation(
+                pointer, n_bits, NULL, diagonal, targets, controls, control_values
             )
 
     @_on_device
@@ -413,72 +242,44 @@ class CuStateVecBackend(Backend):
         self, state, angles, paulis, targets, controls=(), control_values=()
     ) -> None:
         angles = np.ascontiguousarray(angles, dtype=np.float64).reshape(-1)
-        letters, bits = _without_identities(paulis, targets)
+        letters, bits = without_identities(paulis, targets)
         if not letters:  # exp(-i angle/2 I) is a phase
             phases = np.exp(-0.5j * angles)[:, None]
             self.apply_diagonal(state, phases, (), controls, control_values)
             return
-        if _runs_batched(state, len(bits)):
+        if runs_batched(state, len(bits)):
             word = pauli_word_matrix(letters)
             half = 0.5 * angles[:, None, None]
             matrices = np.cos(half) * np.eye(len(word)) - 1j * np.sin(half) * word
             self.apply_matrix(state, matrices, bits, controls, control_values)
             return
-        controls_arg, values_arg = _controls(controls, control_values)
-        pauli_codes = [self._cusv.Pauli[letter] for letter in letters]
-        for vector, pointer in enumerate(_vector_pointers(state)):
-            angle = angles[vector if len(angles) > 1 else 0]
-            self._cusv.apply_pauli_rotation(
-                self._handle,
-                pointer,
-                self._sv_type,
-                _layout(state)[1],
-                -0.5 * angle,  # theta: cuStateVec applies exp(+i theta P)
-                pauli_codes,
-                bits,
-                len(bits),
-                controls_arg,
-                values_arg,
-                len(controls),
+        shared = len(angles) == 1
+        for vector, (pointer, n_bits) in enumerate(vector_runs(state, shared)):
+            angle = angles[0 if shared else vector]
+            self._calls.pauli_rotation(
+                pointer, n_bits, angle, letters, bits, controls, control_values
             )
 
     @_on_device
     def apply_pauli(self, state, paulis, targets, controls=(), control_values=()) -> None:
-        letters, bits = _without_identities(paulis, targets)
+        letters, bits = without_identities(paulis, targets)
         if not letters:
             return
-        if _runs_batched(state, len(bits)):
+        if runs_batched(state, len(bits)):
             matrix = pauli_word_matrix(letters)[None]
             self.apply_matrix(state, matrix, bits, controls, control_values)
             return
-        permutation, diagonal = _pauli_as_permutation(letters)
-        for pointer in _vector_pointers(state):
-            self._generalized_permutation(
-                pointer, state, permutation, diagonal, bits, controls, control_values
+        permutation, diagonal = pauli_as_permutation(letters)
+        for pointer, n_bits in vector_runs(state):
+            self._calls.generalized_permutation(
+                pointer, n_bits, permutation, diagonal, bits, controls, control_values
             )
 
-    def _generalized_permutation(
-        self, pointer, state, permutation, diagonal, targets, controls, control_values
-    ) -> None:
-        """D P on one vector (``permutation`` NULL: D alone)."""
-        controls_arg, values_arg = _controls(controls, control_values)
-        self._cusv.apply_generalized_permutation_matrix(
-            self._handle,
-            pointer,
-            self._sv_type,
-            _layout(state)[1],
-            permutation,
-            diagonal.ctypes.data,
-            self._complex128,
-            0,  # adjoint: no
-            _bit_list(targets),
-            len(targets),
-            controls_arg,
-            values_arg,
-            len(controls),
-            NULL,
-            0,
-        )
+    @_on_device
+    def apply_bit_permutation(self, state, sources) -> None:
+        """The base class's gather, on the backend's GPU and stream (cupy's indexing runs
+        on the current stream: outside it, it would race with the library's calls)."""
+        super().apply_bit_permutation(state, sources)
 
     @_on_device
     def scale(self, state, factors) -> None:
@@ -491,65 +292,47 @@ class CuStateVecBackend(Backend):
 
     @_on_device
     def expval_pauli_words(self, state, words) -> np.ndarray:
-        out = np.zeros((state.shape[0], len(words)), dtype=np.float64)
+        """One vector: one call for every word. A batch: the words grouped on at most
+        ``SMALL_BATCHED_TARGETS`` bits (``pauli_groups``), each group one
+        ``compute_expectation_batched`` of its words' dense matrices over every vector,
+        into device memory, read back in one transfer; wider words one call per vector."""
+        n_svs = state.shape[0]
+        out = np.zeros((n_svs, len(words)), dtype=np.float64)
+        kept = [without_identities(paulis, targets) for paulis, targets in words]
         if not words:
             return out
-        kept = [_without_identities(paulis, targets) for paulis, targets in words]
-        for vector, pointer in enumerate(_vector_pointers(state)):
-            self._cusv.compute_expectations_on_pauli_basis(
-                self._handle,
-                pointer,
-                self._sv_type,
-                _layout(state)[1],
-                out[vector].ctypes.data,  # host output: one float64 per word
-                [[self._cusv.Pauli[letter] for letter in letters] for letters, _ in kept],
-                len(kept),  # number of Pauli words
-                [bits for _, bits in kept],
-                [len(bits) for _, bits in kept],
-            )
+        n_bits = batch_layout(state)[1]
+        if n_svs == 1:
+            self._calls.expvals_on_pauli_basis(state.data.ptr, n_bits, kept, out[0])
+            return out
+        groups, wide = pauli_groups(kept, SMALL_BATCHED_TARGETS)
+        values = [self._word_expvals(state, bits, members) for bits, members in groups]
+        for (_, members), group_values in zip(groups, self._to_host_at_once(values), strict=True):
+            out[:, [k for k, _ in members]] = group_values.real
+        if wide:
+            row = np.zeros(len(wide))
+            for vector, pointer in enumerate(vector_pointers(state)):
+                self._calls.expvals_on_pauli_basis(pointer, n_bits, [kept[k] for k in wide], row)
+                out[vector, wide] = row
         return out
+
+    def _word_expvals(self, state, bits, members):
+        """<P> of every word of a group on every vector, (vectors, words) complex128 in
+        device memory: no synchronisation. The words without letters give the norm."""
+        if not bits:
+            norms = self._cp.empty((state.shape[0], 1), dtype=np.float64)
+            self._calls.abs2sum(state, (), norms)
+            return self._cp.concatenate([norms.astype(np.complex128)] * len(members), axis=1)
+        matrices = np.stack([pauli_word_matrix(word) for _, word in members])
+        values = self._cp.empty((state.shape[0], len(members)), dtype=np.complex128)
+        self._calls.expectations(state, matrices, bits, values)
+        return values
 
     @_on_device
     def expval_matrix(self, state, matrix, targets) -> np.ndarray:
-        matrix = np.ascontiguousarray(matrix, dtype=np.complex128)
-        n_svs, n_index_bits = _layout(state)
-        out = np.empty(n_svs, dtype=np.complex128)
-        if n_svs == 1:
-            self._cusv.compute_expectation(
-                self._handle,
-                state.data.ptr,
-                self._sv_type,
-                n_index_bits,
-                out.ctypes.data,  # the value is written here; the return value is not it
-                self._complex128,  # complex: a matrix that is not Hermitian has a complex value
-                matrix.ctypes.data,
-                self._complex128,
-                self._cusv.MatrixLayout.ROW,
-                _bit_list(targets),
-                len(targets),
-                self._compute_type,
-                NULL,
-                0,
-            )
-            return out
-        self._cusv.compute_expectation_batched(
-            self._handle,
-            state.data.ptr,
-            self._sv_type,
-            n_index_bits,
-            n_svs,
-            1 << n_index_bits,  # sv_stride
-            out.ctypes.data,  # complex128, element [vector * n_matrices + matrix]
-            matrix.ctypes.data,
-            self._complex128,
-            self._cusv.MatrixLayout.ROW,
-            1,  # n_matrices
-            _bit_list(targets),
-            len(targets),
-            self._compute_type,
-            NULL,
-            0,
-        )
+        matrix = np.ascontiguousarray(matrix, dtype=np.complex128)[None]
+        out = np.empty(state.shape[0], dtype=np.complex128)
+        self._calls.expectations(state, matrix, targets, out)
         return out
 
     @_on_device
@@ -575,8 +358,10 @@ class CuStateVecBackend(Backend):
         before = self._target_major(bras, targets, copy=True)
         self._cp.conj(before, out=before)
         if len(targets):
-            self._matrix_call(phi, matrices, targets, adjoint=True)
-            self._matrix_call(bras, matrices, targets, adjoint=True, vectors_per_matrix=rows)
+            self._calls.apply_matrices(phi, matrices, targets, adjoint=True)
+            self._calls.apply_matrices(
+                bras, matrices, targets, adjoint=True, vectors_per_matrix=rows
+            )
         else:  # a 1 x 1 block is a factor (no zero-target matrix call)
             factors = np.conj(matrices[:, 0, 0])
             self.scale(phi, factors)
@@ -592,8 +377,8 @@ class CuStateVecBackend(Backend):
         """The batch as (vectors, d, rest): the block's matrix index a (bit j of a is state
         bit targets[j]) then the other bits; a new C-contiguous array if ``copy``, else
         a view where the layout allows one."""
-        n_svs, n_index_bits = _layout(state)
-        shape, axis_of, rest = _split_at_bits(n_index_bits, targets)
+        n_svs, n_index_bits, _ = batch_layout(state)
+        shape, axis_of, rest = split_at_bits(n_index_bits, targets)
         front = [axis_of[int(bit)] for bit in reversed(targets)]  # a's top bit first
         tensor = state.reshape((n_svs,) + shape).transpose([0] + front + rest)
         if copy:
@@ -604,8 +389,8 @@ class CuStateVecBackend(Backend):
     def gather(self, arrays) -> list[np.ndarray]:
         arrays = list(arrays)
         # host arrays (the base class's default steps) pass through
-        fetched = iter(self._to_host_at_once([a for a in arrays if not _on_host(a)]))
-        return [array if _on_host(array) else next(fetched) for array in arrays]
+        fetched = iter(self._to_host_at_once([a for a in arrays if not on_host(a)]))
+        return [array if on_host(array) else next(fetched) for array in arrays]
 
     def _to_host_at_once(self, arrays: list) -> list[np.ndarray]:
         """Device arrays as numpy arrays, in one transfer."""
@@ -624,7 +409,16 @@ class CuStateVecBackend(Backend):
 
     @_on_device
     def concatenate(self, states) -> StateBatch:
-        return self._cp.concatenate(list(states))
+        states = list(states)
+        amplitudes = states[0].shape[1]
+        if padded_stride(amplitudes, self.dtype) == amplitudes:
+            return self._cp.concatenate(states)
+        joined = self._batch(sum(s.shape[0] for s in states), amplitudes, zeroed=False)
+        start = 0
+        for part in states:
+            joined[start : start + part.shape[0]] = part
+            start += part.shape[0]
+        return joined
 
     @_on_device
     def add_scaled(self, dst, src, factors) -> None:
@@ -635,166 +429,39 @@ class CuStateVecBackend(Backend):
 
     @_on_device
     def probabilities(self, state, bits) -> np.ndarray:
-        n_svs, n_index_bits = _layout(state)
-        out = np.empty((n_svs, 1 << len(bits)), dtype=np.float64)
-        bit_ordering = _bit_list(bits) if len(bits) else NULL  # empty ordering: the norm
-        if n_svs == 1:
-            self._cusv.abs2sum_array(
-                self._handle,
-                state.data.ptr,
-                self._sv_type,
-                n_index_bits,
-                out.ctypes.data,  # host output
-                bit_ordering,
-                len(bits),
-                NULL,  # mask_bit_string: no mask
-                NULL,  # mask_ordering
-                0,  # mask_len
-            )
-            return out
-        self._cusv.abs2sum_array_batched(
-            self._handle,
-            state.data.ptr,
-            self._sv_type,
-            n_index_bits,
-            n_svs,
-            1 << n_index_bits,  # sv_stride
-            out.ctypes.data,
-            out.shape[1],  # abs2sum_array_stride
-            bit_ordering,
-            len(bits),
-            NULL,  # mask_bit_strings: no mask
-            NULL,
-            0,
-        )
+        out = np.empty((state.shape[0], 1 << len(bits)), dtype=np.float64)
+        self._calls.abs2sum(state, bits, out)  # host output: one wait for the stream
         return out
 
     @_on_device
     def sample(self, state, bits, shots, rng) -> np.ndarray:
-        n_svs, n_index_bits = _layout(state)
+        """A batch: the marginal of ``bits`` of every vector (``abs2sum_array_batched``
+        into device memory), its cumulative sums scaled by each vector's squared norm, one
+        ``searchsorted`` of the caller's uniform draws per vector, one transfer at the end
+        (no synchronisation before it); wider marginals (``BATCHED_SAMPLING_BITS``) and a
+        lone vector: the library's sampler, one vector at a time."""
+        n_svs, n_index_bits, _ = batch_layout(state)
         # One uniform number per shot from the caller's Generator: a seed fixes the samples.
         randnums = rng.random((n_svs, shots))
         out = np.zeros((n_svs, shots), dtype=np.int64)
         if not len(bits) or not shots:
             return out
-        for vector, pointer in enumerate(_vector_pointers(state)):
-            sampler, _workspace_size = self._cusv.sampler_create(
-                self._handle, pointer, self._sv_type, n_index_bits, shots
-            )
-            try:
-                # Workspace NULL: the memory handler provides it for the sampler's lifetime.
-                self._cusv.sampler_preprocess(self._handle, sampler, NULL, 0)
-                self._cusv.sampler_sample(
-                    self._handle,
-                    sampler,
-                    out[vector].ctypes.data,  # host output, int64 bit strings
-                    _bit_list(bits),
-                    len(bits),
-                    randnums[vector],  # float64, in [0, 1)
-                    shots,
-                    self._cusv.SamplerOutput.RANDNUM_ORDER,
-                )
-            finally:
-                self._cusv.sampler_destroy(sampler)
+        if n_svs > 1 and len(bits) <= BATCHED_SAMPLING_BITS:
+            return self._sample_marginals(state, bits, randnums)
+        for vector, pointer in enumerate(vector_pointers(state)):
+            self._calls.sample_vector(pointer, n_index_bits, bits, randnums[vector], out[vector])
         return out
 
-
-def _layout(state) -> tuple[int, int]:
-    """(number of vectors, index bits) of a C-contiguous batch."""
-    if not state.flags.c_contiguous:
-        raise ValueError("cuStateVec needs C-contiguous state vectors")
-    return state.shape[0], state.shape[1].bit_length() - 1
-
-
-def _vector_pointers(state) -> list[int]:
-    """Device pointers of each vector of the batch."""
-    return [state.data.ptr + vector * state.strides[0] for vector in range(state.shape[0])]
-
-
-def _runs_batched(state, n_targets: int) -> bool:
-    return state.shape[0] > 1 and n_targets <= SMALL_BATCHED_TARGETS
-
-
-def _bit_list(bits: Sequence[int]) -> list[int]:
-    """Bit positions as the binding's int32 sequence."""
-    return [int(bit) for bit in bits]
-
-
-def _controls(controls: Sequence[int], control_values: Sequence[int]) -> tuple:
-    """(controls, control bit values) arguments, NULL when there are none."""
-    if not len(controls):
-        return NULL, NULL
-    if len(control_values) != len(controls):
-        raise ValueError(
-            f"{len(controls)} controls need as many control values, not {len(control_values)}"
-        )
-    return _bit_list(controls), _bit_list(control_values)
-
-
-def _control_as_target(diagonals, controls, control_values):
-    """A phase d on the subspace where the controls hold, written as a diagonal on the
-    first control (d at its control value, 1 at the other) under the other controls."""
-    phase = diagonals[:, 0]
-    ones = np.ones_like(phase)
-    if control_values[0]:
-        diagonal = np.stack([ones, phase], axis=1)
-    else:
-        diagonal = np.stack([phase, ones], axis=1)
-    return diagonal, (controls[0],), tuple(controls[1:]), tuple(control_values[1:])
-
-
-def _split_at_bits(n_index_bits: int, targets: Sequence[int]) -> tuple[tuple, dict, list]:
-    """A vector's shape with an axis of 2 for each of the ``targets`` and one axis for each
-    run of the other bits (at most 2k + 1 axes: within cupy's and numpy's limit of 32
-    however large the state), the most significant bits first. Returns (shape, {bit: its
-    axis}, the other axes), axes counted from 1 (axis 0 is the batch)."""
-    chosen = {int(bit) for bit in targets}
-    shape, axis_of, rest = [], {}, []
-    run = 0
-    for bit in range(n_index_bits - 1, -1, -1):
-        if bit in chosen:
-            if run:
-                rest.append(len(shape) + 1)
-                shape.append(1 << run)
-                run = 0
-            axis_of[bit] = len(shape) + 1
-            shape.append(2)
-        else:
-            run += 1
-    if run:
-        rest.append(len(shape) + 1)
-        shape.append(1 << run)
-    return tuple(shape), axis_of, rest
-
-
-def _without_identities(paulis: str, targets: Sequence[int]) -> tuple[str, list[int]]:
-    """The letters other than I and their bits (I acts as the identity on its bit)."""
-    kept = [
-        (letter, int(bit)) for letter, bit in zip(paulis, targets, strict=True) if letter != "I"
-    ]
-    return "".join(letter for letter, _ in kept), [bit for _, bit in kept]
-
-
-@functools.cache
-def _pauli_as_permutation(letters: str) -> tuple[np.ndarray, np.ndarray]:
-    """A Pauli word (letter j on bit j of the matrix index) as D P for
-    apply_generalized_permutation_matrix: P|a> = |a ^ x> and D = diag(d) with
-    d[r] = i**n_Y (-1)**|(r ^ x) & z|, so that (D P psi)[r] = d[r] psi[r ^ x]. The
-    permutation is an involution, so the table reads the same in either direction."""
-    x_mask = sum(1 << j for j, letter in enumerate(letters) if letter in "XY")
-    z_mask = sum(1 << j for j, letter in enumerate(letters) if letter in "YZ")
-    source = np.arange(1 << len(letters), dtype=np.int64) ^ x_mask
-    parity = np.zeros_like(source)
-    for j in range(len(letters)):
-        parity ^= (source >> j) & (z_mask >> j) & 1
-    diagonal = _I_POWERS[letters.count("Y") % 4] * (1.0 - 2.0 * parity)
-    diagonal = np.ascontiguousarray(diagonal, dtype=np.complex128)
-    for array in (source, diagonal):
-        array.flags.writeable = False
-    return source, diagonal
-
-
-def _on_host(array) -> bool:
-    """Whether a reduction is a host numpy array (a cupy array, or the test double's
-    device array, a numpy subclass, is not)."""
-    return type(array) is np.ndarray
+    def _sample_marginals(self, state, bits, randnums: np.ndarray) -> np.ndarray:
+        """Outcome r of vector b for draw u: the first r whose cumulative marginal exceeds
+        u times the vector's squared norm (as the library's sampler scales its draws)."""
+        cp = self._cp
+        outcomes = 1 << len(bits)
+        cumulative = cp.empty((state.shape[0], outcomes), dtype=np.float64)
+        self._calls.abs2sum(state, bits, cumulative)
+        cumulative = cp.cumsum(cumulative, axis=1)
+        draws = cp.multiply(cp.asarray(randnums), cumulative[:, -1:])
+        samples = cp.empty(randnums.shape, dtype=np.int64)
+        for vector in range(state.shape[0]):
+            samples[vector] = cp.searchsorted(cumulative[vector], draws[vector], side="right")
+        return cp.asnumpy(cp.minimum(samples, outcomes - 1))

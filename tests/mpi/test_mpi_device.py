@@ -550,20 +550,21 @@ def test_fused_runs_on_split_vectors(monkeypatch):
 
 def test_each_rank_of_a_node_takes_its_own_gpu(monkeypatch):
     """With mpi and no device_id, the backend gets the rank's index on its node (every
-    rank here shares one node); an explicit device_id is kept."""
+    rank here shares one node), which it takes modulo the visible GPUs; an explicit
+    device_id is kept, and no node rank is asked for."""
     from pennylane_custatevec import device as device_module
 
     chosen = []
     plain = device_module.select_backend
 
-    def recording(name, dtype, device_id=None):
-        chosen.append(device_id)
-        return plain(name, dtype, device_id)
+    def recording(name, dtype, device_id=None, rank_on_node=None):
+        chosen.append((device_id, rank_on_node))
+        return plain(name, dtype, device_id, rank_on_node)
 
     monkeypatch.setattr(device_module, "select_backend", recording)
     qml.device(DEVICE, wires=4, backend="cpu", mpi=True)
     qml.device(DEVICE, wires=4, backend="cpu", mpi=True, device_id=0)
-    assert chosen == [COMM.Get_rank(), 0]
+    assert chosen == [(None, COMM.Get_rank()), (0, None)]
 
 
 @pytest.mark.parametrize("grad_accumulation", ["deferred", "eager"])
@@ -573,11 +574,11 @@ def test_gpu_backend_on_its_double(monkeypatch, grad_accumulation):
     a torch VJP of a broadcast minibatch against default.qubit."""
     from custatevec_double import make_libraries
 
-    from pennylane_custatevec.backends import custatevec
+    from pennylane_custatevec.backends import gpu
 
     libraries = make_libraries(gpus=4)
-    monkeypatch.setattr(custatevec, "import_libraries", lambda: libraries)
-    custatevec.unavailable_reason.cache_clear()
+    monkeypatch.setattr(gpu, "import_libraries", lambda: libraries)
+    gpu.unavailable_reason.cache_clear()
     try:
         dev = split_device(WIRES, backend="custatevec", grad_accumulation=grad_accumulation)
         assert dev._backend.local.name == "custatevec"
@@ -612,4 +613,41 @@ def test_gpu_backend_on_its_double(monkeypatch, grad_accumulation):
             atol=1e-10,
         )
     finally:
-        custatevec.unavailable_reason.cache_clear()
+        gpu.unavailable_reason.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("swaps", "route"),
+    [("host", "pinned host memory"), ("device", "device memory (CUDA-aware MPI)")],
+)
+def test_gpu_bit_swap_routes_on_the_double(monkeypatch, swaps, route):
+    """Both GPU bit-swap routes on the double (PLCSV_MPI_SWAPS): gates on every wire swap
+    the global ones in, by pinned host memory or by device memory read by mpi4py through
+    __cuda_array_interface__; the state and an expectation are default.qubit's, and only
+    the pinned route copies through pinned memory."""
+    from custatevec_double import make_libraries
+
+    from pennylane_custatevec.backends import gpu
+
+    libraries = make_libraries(gpus=2)
+    monkeypatch.setattr(gpu, "import_libraries", lambda: libraries)
+    monkeypatch.setenv("PLCSV_MPI_SWAPS", swaps)
+    gpu.unavailable_reason.cache_clear()
+    try:
+        dev = split_device(WIRES, backend="custatevec")
+        assert dev._backend.swap_route == route and f"swaps via {route}" in repr(dev)
+        weights = np.random.default_rng(stable_seed("routes", swaps)).uniform(
+            0, 2 * np.pi, size=(2, WIRES, 3)
+        )
+
+        def circuit():
+            qml.StronglyEntanglingLayers(weights, wires=range(WIRES))
+            return qml.state(), qml.expval(qml.X(0) @ qml.Y(WIRES - 1))
+
+        ours = qml.QNode(circuit, dev)()
+        expected = qml.QNode(circuit, qml.device("default.qubit", wires=WIRES))()
+        assert_allclose_nested(ours, expected, atol=1e-10)
+        assert dev._backend.messages.traffic.swaps > 0
+        assert (libraries.cupy.pinned_copies > 0) == (swaps == "host")
+    finally:
+        gpu.unavailable_reason.cache_clear()
