@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--verify-every", type=int, default=256)
+    parser.add_argument("--verify-every", type=int, default=1024)
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     angles = np.random.default_rng(11).uniform(0.0, np.pi, size=(16, N_WIRES))

@@ -40,9 +40,9 @@ refuses that).
 The compiled path's "trust then verify" contract: a key's call 2 traces the quantum
 function, call 3 traces it again and the key replays only where both traces are the same
 bit for bit; a replaying key is traced and compared again at its verification calls (4, 8,
-16, ..., 256, then every 256th; ``compile(qnode, verify_every=None)``: none) and is exact
-(re-records) from a difference on. So a global that changes after call 3 may be replayed
-stale until the key's next verification call. ``plan_calls`` simulates this per key
+16, ..., ``verify_every``, then every ``verify_every``-th; none with ``verify_every=None``)
+and is exact (re-records) from a difference on. So a global that changes after call 3 may be
+replayed stale until the key's next verification call. ``plan_calls`` simulates this per key
 (``_stale_allowed``) from what the traces can see of the globals (``GlobalSpec.seen``: a
 global that only an ``if`` reads is seen by the branch it picks), and ``check`` skips its
 comparisons at those calls only (the calls are still made: they count).
@@ -77,9 +77,10 @@ the angles' change (they are 1-Lipschitz in each angle, a few angles per value);
 are that times the chains' derivatives (of order 1-10), hence relative too."""
 
 DEFAULT = object()
-"""``verify_every`` left to ``compile``'s default (256)."""
+"""``verify_every`` left to ``compile``'s default (``settings.VERIFY_EVERY``; 256 before it
+existed)."""
 
-DEFAULT_VERIFY_EVERY = 256
+DEFAULT_VERIFY_EVERY = getattr(pennylane_custatevec.settings, "VERIFY_EVERY", 256)
 
 MAX_WIRES_IN_TESTS = 4
 
