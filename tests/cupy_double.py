@@ -328,6 +328,7 @@ class FakeCupy:
         self.streams: list[FakeStream] = []
         self.synchronizations = 0
         self.release_thresholds: dict[int, int] = {}  # GPU -> its pool's release threshold
+        self.pool_trims: list[tuple[int, int]] = []  # (GPU, bytes kept) per memPoolTrimTo
         self.pinned_allocations = 0
         self.pinned_copies = 0  # device-to-host reads into pinned memory
         self._pinned: list = []
@@ -346,6 +347,7 @@ class FakeCupy:
                 cudaMemPoolAttrReleaseThreshold=4,  # the value of CUDA's enum
                 deviceGetDefaultMemPool=self._default_pool,
                 memPoolSetAttribute=self._set_pool_attribute,
+                memPoolTrimTo=self._trim_pool,
             ),
             memory=types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError),
         )
@@ -371,6 +373,11 @@ class FakeCupy:
         if not 0 <= value < 1 << 64:
             raise OverflowError(f"{value} does not fit cuuint64_t")
         self.release_thresholds[pool - 0x7000] = value
+
+    def _trim_pool(self, pool: int, keep: int) -> None:
+        if not 0x7000 <= pool < 0x7000 + self.gpus:
+            raise CUDARuntimeError(f"cudaErrorInvalidValue: memory pool {pool:#x}")
+        self.pool_trims.append((pool - 0x7000, keep))
 
     def _malloc_async(self, size: int, stream: int) -> int:
         allocation = _Allocation(size)

@@ -231,6 +231,19 @@ def test_block_steps_stay_on_the_device_until_one_gather(double, shared):
 # --- resources: handle, stream, memory handler, GPU choice (the double records them) --------
 
 
+def test_free_memory_counts_what_the_workspace_pool_keeps_unused(double, make):
+    """The stream-ordered pool keeps cuStateVec's workspaces across synchronisations,
+    where cupy's arrays cannot use them: before free memory is read (only ahead of a
+    large allocation) the pool of the backend's GPU gives back what it holds unused. The
+    real library: the figure is a number of bytes."""
+    cp = double.cupy
+    backend = CuStateVecBackend(np.complex128, libraries=double)
+    assert cp.pool_trims == []
+    assert backend.available_bytes() == cp.free_bytes + cp.get_default_memory_pool().free_bytes()
+    assert cp.pool_trims == [(0, 0)]
+    assert make().available_bytes() > 0
+
+
 def test_one_handle_stream_and_memory_handler_per_gpu(double):
     """Every backend on a GPU shares its handle and stream (made once, at the first
     backend), whose workspaces come from the GPU's stream-ordered pool with its release

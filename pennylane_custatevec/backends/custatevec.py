@@ -122,8 +122,14 @@ class CuStateVecBackend(Backend):
 
     @_on_device
     def available_bytes(self) -> int:
-        """Free GPU memory plus what cupy's pool holds unused (it serves new arrays first)."""
-        free_bytes, _total_bytes = self._cp.cuda.runtime.memGetInfo()
+        """Free GPU memory plus what cupy's pool holds unused (it serves new arrays first).
+        The stream-ordered pool of cuStateVec's workspaces keeps its memory across
+        synchronisations (``gpu.UNLIMITED_RELEASE_THRESHOLD``) where cupy's arrays cannot
+        use it: it gives back what it holds unused first. Asked only before a large
+        allocation (``simulate.require_memory``), so workspaces are rarely made anew."""
+        runtime = self._cp.cuda.runtime
+        runtime.memPoolTrimTo(runtime.deviceGetDefaultMemPool(self.device_id), 0)
+        free_bytes, _total_bytes = runtime.memGetInfo()
         return free_bytes + self._cp.get_default_memory_pool().free_bytes()
 
     def _batch(self, batch_size: int, amplitudes: int, zeroed: bool = True) -> StateBatch:
