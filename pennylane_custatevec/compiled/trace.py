@@ -270,6 +270,7 @@ class Trace:
         values: list = [None] * self.n_slots
         for slot, argument in zip(self.inputs, arguments, strict=True):
             values[slot] = argument
+        grad_enabled = torch.is_grad_enabled()  # the replay's own calls do not change it
         for node in self.nodes:
             if node.top_slots is not None:
                 args, kwargs = list(node.args), node.kwargs
@@ -280,7 +281,7 @@ class Trace:
                 kwargs = _substitute(node.kwargs, values)
             else:
                 args, kwargs = node.args, node.kwargs
-            if node.grad_enabled is torch.is_grad_enabled():
+            if node.grad_enabled is grad_enabled:
                 out = node.func(*args, **kwargs)
             else:
                 with torch.set_grad_enabled(node.grad_enabled):
@@ -472,10 +473,3 @@ def _substitute(value, values: list):
     if type(value) is dict:
         return {key: _substitute(item, values) for key, item in value.items()}
     return value
-
-
-def plain(value):
-    """A tracer's data as a plain tensor (detached, shared): what the trace call itself
-    runs with."""
-    with torch._C.DisableTorchFunctionSubclass():
-        return value.detach().as_subclass(torch.Tensor) if isinstance(value, Tracer) else value
