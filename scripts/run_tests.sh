@@ -24,10 +24,10 @@ source "$ROOT/scripts/parts.sh"
 
 run_part "style (ruff check)" "$ROOT/.venv/bin/ruff" check .
 run_part "style (ruff format --check)" "$ROOT/.venv/bin/ruff" format --check .
-# faulthandler_timeout: a test running past 10 minutes dumps every thread's traceback (a
-# diagnosis of a hang; the part goes on and the run's own limit stops it)
-run_part "project tests" "$PY" -m pytest tests -n 2 -q --no-flaky-report \
-    -o faulthandler_timeout=600
+# --timeout: a test running past 20 minutes (none takes a tenth of that) is a hang: its
+# threads' stacks are dumped and its worker ends, so the run reports it and goes on
+HANG=(--timeout=1200 --timeout-method=thread)
+run_part "project tests" "$PY" -m pytest tests -n 2 -q --no-flaky-report "${HANG[@]}"
 # mpi=True: the distributed backend's contract and the split device against default.qubit
 # and the one-process device, on 2 and 4 ranks (4 oversubscribe the 2 cores; there only
 # over the CPU backend). mpiexec as root needs the OMPI_ALLOW_RUN_AS_ROOT pair.
@@ -45,9 +45,11 @@ run_part_within 900 "PennyLane device suite under MPI (mpiexec -n 2, analytic)" 
 run_part_within 900 "PennyLane device suite under MPI (mpiexec -n 4, shots=20000)" \
     env PYTHONPATH="$ROOT/tests/mpi" "${MPI_RUN[@]}" -n 4 "$PY" "${SPLIT_SUITE[@]}" --shots=20000
 run_part "PennyLane device suite (analytic)" \
-    "$PY" -m pytest "$SUITE" --device=custatevec.qubit -q -p no:cacheprovider -n 2 --no-flaky-report
+    "$PY" -m pytest "$SUITE" --device=custatevec.qubit -q -p no:cacheprovider -n 2 --no-flaky-report \
+    "${HANG[@]}"
 run_part "PennyLane device suite (shots=20000)" \
-    "$PY" -m pytest "$SUITE" --device=custatevec.qubit --shots=20000 -q -p no:cacheprovider -n 2 --no-flaky-report
+    "$PY" -m pytest "$SUITE" --device=custatevec.qubit --shots=20000 -q -p no:cacheprovider -n 2 --no-flaky-report \
+    "${HANG[@]}"
 run_part "documentation (sphinx -W)" env PY="$PY" bash "$ROOT/scripts/build_docs.sh"
 
 print_summary

@@ -219,11 +219,14 @@ def _threaded_calls(compiled_qnodes, inputs):
         except BaseException as error:  # noqa: BLE001 - reported by the main thread
             errors.append(error)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(compiled_qnodes))]
+    threads = [
+        threading.Thread(target=work, args=(i,), daemon=True) for i in range(len(compiled_qnodes))
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join()
+        thread.join(timeout=300)  # a deadlock fails the test rather than hanging the run
+        assert not thread.is_alive(), "the threads' calls did not finish: a deadlock"
     assert not errors, errors
     return results
 
@@ -274,6 +277,45 @@ def test_one_compiled_qnode_from_two_threads():
         for g, e in zip(thread_got, thread_expected, strict=True):
             for a, b in zip(g, e, strict=True):
                 torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
+def test_a_trace_never_holds_what_a_recording_thread_waits_for(monkeypatch):
+    """A call tracing a key waits for PennyLane's queue locks while another thread records
+    (here: this thread, holding them as the device's preprocessing does, ``without_queuing``);
+    meanwhile that thread can still reach the compiled QNode's caches. Holding the cache
+    lock while tracing deadlocked the two (seen as a hung CI run)."""
+    from pennylane_custatevec.compiled import qnode as compiled_qnode_module
+    from pennylane_custatevec.queuing import without_queuing
+
+    compiled = pennylane_custatevec.compile(_plain(_device(), interface="torch"))
+    x = _t([0.3, -0.7])
+    compiled(x)  # the key's first call: recorded; its second traces
+    tracing = threading.Event()
+    record_call = compiled_qnode_module.record_call
+
+    def announced(*args, **kwargs):
+        tracing.set()
+        return record_call(*args, **kwargs)
+
+    monkeypatch.setattr(compiled_qnode_module, "record_call", announced)
+    results: list = []
+    with without_queuing():  # this thread holds the queue locks
+        caller = threading.Thread(target=lambda: results.append(compiled(x)), daemon=True)
+        caller.start()
+        assert tracing.wait(timeout=60), "the second call did not trace"
+        reader = threading.Thread(target=lambda: results.append(compiled.modes()), daemon=True)
+        reader.start()
+        reader.join(timeout=30)
+        blocked = reader.is_alive()
+    caller.join(timeout=120)
+    reader.join(timeout=120)
+    assert not blocked, "the compiled QNode's caches were locked by a call waiting to trace"
+    assert not caller.is_alive()
+    modes, (value, probs) = results
+    assert modes == {next(iter(modes)): "SEEN_ONCE"}
+    expected = _plain(_device(), interface="torch")(x)
+    torch.testing.assert_close(value, expected[0], atol=1e-12, rtol=0)
+    torch.testing.assert_close(probs, expected[1], atol=1e-12, rtol=0)
 
 
 # --- the cuStateVec backend on its NumPy double ----------------------------------------

@@ -122,6 +122,8 @@ class _Entry:
     """The second call's trace, which the third call's must equal (PROVING)."""
     generators: tuple = ()
     """The generators (other than torch's defaults) that the key's last trace drew from."""
+    tracing: bool = False
+    """Whether a call of the key is being traced now (one at a time; ``_claims_trace``)."""
 
 
 class CompiledQNode:
@@ -148,6 +150,10 @@ class CompiledQNode:
         self._entries: collections.OrderedDict = collections.OrderedDict()
         self._structures: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.RLock()
+        """Guards the caches and the entries' fields; held only while they are read or
+        written, never while a call runs: a call that waited for it while holding
+        PennyLane's queue locks (``queuing.without_queuing``) would deadlock with one that
+        held it while waiting for them."""
         self._warned: set[str] = set()
         self._options_seen: tuple | None = None
         """(the option overrides of a context, the options in force there): the last
@@ -194,22 +200,25 @@ class CompiledQNode:
             entry = self._entries.get(key)
             if entry is not None:
                 self._entries.move_to_end(key)
+                entry.calls += 1
+                traces = self._claims_trace(entry)
         if entry is None:
             return self._first_call(key, args, kwargs)
         if entry.mode is _Mode.FALLBACK:
             return self._fallback(entry.reason, args, kwargs)
-        entry.calls += 1
-        if entry.mode is not _Mode.RERECORD and self._traces_now(entry):
-            with self._lock:  # one thread traces a key; the others wait for its outcome
-                if entry.mode is not _Mode.RERECORD and self._traces_now(entry):
-                    this_call = self._trace(entry, args, kwargs, leaves)
-                    if this_call is not None:
-                        try:  # the quantum function ran once for this call: not again
-                            return self._replayed(this_call, leaves, rewind=True)
-                        except TraceRefused as refusal:
-                            this_call.trace.generators.rewind_everything()
-                            entry.mode, entry.reason = _Mode.RERECORD, str(refusal)
-                            entry.replay = entry.candidate = None
+        if traces:
+            try:
+                this_call = self._trace(entry, args, kwargs, leaves)
+                if this_call is not None:
+                    try:  # the quantum function ran once for this call: not again
+                        return self._replayed(this_call, leaves, rewind=True)
+                    except TraceRefused as refusal:
+                        this_call.trace.generators.rewind_everything()
+                        entry.mode, entry.reason = _Mode.RERECORD, str(refusal)
+                        entry.replay = entry.candidate = None
+            finally:
+                with self._lock:
+                    entry.tracing = False
         replay = entry.replay  # once: another thread may drop it
         if entry.mode is _Mode.REPLAY and replay is not None:
             before = replay.trace.generators.states_now() if replay.draws else None
@@ -224,15 +233,23 @@ class CompiledQNode:
         except Unserved as refusal:
             return self._fallback(str(refusal), args, kwargs)
 
-    def _traces_now(self, entry: _Entry) -> bool:
-        """Whether this call of the key traces: its second and third calls, and a
-        replaying key's verification calls (``verify_every``)."""
-        if entry.mode is not _Mode.REPLAY:
-            return True
-        every, calls = self.verify_every, entry.calls
-        if every is None:
+    def _claims_trace(self, entry: _Entry) -> bool:
+        """Whether this call of the key traces, claiming the trace (with ``_lock`` held).
+        A call traces on the key's second and third calls and on a replaying key's
+        verification calls (``verify_every``), where no other thread traces the key: a
+        call that finds a trace under way is served as the key's mode serves it meanwhile
+        (recorded, or replayed) instead of waiting, so that no thread ever waits for
+        another's trace."""
+        if entry.tracing or entry.mode in (_Mode.RERECORD, _Mode.FALLBACK):
             return False
-        return calls % every == 0 if calls > every else calls & (calls - 1) == 0
+        if entry.mode is _Mode.REPLAY:
+            every, calls = self.verify_every, entry.calls
+            if every is None:
+                return False
+            if not (calls % every == 0 if calls > every else calls & (calls - 1) == 0):
+                return False
+        entry.tracing = True
+        return True
 
     def _options_in_force(self):
         """The device's ``options_in_force()``, resolved once per context's overrides: the
