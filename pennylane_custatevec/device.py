@@ -7,8 +7,7 @@ import dataclasses
 import functools
 import sys
 import threading
-import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -31,19 +30,16 @@ from pennylane.transforms import defer_measurements, dynamic_one_shot
 
 from . import direct, settings, simulate
 from .backends import BACKEND_CHOICES, distributed, messages, select_backend
-from .entrywise import EntrywiseState, EntrywiseUnitary, jit_whole_matrix_reason
-from .execution import PreparedTape, run_tapes
-from .gradients import deferred, eager, jvp
+from .entrywise import EntrywiseUnitary, jit_whole_matrix_reason
 from .gradients.common import has_a_generator, require_adjoint_serves
-from .kept import KeptState
 from .measure import SHADOW_MEASUREMENTS, measurable
 from .program import compiles_by_gate, is_broadcast, tape_batch_size
 from .queuing import PipelineWithoutQueuing, without_queuing
 from .rotations import PauliRotations
+from .runs import Kept, Runs
 from .structures import (
     Structure,
     StructureCache,
-    StructureKey,
     StructureRun,
     adjoint_serve_key,
 )
@@ -352,13 +348,13 @@ class CuStateVecDevice(Device):
             self._backend.gather_results = bool(mpi_gather)
             self._rng = messages.shared_generator(self._rng, comm)
             self._execution_key = messages.rank_zero_value(self._execution_key, comm)
-        self._kept = _KeptStates()
+        self._structures = StructureCache(self.wires)
+        self._runs = Runs(self._backend, self.wires, self._structures)
         # qml.snapshots' debugger while one is active (PennyLane sets it; its presence
         # tells PennyLane that the device records snapshots: snapshots_as_circuits)
         self._debugger = None
         # adjoint_serve_key -> whether the adjoint method serves such circuits
         self._serve_answers: collections.OrderedDict = collections.OrderedDict()
-        self._structures = StructureCache(self.wires)
         self._options = settings.DifferentiationOptions(
             grad_accumulation=grad_accumulation,
             fusion_qubits=(
@@ -850,101 +846,20 @@ class CuStateVecDevice(Device):
 
     def _execute(self, circuits: Sequence[QuantumScript], config: ExecutionConfig):
         """Results; with adjoint differentiation, the final states are kept for the
-        derivatives that usually follow (replacing, and so freeing, the previous ones)."""
-        # the previous batch's states go first: the new ones would replace them anyway,
-        # and the memory checks of this run see the memory they held as free
-        self._kept.clear()
-        preparations = [self._preparation(tape) for tape in circuits]
-        ran_directly = [i for i, p in enumerate(preparations) if p.direct is not None]
-        keep = config.gradient_method == "adjoint"
-        if (
-            ran_directly
-            and keep
-            and not simulate.fits(
-                self._backend,
-                direct.state_bytes(self._backend, [preparations[i].direct for i in ran_directly]),
-            )
-        ):  # their final states do not fit together: the general path chunks them
-            for i in ran_directly:
-                preparations[i] = preparations[i].compiled(circuits[i])
-            ran_directly = []
-        if not ran_directly:
-            run = self._run_tapes(circuits, config, [p.prepared for p in preparations])
-            self._kept.replace([p.kept_key for p in preparations], run.kept, circuits)
-            return run.results
-        # small structures of Pauli expvals (``direct``): a few backend calls each
-        results: list = [None] * len(circuits)
-        direct_results, direct_run = direct.forward(
-            self._backend,
-            [preparations[i].direct for i in ran_directly],
-            [preparations[i].call for i in ran_directly],
-            keep,
-        )
-        kept: dict = {}
-        for position, i in enumerate(ran_directly):
-            results[i] = direct_results[position]
-            if keep:
-                kept[i] = direct.DirectKept(direct_run, position)
-        others = [i for i, p in enumerate(preparations) if p.direct is None]
-        if others:
-            run = self._run_tapes(
-                [circuits[i] for i in others], config, [preparations[i].prepared for i in others]
-            )
-            for position, i in enumerate(others):
-                results[i] = run.results[position]
-                if position in run.kept:
-                    kept[i] = run.kept[position]
-        self._kept.replace([p.kept_key for p in preparations], kept, circuits)
-        return tuple(results)
-
-    def _run_tapes(
-        self,
-        circuits: Sequence[QuantumScript],
-        config: ExecutionConfig,
-        prepared: Sequence[PreparedTape] | None = None,
-    ):
-        """``execution.run_tapes`` on this device's backend, wires and options; the final
-        states kept with the adjoint method."""
-        key = self._execution_key
-        return run_tapes(
-            self._backend,
+        derivatives that usually follow (``runs.Runs.execute``)."""
+        return self._runs.execute(
             circuits,
-            self.wires,
-            self._rng if key is None else np.random.default_rng(key),
-            config.mcm_config.postselect_mode,
             keep=config.gradient_method == "adjoint",
+            rng=self._execution_rng(),
+            postselect_mode=config.mcm_config.postselect_mode,
             fusion_qubits=self.options_in_force(config).fusion_qubits,
-            prepared=prepared,
         )
 
-    def _preparation(self, tape: QuantumScript) -> _Preparation:
-        """The tape compiled by its structure (``structures.Structure``, cached on the
-        device) if it has one (analytic, without mid-circuit measurements, its trainable
-        parameters its gates', its key seen before), and the key of its kept state."""
-        key, structure = self._structures.lookup(tape)
-        parameters = tape.get_parameters(trainable_only=False, operations_only=True)
-        kept_key = (key, _parameter_bytes(parameters))
-        if structure is None or structure.has_mid_measurements:
-            return _Preparation(None, kept_key)
-        plan = direct.plan_of(self._backend, structure)
-        call = direct.call_data(plan, parameters, tape) if plan is not None else None
-        if call is not None:
-            return _Preparation(None, kept_key, plan, call)
-        prepared = PreparedTape(structure.compile(parameters, tape), structure.batch_key)
-        return _Preparation(prepared, kept_key)
-
-    def _pop_kept(self, tape: QuantumScript, direct_ok: bool = False):
-        """The state kept of ``tape`` by the last execution, by its key (``_preparation``):
-        a ``KeptState``, or None; with ``direct_ok``, a ``direct.DirectKept`` where the
-        tape ran directly (else that one as a KeptState)."""
-        if not self._kept:
-            return None
-        parameters = tape.get_parameters(trainable_only=False, operations_only=True)
-        key = self._kept.structure_key_of(tape) or StructureKey.of(tape)
-        entry = self._kept.pop((key, _parameter_bytes(parameters)))
-        if isinstance(entry, direct.DirectKept) and not direct_ok:
-            return entry.kept_state()
-        return entry
+    def _execution_rng(self) -> np.random.Generator:
+        """The device's generator, or one made afresh from the seed's jax key (the same
+        samples on every call)."""
+        key = self._execution_key
+        return self._rng if key is None else np.random.default_rng(key)
 
     # The public entry points are counted by ``simulator_tracking`` (wrapped at class
     # creation). Each one that executes as well calls the untracked implementations
@@ -975,9 +890,9 @@ class CuStateVecDevice(Device):
         )
         if expanded is not None:
             return expanded
-        kept = [self._pop_kept(tape) for tape in circuits]
+        kept = self._runs.take_kept(circuits)
         _require_adjoint_serves(circuits, kept, execution_config, in_force)
-        return _adjoint_jacobians(self._backend, circuits, self.wires, kept, in_force)
+        return self._runs.jacobians(circuits, kept, in_force)
 
     @_capture_paused
     def execute_and_compute_derivatives(
@@ -1017,60 +932,9 @@ class CuStateVecDevice(Device):
         )
         if expanded is not None:
             return expanded
-        kept = [self._pop_kept(tape, direct_ok=True) for tape in circuits]
+        kept = self._runs.take_kept(circuits)
         _require_adjoint_serves(circuits, kept, execution_config, in_force)
-        return self._vjps(circuits, cotangents, kept, in_force)
-
-    def _vjps(self, circuits, cotangents, kept, in_force: settings.DifferentiationOptions):
-        """The VJPs of validated tapes by the accumulation mode in force, from what the
-        forward pass kept (``kept[i]``: tape i's KeptState, its ``direct.DirectKept``
-        where it ran directly, or None), untracked. A direct tape's deferred VJP is the
-        direct one where its sweep is one gate sequence; the others go together through
-        the general path."""
-        gradients: list = [None] * len(circuits)
-        if in_force.grad_accumulation == "deferred":  # the direct sweep is the deferred one
-            for i, entry in enumerate(kept):
-                if isinstance(entry, direct.DirectKept):
-                    gradients[i] = entry.vjp(self._backend, cotangents[i])
-        general = [i for i, value in enumerate(gradients) if value is None]
-        if general:
-            entries = [kept[i] for i in general]
-            swept = self._general_vjps(
-                [circuits[i] for i in general],
-                [cotangents[i] for i in general],
-                [e.kept_state() if isinstance(e, direct.DirectKept) else e for e in entries],
-                in_force,
-            )
-            for i, value in zip(general, swept, strict=True):
-                gradients[i] = value
-        return tuple(gradients)
-
-    def _general_vjps(
-        self, circuits, cotangents, kept, in_force: settings.DifferentiationOptions
-    ) -> tuple:
-        """``_vjps`` on the general path: from KeptStates (or None). A tape with an
-        ``EntrywiseUnitary`` takes the eager sweep in either mode (``_swept_eagerly``)."""
-        eagerly = [
-            i
-            for i, tape in enumerate(circuits)
-            if in_force.grad_accumulation != "deferred" or _swept_eagerly(tape)
-        ]
-        gradients: list = [None] * len(circuits)
-        for i in eagerly:
-            gradients[i] = eager.vjp(self._backend, circuits[i], cotangents[i], self.wires, kept[i])
-        rest = [i for i in range(len(circuits)) if gradients[i] is None]
-        if rest:
-            swept = deferred.vjps(
-                self._backend,
-                [circuits[i] for i in rest],
-                [cotangents[i] for i in rest],
-                self.wires,
-                [kept[i] for i in rest],
-                in_force.fusion_qubits,
-            )
-            for i, value in zip(rest, swept, strict=True):
-                gradients[i] = value
-        return tuple(gradients)
+        return self._runs.vjps(circuits, cotangents, kept, in_force)
 
     @_capture_paused
     def execute_and_compute_vjp(
@@ -1126,19 +990,13 @@ class CuStateVecDevice(Device):
         )
         if expanded is not None:
             return expanded
-        kept = [self._pop_kept(tape) for tape in circuits]
-
-        # the tapes differentiated (their trainable parameters reduced to those with a
-        # nonzero tangent) and those that get zeros, each validated as it comes
-        def jacobians(tapes: Sequence[QuantumScript], entries: Sequence[KeptState | None]):
-            _require_adjoint_serves(tapes, entries, config, in_force)
-            return _adjoint_jacobians(self._backend, tapes, self.wires, entries, in_force)
-
-        def zero_jvp(tape: QuantumScript, entry: KeptState | None):
-            _require_adjoint_serves([tape], [entry], config, in_force)
-            return jvp.zeros(tape, self.wires, entry.compilation if entry else None)
-
-        return jvp.jvps(circuits, tangents, kept, jacobians=jacobians, zero_jvp=zero_jvp)
+        return self._runs.jvps(
+            circuits,
+            tangents,
+            self._runs.take_kept(circuits),
+            in_force,
+            validate=lambda tapes, kept: _require_adjoint_serves(tapes, kept, config, in_force),
+        )
 
     # --- the compiled path's entry points (pennylane_custatevec.compiled) -----------------
 
@@ -1172,25 +1030,15 @@ class CuStateVecDevice(Device):
         gives them for the tapes; with the adjoint method, the final states are kept in
         the returned run (not on the device: two runs never take each other's states)."""
         config = execution_config or ExecutionConfig()
-        tapes = tuple(structure.template for structure in structures)
-        plans = direct.plans_of(self._backend, structures)
-        if plans is not None and simulate.fits(
-            self._backend, direct.state_bytes(self._backend, plans)
-        ):  # small circuits of Pauli expvals: a few backend calls each
-            calls = [direct.call_data(p, v) for p, v in zip(plans, parameters, strict=True)]
-            if None not in calls:
-                results, direct_run = direct.forward(self._backend, plans, calls)
-                self._track_structures(tapes)
-                return StructureRun(results, tapes, [None] * len(tapes), direct_run)
-        prepared = [
-            PreparedTape(structure.compile(values), structure.batch_key)
-            for structure, values in zip(structures, parameters, strict=True)
-        ]
-        run = self._run_tapes(tapes, config, prepared)
-        self._track_structures(tapes)
-        # a state not kept (memory) leaves its compilation: the sweep simulates from it
-        kept = [run.kept.get(i) or KeptState(None, p.compilation) for i, p in enumerate(prepared)]
-        return StructureRun(run.results, tapes, kept)
+        run = self._runs.execute_structures(
+            structures,
+            parameters,
+            keep=config.gradient_method == "adjoint",
+            rng=self._execution_rng(),
+            fusion_qubits=self.options_in_force(config).fusion_qubits,
+        )
+        self._track_structures(run.tapes)
+        return run
 
     def direct_plan(
         self, structure: Structure, execution_config: ExecutionConfig | None = None
@@ -1265,9 +1113,7 @@ class CuStateVecDevice(Device):
         kept = run.take_kept()
         _require_adjoint_serves(run.tapes, kept, config, in_force)
         self._track_vjps(len(run.tapes))
-        if run.direct is not None:
-            kept = [direct.DirectKept(run.direct, i) for i in range(len(run.tapes))]
-        return self._vjps(run.tapes, cotangents, kept, in_force)
+        return self._runs.vjps(run.tapes, cotangents, kept, in_force)
 
 
 def _require_first_derivatives(config: ExecutionConfig) -> None:
@@ -1378,7 +1224,7 @@ def _broadcast_vjp(tape: QuantumScript, cotangent, vjps) -> tuple:
 
 def _require_adjoint_serves(
     tapes: Sequence[QuantumScript],
-    kept: Sequence[KeptState | direct.DirectKept | None],
+    kept: Sequence[Kept | None],
     config: ExecutionConfig | None,
     in_force: settings.DifferentiationOptions,
 ) -> None:
@@ -1393,11 +1239,7 @@ def _require_adjoint_serves(
         return
     batched = in_force.grad_accumulation == "deferred"
     for tape, entry in zip(tapes, kept, strict=True):
-        broadcast = None
-        if isinstance(entry, direct.DirectKept):
-            broadcast = entry.broadcast
-        elif entry is not None:
-            broadcast = entry.compilation.register.broadcast
+        broadcast = None if entry is None else entry.broadcast
         require_adjoint_serves(tape, broadcast=broadcast, batched=batched)
 
 
@@ -1415,33 +1257,6 @@ def _refuse_matrices_left_whole(tapes: Sequence[QuantumScript]) -> None:
                 )
 
 
-def _adjoint_jacobians(
-    backend,
-    tapes: Sequence[QuantumScript],
-    device_wires,
-    kept: Sequence[KeptState | None],
-    in_force,
-) -> tuple:
-    """The adjoint Jacobian of each tape by the accumulation mode in force, untracked
-    (``kept[i]``: what the forward pass kept of tape i, or None)."""
-    jacobians: list = [None] * len(tapes)
-    for i, (tape, entry) in enumerate(zip(tapes, kept, strict=True)):
-        if in_force.grad_accumulation != "deferred" or _swept_eagerly(tape):
-            jacobians[i] = eager.jacobian(backend, tape, device_wires, entry)
-    rest = [i for i in range(len(tapes)) if jacobians[i] is None]
-    if rest:
-        swept = deferred.jacobians(
-            backend,
-            [tapes[i] for i in rest],
-            device_wires,
-            [kept[i] for i in rest],
-            in_force.fusion_qubits,
-        )
-        for i, value in zip(rest, swept, strict=True):
-            jacobians[i] = value
-    return tuple(jacobians)
-
-
 def _has_decomposition(op: qml.operation.Operator) -> bool:
     """``op.has_decomposition``, False where PennyLane cannot answer it: ``qml.exp`` of a
     broadcast coefficient asks ``bool`` of the coefficients' array (ValueError in 0.45),
@@ -1450,17 +1265,6 @@ def _has_decomposition(op: qml.operation.Operator) -> bool:
         return op.has_decomposition
     except ValueError:
         return False
-
-
-def _swept_eagerly(tape: QuantumScript) -> bool:
-    """Whether the deferred mode hands ``tape`` to the eager sweep: an ``EntrywiseUnitary``
-    or ``EntrywiseState`` (a trainable unitary or prepared state taken by its entries) is
-    differentiated by the eager sweep only,
-    whose step through it is one dense reduction (``gradients.eager``); the deferred
-    sweep's fused blocks differentiate gates by their generators. So is a postselection
-    (a Projector), which the eager sweep steps back through by simulating the state
-    before it again (``eager._back_through_postselection``)."""
-    return any(_is_swept_eagerly_only(type(op)) for op in tape.operations)
 
 
 def _traced_shots(shots) -> bool:
@@ -1483,15 +1287,6 @@ def _flat_results(result, tape: QuantumScript) -> list:
         return []
     copies = result if tape.shots.has_partitioned_shots else (result,)
     return [value for copy in copies for value in (copy if count > 1 else (copy,))]
-
-
-@functools.cache
-def _is_swept_eagerly_only(kind: type) -> bool:
-    """Whether the deferred sweep leaves an operation of type ``kind`` to the eager sweep
-    (``_swept_eagerly``): a cached lookup by type, for every operation of every tape the
-    deferred mode differentiates (``isinstance`` on PennyLane's operator classes costs
-    about ten times more: measured for ``transforms._is_dynamic_type``)."""
-    return issubclass(kind, (EntrywiseUnitary, EntrywiseState, qml.Projector))
 
 
 def _adjoint_config(config: ExecutionConfig | None) -> ExecutionConfig:
@@ -1571,123 +1366,6 @@ def _with_differentiated_parameters(circuit: QuantumScript) -> QuantumScript:
     return circuit.bind_new_parameters(parameters, list(range(len(parameters)))).copy(
         trainable_params=trainable
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class _Preparation:
-    """A tape as the device's execution takes it: compiled by its structure (or None: it
-    is compiled on its own), and the key of the state kept of it."""
-
-    prepared: PreparedTape | None
-    kept_key: tuple
-    """``(StructureKey, the operations' parameters' bytes)``: the key fixes everything
-    but the parameters' values (their dtypes and shapes too), the bytes those (``hash``
-    rounds every parameter)."""
-    direct: direct.DirectPlan | None = None
-    """The structure's plan where the tape runs directly (then ``prepared`` is None)."""
-    call: direct.CallData | None = None
-    """The tape's call data, where it runs directly."""
-
-    def compiled(self, tape: QuantumScript) -> _Preparation:
-        """This preparation of ``tape`` (one that runs directly) for the general path."""
-        structure = self.direct.structure
-        compilation = self.call.compilation or structure.compile(self.call.parameters, tape)
-        return _Preparation(PreparedTape(compilation, structure.batch_key), self.kept_key)
-
-
-class _KeptStates:
-    """The KeptStates of the last batch executed for adjoint differentiation (final
-    states, compilations, fused plans; a ``direct.DirectKept`` for a tape that ran
-    directly), so that the VJP or Jacobian that follows neither simulates, compiles nor
-    plans the circuits again. Each is handed out once (the sweep
-    consumes the state) and only for a tape with the same operations and the same
-    parameters, bit for bit (its key, ``_Preparation.kept_key``)."""
-
-    def __init__(self):
-        self._entries: dict[tuple, list[KeptState]] = {}
-        self._executed: dict[int, _ExecutedTape] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self._entries)
-
-    def __getstate__(self) -> dict:
-        """A copied or pickled device keeps no states: they belong to the original's last
-        execution, whose tapes they know by identity (and through weak references, which
-        do not pickle)."""
-        return {"_entries": {}, "_executed": {}}
-
-    def clear(self) -> None:
-        self._entries = {}
-        self._executed = {}
-
-    def replace(
-        self,
-        keys: Sequence[tuple],
-        kept: Mapping[int, KeptState | direct.DirectKept],
-        tapes: Sequence[QuantumScript],
-    ) -> None:
-        """``keys[i]``: tape i's key; ``kept``: {tape index: KeptState}, as ``run_tapes``
-        returns it; ``tapes`` the tapes executed (whose structure keys the derivatives that
-        follow take for the same tape objects, ``structure_key_of``)."""
-        self._entries = {}
-        self._executed = {}
-        for i, entry in kept.items():
-            self._entries.setdefault(keys[i], []).append(entry)
-            self._executed[id(tapes[i])] = _ExecutedTape.of(tapes[i], keys[i][0])
-
-    def structure_key_of(self, tape: QuantumScript) -> StructureKey | None:
-        """The structure key of ``tape`` if it is a tape object that the last execution ran
-        and still holds the same operations, measurements and trainable parameters (the
-        PennyLane workflow hands the derivatives the tapes it executed: their key is not
-        computed twice); else None."""
-        executed = self._executed.get(id(tape))
-        return executed.key if executed is not None and executed.holds(tape) else None
-
-    def pop(self, key: tuple) -> KeptState | None:
-        """The KeptState of the tape of ``key`` (removed), or None."""
-        entries = self._entries.get(key)
-        return entries.pop(0) if entries else None
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class _ExecutedTape:
-    """A tape object that an execution ran, by identity: its operations and
-    measurements (the objects, held so that no other object takes their place), its
-    trainable parameters, and its structure key. The kept state's key adds the
-    parameters' bytes, read again from the tape when asked."""
-
-    tape: weakref.ref
-    operations: tuple
-    measurements: tuple
-    trainable: tuple[int, ...]
-    key: StructureKey
-
-    @classmethod
-    def of(cls, tape: QuantumScript, key: StructureKey) -> _ExecutedTape:
-        return cls(
-            weakref.ref(tape),
-            tuple(tape.operations),
-            tuple(tape.measurements),
-            tuple(tape.trainable_params),
-            key,
-        )
-
-    def holds(self, tape: QuantumScript) -> bool:
-        return (
-            self.tape() is tape
-            and _same_objects(self.operations, tape.operations)
-            and _same_objects(self.measurements, tape.measurements)
-            and self.trainable == tuple(tape.trainable_params)
-        )
-
-
-def _same_objects(held: tuple, current: Sequence) -> bool:
-    return len(held) == len(current) and all(a is b for a, b in zip(held, current, strict=True))
-
-
-def _parameter_bytes(parameters: Sequence) -> bytes:
-    """The parameters' values bit for bit, for a key that fixes their dtypes and shapes."""
-    return b"".join([np.asarray(value).tobytes() for value in parameters])
 
 
 _MCM_OPS = frozenset({"MidMeasure", "Conditional"})

@@ -277,13 +277,19 @@ class DirectKept:
     def broadcast(self) -> bool:
         return self.run.plans[self.index].structure.compilation.register.broadcast
 
-    def kept_state(self) -> KeptState:
+    # ``runs.Kept``: what the backward pass asks of a kept tape, either path
+
+    def general(self) -> KeptState:
         """As the general path's sweeps take it (``DirectRun.kept_state``)."""
         return self.run.kept_state(self.index)
 
-    def vjp(self, backend: Backend, cotangents) -> tuple | None:
+    def direct_vjp(self, backend: Backend, cotangents) -> tuple | None:
         """``vjp`` of this tape (None: the general path's)."""
         return vjp(backend, self.run, self.index, cotangents)
+
+    def spent(self) -> DirectKept:
+        """Itself: the run gives its state once and simulates again afterwards."""
+        return self
 
 
 def plans_of(backend: Backend, structures: Sequence[Structure]) -> tuple[DirectPlan, ...] | None:

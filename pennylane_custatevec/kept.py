@@ -33,3 +33,18 @@ class KeptState:
     def __post_init__(self):
         if self.plan is not None and self.plan.compilation is not self.compilation:
             raise ValueError("a kept plan belongs to the kept compilation")
+
+    # ``runs.Kept``: what the backward pass asks of a kept tape, either path
+
+    @property
+    def broadcast(self) -> bool:
+        return self.compilation.register.broadcast
+
+    def general(self) -> KeptState:
+        return self
+
+    def direct_vjp(self, backend, cotangents) -> None:
+        return None  # the general path's
+
+    def spent(self) -> KeptState:
+        return KeptState(None, self.compilation)

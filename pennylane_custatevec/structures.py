@@ -29,7 +29,6 @@ from pennylane.wires import Wires
 
 from .exact import gate_key, generator_key, measurements_key
 from .instructions import Kind
-from .kept import KeptState
 from .program import (
     Compilation,
     Step,
@@ -485,20 +484,16 @@ class StructureRun:
     """One result per structure, as ``execute`` returns it for its tape."""
     tapes: tuple[QuantumScript, ...]
     """The tapes that ran (each structure's template with the call's parameters)."""
-    kept: list[KeptState | None]
-    """What the forward pass kept of each tape: its compilation with its final state
-    (None: not kept for memory, or taken already), or None where the run is direct."""
-    direct: object | None = None
-    """A ``direct.DirectRun`` where the call ran directly (small structures of Pauli
-    expectation values: ``kept`` is then all None and the run holds the states)."""
+    kept: list
+    """What the forward pass kept of each tape (``runs.Kept``: a ``KeptState``, its
+    compilation with its final state, or a ``direct.DirectKept`` where the call ran
+    directly), or None."""
 
-    def take_kept(self) -> list[KeptState | None]:
-        """The kept states, handed out once (a sweep consumes them); afterwards each
-        tape's compilation without its state, so that a later VJP of the run (a second
-        backward pass over one graph) simulates the call's circuit again, never the
-        template's (whose parameters are another call's)."""
+    def take_kept(self) -> list:
+        """The kept states, handed out once (a sweep consumes them); afterwards what is
+        left of each (``Kept.spent``: its compilation without its state), so that a later
+        VJP of the run (a second backward pass over one graph) simulates the call's
+        circuit again, never the template's (whose parameters are another call's)."""
         kept = self.kept
-        self.kept = [
-            None if entry is None else KeptState(None, entry.compilation) for entry in kept
-        ]
+        self.kept = [None if entry is None else entry.spent() for entry in kept]
         return kept

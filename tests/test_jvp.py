@@ -23,6 +23,7 @@ from pennylane.workflow.jacobian_products import DeviceJacobianProducts
 
 import pennylane_custatevec
 import pennylane_custatevec.device
+import pennylane_custatevec.runs
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
@@ -264,13 +265,13 @@ def test_zero_and_none_tangents(mode, backend, monkeypatch):
     dev, _ = _device(backend, mode)
     tapes = _tapes(rng)
     swept = []
-    jacobians = pennylane_custatevec.device._adjoint_jacobians
+    jacobians = pennylane_custatevec.runs.Runs.jacobians
 
-    def spy(backend_, batch, *args):
+    def spy(runs, batch, *args):
         swept.append([list(t.trainable_params) for t in batch])
-        return jacobians(backend_, batch, *args)
+        return jacobians(runs, batch, *args)
 
-    monkeypatch.setattr(pennylane_custatevec.device, "_adjoint_jacobians", spy)
+    monkeypatch.setattr(pennylane_custatevec.runs.Runs, "jacobians", spy)
     full = [tuple(rng.normal(size=len(t.trainable_params))) for t in tapes]
     n_last = len(full[2])
     partial = [(0.0, None, *full[0][2:]), full[1], (None,) * n_last]

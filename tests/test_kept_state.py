@@ -16,6 +16,7 @@ from pennylane.tape import QuantumScript
 from spies import calls
 
 import pennylane_custatevec.gradients.deferred
+import pennylane_custatevec.runs
 from pennylane_custatevec import execution, fusion, options, simulate
 from pennylane_custatevec.backends.cpu import CPUBackend
 from pennylane_custatevec.kept import KeptState
@@ -155,7 +156,7 @@ def test_the_sweep_reuses_the_kept_compilation_and_plan(derivative, plans, mocke
     object that run_tapes kept, and no second plan is made (one plan in all, the
     forward's)."""
     dev = custatevec_device(3)
-    run_tapes = mocker.spy(pennylane_custatevec.device, "run_tapes")
+    run_tapes = mocker.spy(pennylane_custatevec.runs, "run_tapes")
     sweep = mocker.spy(pennylane_custatevec.gradients.deferred, "sweep")
     tape = layered_tape(random_angles("reuse", derivative))
     dev.execute([tape], ADJOINT)
@@ -303,7 +304,7 @@ def _two_parameter_tape() -> QuantumScript:
 
 
 def test_the_executed_tape_object_reuses_its_key_only_while_it_is_unchanged():
-    """``_KeptStates.structure_key_of``: the derivative after an execution takes the
+    """``runs.KeptStates.structure_key_of``: the derivative after an execution takes the
     executed tape's structure key by identity; a tape changed in place since (its trainable
     parameters, its operations) gets its own key, so no other tape's state."""
     reference = _vjp_after_execute(_two_parameter_tape(), _two_parameter_tape())
@@ -316,10 +317,10 @@ def test_the_executed_tape_object_reuses_its_key_only_while_it_is_unchanged():
         ExecutionConfig(gradient_method="adjoint", use_device_jacobian_product=True)
     )
     dev.execute([tape], config)
-    assert dev._kept.structure_key_of(tape) is not None  # noqa: SLF001
+    assert dev._runs.kept.structure_key_of(tape) is not None  # noqa: SLF001
     tape.trainable_params = [1]
-    assert dev._kept.structure_key_of(tape) is None  # noqa: SLF001
+    assert dev._runs.kept.structure_key_of(tape) is None  # noqa: SLF001
     (only_ry,) = dev.compute_vjp([tape], [np.array(1.0)], config)[0]
     np.testing.assert_allclose(only_ry, reference[1], atol=1e-12, rtol=0)
     tape._ops[0] = qml.RX(1.3, 0)  # noqa: SLF001  (a new operation object in place)
-    assert dev._kept.structure_key_of(tape) is None  # noqa: SLF001
+    assert dev._runs.kept.structure_key_of(tape) is None  # noqa: SLF001

@@ -351,12 +351,8 @@ class LaneRun:
         """The general path's run of this call (the parameters bound now)."""
         parameters = _bound_parameters(call, self.host)
         structure = call.plan.structures[0]
-        return StructureRun(
-            (self.result,),
-            (structure.template,),
-            [None],
-            self.direct_run.with_parameters(parameters),
-        )
+        run = self.direct_run.with_parameters(parameters)
+        return StructureRun((self.result,), (structure.template,), [direct.DirectKept(run, 0)])
 
 
 @dataclasses.dataclass
