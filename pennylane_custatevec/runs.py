@@ -248,31 +248,28 @@ class Runs:
         in_force: DifferentiationOptions,
     ) -> tuple:
         """The VJP of each tape by the accumulation mode in force (module docstring)."""
-        deferred_mode = in_force.grad_accumulation == "deferred"
         gradients: list = [None] * len(circuits)
-        if deferred_mode:  # the direct sweep is the deferred one
+        if in_force.grad_accumulation == "deferred":  # the direct sweep is the deferred one
             for i, entry in enumerate(kept):
                 if entry is not None:
                     gradients[i] = entry.direct_vjp(self.backend, cotangents[i])
-        general = [i for i, value in enumerate(gradients) if value is None]
-        eagerly = [i for i in general if not deferred_mode or swept_eagerly(circuits[i])]
-        for i in eagerly:
-            gradients[i] = eager.vjp(
-                self.backend, circuits[i], cotangents[i], self.wires, _general(kept[i])
-            )
-        rest = [i for i in general if gradients[i] is None]
-        if rest:
-            swept = deferred.vjps(
+        return _swept(
+            circuits,
+            kept,
+            in_force,
+            gradients,
+            eagerly=lambda i, entry: eager.vjp(
+                self.backend, circuits[i], cotangents[i], self.wires, entry
+            ),
+            deferred_batch=lambda rest, entries: deferred.vjps(
                 self.backend,
                 [circuits[i] for i in rest],
                 [cotangents[i] for i in rest],
                 self.wires,
-                [_general(kept[i]) for i in rest],
+                entries,
                 in_force.fusion_qubits,
-            )
-            for i, value in zip(rest, swept, strict=True):
-                gradients[i] = value
-        return tuple(gradients)
+            ),
+        )
 
     def jacobians(
         self,
@@ -281,23 +278,16 @@ class Runs:
         in_force: DifferentiationOptions,
     ) -> tuple:
         """The adjoint Jacobian of each tape by the accumulation mode in force."""
-        jacobians: list = [None] * len(tapes)
-        deferred_mode = in_force.grad_accumulation == "deferred"
-        for i, tape in enumerate(tapes):
-            if not deferred_mode or swept_eagerly(tape):
-                jacobians[i] = eager.jacobian(self.backend, tape, self.wires, _general(kept[i]))
-        rest = [i for i in range(len(tapes)) if jacobians[i] is None]
-        if rest:
-            swept = deferred.jacobians(
-                self.backend,
-                [tapes[i] for i in rest],
-                self.wires,
-                [_general(kept[i]) for i in rest],
-                in_force.fusion_qubits,
-            )
-            for i, value in zip(rest, swept, strict=True):
-                jacobians[i] = value
-        return tuple(jacobians)
+        return _swept(
+            tapes,
+            kept,
+            in_force,
+            [None] * len(tapes),
+            eagerly=lambda i, entry: eager.jacobian(self.backend, tapes[i], self.wires, entry),
+            deferred_batch=lambda rest, entries: deferred.jacobians(
+                self.backend, [tapes[i] for i in rest], self.wires, entries, in_force.fusion_qubits
+            ),
+        )
 
     def jvps(
         self,
@@ -321,6 +311,34 @@ class Runs:
             return jvp.zeros(tape, self.wires, entry.compilation if entry else None)
 
         return jvp.jvps(tapes, tangents, general, jacobians=jacobians, zero_jvp=zero_jvp)
+
+
+def _swept(
+    tapes: Sequence[QuantumScript],
+    kept: Sequence[Kept | None],
+    in_force: DifferentiationOptions,
+    done: list,
+    eagerly: Callable,
+    deferred_batch: Callable,
+) -> tuple:
+    """``done`` (per tape its derivative, or None) completed by the sweeps: the eager
+    sweep per tape (``eagerly(i, kept state)``) in the eager mode and for a tape that only
+    it differentiates (``swept_eagerly``), the deferred sweep for the others as one batch
+    (``deferred_batch(indices, kept states)``)."""
+    deferred_mode = in_force.grad_accumulation == "deferred"
+    rest = []
+    for i, tape in enumerate(tapes):
+        if done[i] is not None:
+            continue
+        if not deferred_mode or swept_eagerly(tape):
+            done[i] = eagerly(i, _general(kept[i]))
+        else:
+            rest.append(i)
+    if rest:
+        swept = deferred_batch(rest, [_general(kept[i]) for i in rest])
+        for i, value in zip(rest, swept, strict=True):
+            done[i] = value
+    return tuple(done)
 
 
 def _general(entry: Kept | None) -> KeptState | None:
