@@ -335,7 +335,7 @@ class CuStateVecDevice(Device):
             raise ValueError("mpi_gather=False needs mpi=True (it says what each rank returns).")
         comm = None if mpi is False else messages.communicator(mpi)
         if mpi is True and (warning := advice.single_rank_warning(comm.Get_size())):
-            warnings.warn(warning, UserWarning, stacklevel=2)
+            warnings.warn(warning, UserWarning, stacklevel=3)  # qml.device's caller
         # with mpi, a rank takes the GPU of its index on its node, modulo the visible GPUs
         on_node = messages.node_rank(comm) if comm is not None and device_id is None else None
         super().__init__(wires=wires, shots=shots)
