@@ -1,4 +1,4 @@
-"""Run the workloads of bench/WORKLOADS.md on this device and its peers; print ratios.
+"""Run the workloads of benchmarks/workloads.py on this device and its peers; print ratios.
 
     python benchmarks/run_workloads.py [--workloads W1,W4] [--quick] [--repeat 3]
                                        [--backend custatevec] [--out FILE.md] [--plot FILE.png]
@@ -568,7 +568,7 @@ def _preamble(args: argparse.Namespace) -> list[str]:
         "# Workloads: this device against its peers",
         "",
         *environment_lines(args.repeat),
-        f"- sizes: {'--quick (smoke test)' if args.quick else 'full (bench/WORKLOADS.md)'}",
+        f"- sizes: {'--quick (smoke test)' if args.quick else 'full (benchmarks/workloads.py)'}",
     ]
 
 

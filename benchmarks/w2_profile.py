@@ -1,4 +1,4 @@
-"""Where W2's step (the full Jacobian, bench/WORKLOADS.md) spends its time, on this device
+"""Where W2's step (the full Jacobian, benchmarks/workloads.py) spends its time, on this device
 and on lightning.qubit (adjoint, Jacobian on the forward pass).
 
     python benchmarks/w2_profile.py [--repeat 5] [--quick]

@@ -1,4 +1,4 @@
-"""The benchmark workloads of bench/WORKLOADS.md as training steps, in torch and in jax.
+"""The benchmark workloads (W1-W7) as training steps, in torch and in jax.
 
 Each circuit is defined once, against ``qml``, in a :class:`Problem` with its seeded
 arguments as numpy arrays; the step builders turn it into a torch QNode, a jax QNode under

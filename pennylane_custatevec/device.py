@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import sys
 import threading
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from pennylane.measurements import SampleMeasurement, Shots, StateMeasurement
 from pennylane.tape import QuantumScript
 from pennylane.transforms import defer_measurements, dynamic_one_shot
 
-from . import direct, settings, simulate
+from . import advice, direct, settings, simulate
 from .backends import BACKEND_CHOICES, distributed, messages, select_backend
 from .entrywise import EntrywiseUnitary, jit_whole_matrix_reason
 from .gradients.common import has_a_generator, require_adjoint_serves
@@ -302,11 +303,7 @@ class CuStateVecDevice(Device):
         **unknown,
     ):
         if unknown:
-            raise UnknownOptionError(
-                f"custatevec.qubit got unknown option(s) {sorted(unknown)}; valid options are "
-                "wires, shots, seed, c_dtype, backend, device_id, grad_accumulation, "
-                "fusion_qubits, mpi, mpi_gather."
-            )
+            raise UnknownOptionError(advice.unknown_options(sorted(unknown), list(advice.OPTIONS)))
         settings.validate(grad_accumulation=grad_accumulation)
         if fusion_qubits is not None:
             settings.validate(fusion_qubits=fusion_qubits)
@@ -333,6 +330,8 @@ class CuStateVecDevice(Device):
         if mpi is False and not mpi_gather:
             raise ValueError("mpi_gather=False needs mpi=True (it says what each rank returns).")
         comm = None if mpi is False else messages.communicator(mpi)
+        if mpi is True and (warning := advice.single_rank_warning(comm.Get_size())):
+            warnings.warn(warning, UserWarning, stacklevel=3)  # qml.device's caller
         # with mpi, a rank takes the GPU of its index on its node, modulo the visible GPUs
         on_node = messages.node_rank(comm) if comm is not None and device_id is None else None
         super().__init__(wires=wires, shots=shots)
@@ -577,6 +576,7 @@ class CuStateVecDevice(Device):
         pipeline.add_transform(measure_in_computational_bases)
         if mcm_method == "deferred":
             pipeline.add_transform(defer_measurements, allow_postselect=True)
+        pipeline.add_transform(advice.refuse_channels)  # names default.mixed
         pipeline.add_transform(decompose_late_state_preps)
         # gathered before decomposing (fewer operations to inspect) and after (runs that
         # decompositions made, e.g. trainable Rot gates)

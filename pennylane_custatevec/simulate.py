@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from pennylane.exceptions import DeviceError
 
+from . import advice
 from .backends.base import Backend, StateBatch
 from .instructions import (
     Instruction,
@@ -168,9 +169,9 @@ def require_memory(backend: Backend, num_qubits: int, batch_size: int, copies: i
     available = backend.available_bytes()
     if needed > available:
         raise StateTooLargeError(
-            f"Simulating {num_qubits} qubits (batch of {batch_size}, {backend.dtype.name}) "
-            f"needs {needed:,} bytes of {backend.name} memory; {available:,} bytes are "
-            "available. Use fewer wires, a smaller batch, or c_dtype=numpy.complex64."
+            advice.state_too_large(
+                num_qubits, batch_size, backend.dtype.name, backend.name, needed, available
+            )
         )
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Verify the cuStateVec GPU backend on an NVIDIA GPU in two device calls that fit a 15-minute
-# lease with time to run the check again (README, "GPU check": the calls and the timing budget).
+# lease with time to run the check again (doc/development.md, "The GPU check": the calls and the budget).
 #
 #   bash scripts/gpu_check.sh first    call 1, carrying .whl/load1 (everything but the cuStateVec
 #                                      library): installs it, runs the parts that need no cuStateVec
@@ -66,7 +66,7 @@ cd "$ROOT"
 MODE="${1:-connected}"
 PYTHON="${PYTHON:-python3}"
 DRY_RUN="${DRY_RUN:-0}"
-case "$MODE" in  # the call's time, staging included: README's budget, 8 minutes with the start
+case "$MODE" in  # the call's time, staging included: doc/development.md's budget, 8 minutes with the start
     first) CALL_LIMIT="${CALL_LIMIT:-150}" ;;
     *) CALL_LIMIT="${CALL_LIMIT:-330}" ;;
 esac

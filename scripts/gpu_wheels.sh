@@ -5,7 +5,7 @@
 # them into loads that each stay under LIMIT_MIB together with the working tree that
 # travels (scripts/gpu_loads.py: the rest in load1, the custatevec wheel alone in load2, the
 # last call's), and print each
-# load's wheels and size and the device calls that carry them (README, "GPU check").
+# load's wheels and size and the device calls that carry them (doc/development.md, "The GPU check").
 #
 # Environment:
 #   DEST       folder of the loads, relative to the repository root (default: .whl); made

@@ -62,7 +62,9 @@ def _on_device(method):
 
 
 CUSTATEVEC_FUSION_TRAITS = FusionTraits(
-    default_width=4,  # what the benchmarks chose (doc/options.md)
+    # not what a benchmark chose: no GPU run yet; a guess that blocks of 4 qubits stay
+    # memory-bound on a GPU (doc/options.md)
+    default_width=4,
     block_costs=None,  # bandwidth-bound: a block on up to ~5 bits costs one pass (fuse greedily)
     z_runs=False,  # Z words are cheap there, and join the greedy dense blocks
     rotations_per_pass=1,  # rotations join the greedy dense blocks (one pass each) there
