@@ -111,7 +111,8 @@ if device_name == "custatevec.qubit":
 
     def batch(i):
         optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x[16 * i : 16 * i + 16]), y[16 * i : 16 * i + 16])
+        rows = slice(16 * i, 16 * i + 16)
+        loss = torch.nn.functional.cross_entropy(model(x[rows]), y[rows])
         loss.backward()
         optimizer.step()
 

@@ -6,7 +6,6 @@ import collections
 import dataclasses
 import functools
 import sys
-import threading
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,66 +15,33 @@ import pennylane as qml
 from autograd.tracer import Box
 from pennylane import math
 from pennylane.devices import Device, ExecutionConfig
-from pennylane.devices.capabilities import validate_mcm_method
 from pennylane.devices.modifiers import simulator_tracking, single_tape_support
-from pennylane.devices.preprocess import (
-    validate_device_wires,
-    validate_measurements,
-    validate_observables,
-)
-from pennylane.exceptions import DeviceError, QuantumFunctionError, WireError
+from pennylane.exceptions import DeviceError
 from pennylane.math import Interface
-from pennylane.measurements import SampleMeasurement, Shots, StateMeasurement
+from pennylane.measurements import Shots
 from pennylane.tape import QuantumScript
-from pennylane.transforms import defer_measurements, dynamic_one_shot
 
 from . import advice, direct, settings, simulate
 from .backends import BACKEND_CHOICES, distributed, messages, select_backend
-from .entrywise import EntrywiseUnitary, jit_whole_matrix_reason
-from .gradients.common import has_a_generator, require_adjoint_serves
-from .measure import SHADOW_MEASUREMENTS, measurable
-from .program import compiles_by_gate, is_broadcast, tape_batch_size
+from .entrywise import jit_whole_matrix_reason
+from .gradients.common import require_adjoint_serves
+from .preprocess import pipeline
+from .preprocess.broadcast import expand_broadcasts
+from .preprocess.config import (
+    ADJOINT_VALIDATED_IN_PREPROCESSING,
+    adjoint_serves,
+    execution_config,
+)
+from .preprocess.gate_set import GateSet
+from .preprocess.refusals import SecondDerivativesError
+from .preprocess.sampled import sampled_apart
+from .program import is_broadcast, tape_batch_size
 from .queuing import PipelineWithoutQueuing, without_queuing
-from .rotations import PauliRotations
 from .runs import Kept, Runs
 from .structures import (
     Structure,
     StructureCache,
     StructureRun,
-    adjoint_serve_key,
-)
-from .templates import NATIVE_TEMPLATES, is_native_template
-from .transforms import (
-    SecondDerivativesError,
-    TracedDecompositionError,
-    allocate_dynamic_wires,
-    complex_parameters_for_state,
-    decompose_late_state_preps,
-    decompose_templates_for_gradients,
-    decompose_traced,
-    entrywise_trainable_operators,
-    expand_broadcasts,
-    exponential_of_an_angle,
-    gather_rotations,
-    measure_in_computational_bases,
-    measure_mid_circuit_values_on_their_wires,
-    one_shot_where_sampled,
-    real_parameters_for_real_results,
-    refuse_autograd_hessians_of_alike_measurements,
-    refuse_complex_parameters_under_gradient_transforms,
-    refuse_differentiated_measurement_bases,
-    refuse_differentiated_shares,
-    refuse_higher_derivatives,
-    refuse_postselection_under_gradient_transforms,
-    refuse_purity_under_gradient_transforms,
-    refuse_shot_noise_fallback,
-    refuse_traced_pulse_times,
-    results_off_the_jit_root,
-    rotate_sampled_measurements,
-    sampled_apart,
-    snapshots_as_circuits,
-    split_state_from_real_results,
-    validate_adjoint_differentiation,
 )
 
 
@@ -110,39 +76,6 @@ def _capture_paused(method):
 
 
 _DTYPE_CHOICES = (np.complex128, np.complex64)
-_MATRIX_DEFINED_OPS = (
-    qml.QubitUnitary,
-    qml.ControlledQubitUnitary,
-    qml.BlockEncode,
-    qml.operation.StatePrepBase,
-)
-"""Operations whose parameters are matrices or states: never decomposed for the adjoint
-method (the rotation angles of a general unitary's decomposition are not differentiable
-everywhere). A trainable QubitUnitary, ControlledQubitUnitary or BlockEncode is then
-taken by its matrix's entries (``transforms.entrywise_trainable_operators``); any other
-trainable one, or a wider one, is refused by name rather than silently expanded. A
-trainable DiagonalQubitUnitary decomposes, as default.qubit's adjoint method takes it:
-into RZ, SelectPauliRot and GlobalPhase gates whose angles are differences of its
-entries' phases, smooth functions of unit-modulus entries, which the interface
-differentiates."""
-
-
-ADJOINT_VALIDATED_IN_PREPROCESSING = "adjoint_validated_in_preprocessing"
-"""The key of ``ExecutionConfig.device_options`` that ``setup_execution_config`` sets (True)
-in a config for the adjoint method: the preprocessing of that config
-(``preprocess_transforms``) ends with ``validate_adjoint_differentiation``, so the
-derivative entry points given it (``compute_derivatives``, ``compute_vjp``,
-``compute_jvp``, ``execute_and_compute_*``) take its tapes as validated. Without it (a
-direct call with a config of one's own, or none) they validate each tape themselves
-(``gradients.common.require_adjoint_serves``): a clear DeviceError, never a wrong number."""
-MAX_SERVE_ANSWERS = 256
-"""How many ``adjoint_serve_key`` answers a device keeps (least recently used out)."""
-_SERVE_LOCK = threading.Lock()
-"""Guards every device's answers (module-level: a device stays copyable and picklable)."""
-TORCH_RECORDS_GRADIENTS = "torch_records_gradients"
-"""device_options key: whether torch recorded gradients where the call was set up. PennyLane
-runs the preprocessing inside its ``torch.autograd.Function``'s forward, where torch never
-records, so a refusal there asks this instead of ``torch.is_grad_enabled()``."""
 
 
 class UnknownOptionError(ValueError, TypeError):
@@ -425,35 +358,9 @@ class CuStateVecDevice(Device):
         return self.supports_derivatives(execution_config, circuit)
 
     def _adjoint_serves(self, circuit: QuantumScript, config: ExecutionConfig) -> bool:
-        """Whether the adjoint method serves ``circuit``: its preprocessing runs without a
-        refusal. Answered once per ``adjoint_serve_key``: the preprocessing ran on every
-        call with "best" (``benchmarks/best_resolution.py``, W4: "best" over "adjoint"
-        about 300 us per call before, 70 us after)."""
-        key = adjoint_serve_key(circuit, config, self.options_in_force(config))
-        if key is not None:
-            with _SERVE_LOCK:  # threads may share a device
-                answer = self._serve_answers.get(key)
-                if answer is not None:
-                    self._serve_answers.move_to_end(key)
-                    return answer
-        try:
-            config = self.setup_execution_config(
-                dataclasses.replace(config, gradient_method="adjoint"), circuit
-            )
-            self.preprocess_transforms(config)((circuit,))
-            answer = True
-        except (SecondDerivativesError, TracedDecompositionError):
-            raise  # every method but backpropagation would give zeros or fail: say so
-        except (DeviceError, QuantumFunctionError, ValueError, WireError):
-            # a circuit on wires the device lacks is refused when it runs, not here:
-            # qml.draw and qml.specs resolve "best" without running it (as on default.qubit)
-            answer = False
-        if key is not None:
-            with _SERVE_LOCK:
-                if len(self._serve_answers) >= MAX_SERVE_ANSWERS:
-                    self._serve_answers.popitem(last=False)
-                self._serve_answers[key] = answer
-        return answer
+        """Whether the adjoint method serves ``circuit`` (``preprocess.config.adjoint_serves``:
+        its preprocessing runs without a refusal), answered once per ``adjoint_serve_key``."""
+        return adjoint_serves(self, circuit, config, self._serve_answers)
 
     def setup_execution_config(
         self, config: ExecutionConfig | None = None, circuit: QuantumScript | None = None
@@ -465,241 +372,28 @@ class CuStateVecDevice(Device):
         "best" with ``derivative_order > 1`` stays as it is (PennyLane resolves it to
         parameter-shift, see ``supports_derivatives``); the adjoint method with
         ``derivative_order > 1`` raises QuantumFunctionError naming the choices."""
-        config = config or ExecutionConfig()
-        updates: dict = {}
-        if config.gradient_method == "device" or (
-            config.gradient_method == "best" and config.derivative_order == 1
-        ):
-            updates["gradient_method"] = "adjoint"
-        if updates.get("gradient_method", config.gradient_method) == "adjoint":
-            _require_first_derivatives(config)
-            for field in (
-                "use_device_gradient",
-                "use_device_jacobian_product",
-                "grad_on_execution",
-            ):
-                if getattr(config, field) is None:
-                    updates[field] = True
-            if config.grad_on_execution is None and config.interface is Interface.TORCH:
-                # the Jacobian in torch's backward pass, where a second derivative shows
-                # (_refuse_differentiable_backward); from the state the forward kept
-                updates["grad_on_execution"] = False
-        method = updates.get("gradient_method", config.gradient_method)
-        if circuit is not None and config.interface in _JAX_INTERFACES:
-            # here, where jax.jit traces, not in its callback
-            refuse_traced_pulse_times(circuit, adjoint=method == "adjoint")
-        if circuit is not None and method not in (None, "adjoint"):
-            # here, before PennyLane's torch and jax interfaces fail on such an angle
-            name = getattr(method, "__name__", str(method))
-            refuse_differentiated_measurement_bases(circuit, name)
-            if name == "param_shift":
-                fallback_given = "fallback_fn" in config.gradient_keyword_arguments
-                refuse_shot_noise_fallback(circuit, fallback_given)
-        if config.interface is Interface.JAX and circuit is not None and _vmapped(circuit):
-            # PennyLane's jax boundary without jit reads the values as numpy, which a
-            # vmap's batch cannot be; its jit boundary (a pure callback) takes the batch
-            # whole, as a broadcast: what default.qubit gives by tracing
-            updates["interface"] = Interface.JAX_JIT
-        shots_present = circuit is not None and bool(circuit.shots)
-        mcm_method = config.mcm_config.mcm_method
-        if mcm_method == "one-shot" and circuit is not None and not shots_present:
-            raise ValueError(
-                "Cannot use mcm_method='one-shot' for mid-circuit measurements without shots; "
-                "set shots, or use mcm_method='deferred' for analytic results."
-            )
-        validate_mcm_method(self.capabilities, mcm_method, shots_present)
-        if mcm_method is None:
-            default = "one-shot" if shots_present else "deferred"
-            updates["mcm_config"] = dataclasses.replace(config.mcm_config, mcm_method=default)
-        # the options of the context in force now, for the backward pass that may run later
-        device_options = dict(config.device_options)
-        device_options.update(self.options_in_force(config).as_device_options())
-        # decided here, never inherited: the preprocessing of this config validates or not
-        device_options.pop(ADJOINT_VALIDATED_IN_PREPROCESSING, None)
-        if updates.get("gradient_method", config.gradient_method) == "adjoint":
-            device_options[ADJOINT_VALIDATED_IN_PREPROCESSING] = True
-        device_options.pop(TORCH_RECORDS_GRADIENTS, None)
-        if config.interface is Interface.TORCH:
-            device_options[TORCH_RECORDS_GRADIENTS] = _torch_records_gradients()
-        updates["device_options"] = device_options
-        return dataclasses.replace(config, **updates)
+        return execution_config(self, config, circuit)
 
     def preprocess_transforms(self, execution_config: ExecutionConfig | None = None):
+        """The device's preprocessing (``preprocess.pipeline``), from named stages; a
+        captured program's (``_capture_preprocess_transforms``) under program capture."""
         config = execution_config or ExecutionConfig()
         if qml.capture.enabled():  # captured programs become tapes in eval_jaxpr
             return self._capture_preprocess_transforms(config)
-        mcm_method = config.mcm_config.mcm_method
-        differentiating = config.gradient_method == "adjoint"
-        pipeline = PipelineWithoutQueuing()  # operators built here are queued nowhere
-        if config.interface in _JAX_INTERFACES:  # first: its post-processing comes last
-            pipeline.add_transform(results_off_the_jit_root)
-        if self._debugger is not None and self._debugger.active:  # under qml.snapshots
-            pipeline.add_transform(
-                snapshots_as_circuits, self._debugger, deferred=mcm_method == "deferred"
-            )
-        method = config.gradient_method
-        name = getattr(method, "__name__", str(method))
-        if method is not None and method != "adjoint":  # a PennyLane gradient transform
-            torch_records = config.device_options.get(TORCH_RECORDS_GRADIENTS, True)
-            pipeline.add_transform(
-                refuse_postselection_under_gradient_transforms, name, torch_records=torch_records
-            )
-            pipeline.add_transform(
-                refuse_complex_parameters_under_gradient_transforms,
-                name,
-                torch_records=torch_records,
-            )
-            pipeline.add_transform(
-                refuse_purity_under_gradient_transforms, name, torch_records=torch_records
-            )
-            pipeline.add_transform(refuse_differentiated_measurement_bases, name)
-        if method is not None and config.interface in _TRACING_INTERFACES:
-            # a gradient transform's pipeline runs inside the interface: jax's hides levels
-            hides = method != "adjoint" and config.interface == Interface.JAX
-            pipeline.add_transform(
-                refuse_higher_derivatives,
-                name,
-                config.derivative_order,
-                autograd=config.interface == Interface.AUTOGRAD,
-                hidden=config.derivative_order if hides else 0,
-            )
-        if (
-            method not in (None, "adjoint")
-            and config.derivative_order > 1
-            and config.interface == Interface.AUTOGRAD
-        ):
-            pipeline.add_transform(refuse_autograd_hessians_of_alike_measurements, name)
-        if differentiating and config.interface in _JAX_INTERFACES:
-            pipeline.add_transform(real_parameters_for_real_results)  # the user's gates named
-        # qml.ftqc's measurements in other bases (and Pauli product measurements), before
-        # any method sees measurements
-        pipeline.add_transform(measure_in_computational_bases)
-        if mcm_method == "deferred":
-            pipeline.add_transform(defer_measurements, allow_postselect=True)
-        pipeline.add_transform(advice.refuse_channels)  # names default.mixed
-        pipeline.add_transform(decompose_late_state_preps)
-        # gathered before decomposing (fewer operations to inspect) and after (runs that
-        # decompositions made, e.g. trainable Rot gates)
-        pipeline.add_transform(gather_rotations)
-        pipeline.add_transform(
-            decompose_traced,
-            stopping_condition=self._stops_adjoint if differentiating else self._runs_natively,
-            target_gates=self._target_gates,
-            device_wires=self.wires,
+        target = pipeline.Target(
             name=self.name,
+            wires=self.wires,
+            gate_set=self._gate_set,
+            debugger=self._debugger,
+            gather_results=self._backend.gather_results,
+            options_in_force=self.options_in_force,
         )
-        if differentiating:  # after decomposing: an adjoint's decomposition may make one
-            pipeline.add_transform(entrywise_trainable_operators)
-        # after decomposing: a decomposition may make a native template (a subclass's does)
-        vjp_boundary = _vjps_reach_the_device(config)
-        array_gradients = config.gradient_method is None or (differentiating and vjp_boundary)
-        pipeline.add_transform(decompose_templates_for_gradients, array_gradients)
-        pipeline.add_transform(gather_rotations)
-        # work wires that decompositions allocate (qml.allocate, TemporaryAnd) take the
-        # device's free wires, reused after a reset where mid-circuit measurements can reset
-        pipeline.add_transform(
-            allocate_dynamic_wires, self.wires, allow_resets=mcm_method != "deferred"
-        )
-        pipeline.add_transform(validate_device_wires, self.wires, name=self.name)
-        pipeline.add_transform(
-            validate_measurements,
-            analytic_measurements=lambda mp: isinstance(mp, StateMeasurement),
-            sample_measurements=_is_sampled_measurement,
-            name=self.name,
-        )
-        pipeline.add_transform(
-            validate_observables, stopping_condition=self._observable_supported, name=self.name
-        )
-        if differentiating:
-            if not self._backend.gather_results:
-                pipeline.add_transform(refuse_differentiated_shares, self.wires)
-            batched = self.options_in_force(config).grad_accumulation == "deferred"
-            pipeline.add_transform(measure_mid_circuit_values_on_their_wires)
-            pipeline.add_transform(expand_broadcasts, trainable_only=batched)
-            # measures through the state what the sweep does not differentiate (before
-            # the state's complex parameters, which that may call for), then validates
-            pipeline.add_transform(
-                validate_adjoint_differentiation,
-                batched=batched,
-                through_state=True,
-                device_wires=self.wires,
-                array_gradients=vjp_boundary,
-            )
-            if not vjp_boundary:
-                if config.interface in _JAX_INTERFACES:
-                    pipeline.add_transform(split_state_from_real_results)
-                pipeline.add_transform(complex_parameters_for_state)
-            return pipeline
-        pipeline.add_transform(rotate_sampled_measurements)
-        if mcm_method == "tree-traversal":
-            # without shots every branch of one state (branches.py); with shots the
-            # one-shot method, which samples the same distribution shot by shot
-            pipeline.add_transform(expand_broadcasts, mid_measurements_only=True)
-            pipeline.add_transform(
-                one_shot_where_sampled, postselect_mode=config.mcm_config.postselect_mode
-            )
-        if mcm_method == "one-shot":
-            pipeline.add_transform(
-                dynamic_one_shot, postselect_mode=config.mcm_config.postselect_mode
-            )
-        return pipeline
+        return pipeline.preprocessing(config, target)
 
     @functools.cached_property
-    def _target_gates(self) -> frozenset:
-        """What decomposition aims at: the native gates and mid-circuit measurements."""
-        return frozenset(self.capabilities.gate_set() | _MCM_OPS)
-
-    def _runs_natively(self, op: qml.operation.Operator) -> bool:
-        """Native gates by name; exactly the native templates (a subclass may define
-        other gates: it is decomposed); and a user's subclass of a native gate, which runs
-        as that gate, as default.qubit applies it (PennyLane's own subclasses, such as
-        AmplitudeEmbedding, keep their names' handling). Last, an operator that only a
-        matrix defines (a user's operation with ``compute_matrix`` alone, ``qml.pow`` with
-        a broadcast exponent) runs as that matrix, as default.qubit applies it."""
-        if isinstance(op, (qml.ops.MidMeasure, qml.ops.Conditional)):
-            return True
-        if isinstance(op, NATIVE_TEMPLATES):
-            return is_native_template(op)
-        if isinstance(op, PauliRotations) or self.capabilities.supports_operation(op):
-            return True
-        cls = type(op)
-        if cls.__module__.partition(".")[0] != "pennylane" and any(
-            self.capabilities.supports_operation(base.__name__)
-            for base in cls.__mro__[1:]
-            if issubclass(base, qml.operation.Operator)
-        ):
-            return True
-        return op.has_matrix and not _has_decomposition(op)
-
-    def _stops_adjoint(self, op: qml.operation.Operator) -> bool:
-        """Native, and differentiable as it stands: trainable gates with several parameters
-        (Rot, U3, CRot, ...) decompose into gates with one parameter and a generator. Native
-        templates differentiate by their gates (decompose_templates_for_gradients decided
-        which stay whole). Trainable matrices and state preparations stay whole: the
-        preprocessing takes them by their entries (``entrywise_trainable_operators``). A
-        trainable operator without a generator or a decomposition stays too, and the
-        validation refuses it by name."""
-        if not self._runs_natively(op):
-            return False
-        if (
-            isinstance(op, (*_MATRIX_DEFINED_OPS, EntrywiseUnitary))
-            or compiles_by_gate(op)
-            or not any(math.requires_grad(d) for d in op.data)
-        ):
-            return True
-        if exponential_of_an_angle(op):  # by its angle, not its complex coefficient
-            return False
-        try:
-            if op.num_params == 1 and has_a_generator(op):
-                return True
-        except ValueError:  # a broadcast qml.exp (see _has_decomposition): split later
-            return True
-        # nothing to decompose into (an operator that only its matrix defines): the
-        # validation refuses it naming the reason, not the decomposition's "not supported"
-        return not _has_decomposition(op)
-
-    def _observable_supported(self, obs: qml.operation.Operator) -> bool:
-        return measurable(obs, self.capabilities.supports_observable)
+    def _gate_set(self) -> GateSet:
+        """What runs natively and what stops the adjoint method's decomposition."""
+        return GateSet(self.capabilities)
 
     @_capture_paused
     def execute(
@@ -1116,27 +810,6 @@ class CuStateVecDevice(Device):
         return self._runs.vjps(run.tapes, cotangents, kept, in_force)
 
 
-def _require_first_derivatives(config: ExecutionConfig) -> None:
-    """The adjoint method gives first derivatives only; PennyLane's own devices return zeros
-    for the higher ones (``max_diff > 1``), this one refuses."""
-    if config.derivative_order > 1:
-        raise QuantumFunctionError(
-            f"diff_method={config.gradient_method!r} (the adjoint method) computes first "
-            f"derivatives only, but max_diff={config.derivative_order} asks for derivatives "
-            "of higher order (a Hessian would be zero). Use diff_method='parameter-shift' "
-            "(or 'best', which picks it when max_diff > 1), or max_diff=1."
-        )
-
-
-def _vjps_reach_the_device(config: ExecutionConfig) -> bool:
-    """Whether PennyLane's ML boundary asks the device for VJPs (``device_vjp=True``) rather
-    than Jacobians: under ``jax.jit`` it always takes the Jacobian (its JVP contracts it,
-    with the result's shape per scalar parameter), whatever ``device_vjp`` says, so the
-    preprocessing must give it scalar parameters (no native template's weight arrays) and
-    the dtypes a Jacobian boundary needs."""
-    return bool(config.use_device_jacobian_product) and config.interface != Interface.JAX_JIT
-
-
 def _rebound_broadcast(tape: QuantumScript, in_force: settings.DifferentiationOptions) -> bool:
     """Whether ``tape`` is broadcast where the sweep of the mode in force does not take a
     broadcast tape whole (a trainable parameter broadcast, or the eager mode): the
@@ -1257,16 +930,6 @@ def _refuse_matrices_left_whole(tapes: Sequence[QuantumScript]) -> None:
                 )
 
 
-def _has_decomposition(op: qml.operation.Operator) -> bool:
-    """``op.has_decomposition``, False where PennyLane cannot answer it: ``qml.exp`` of a
-    broadcast coefficient asks ``bool`` of the coefficients' array (ValueError in 0.45),
-    and runs as its matrix then, as default.qubit applies it."""
-    try:
-        return op.has_decomposition
-    except ValueError:
-        return False
-
-
 def _traced_shots(shots) -> bool:
     """Whether a number of shots of ``shots`` (a ``Shots``, or what makes one) is a jax
     tracer (PennyLane's captured QNode under ``jax.jit``)."""
@@ -1294,20 +957,6 @@ def _adjoint_config(config: ExecutionConfig | None) -> ExecutionConfig:
 
 
 _PLAIN_VALUE_TYPES = (float, int, complex, np.float64, np.complex128)
-
-
-def _vmapped(circuit: QuantumScript) -> bool:
-    """Whether a parameter of ``circuit`` is batched by ``jax.vmap`` (a batch tracer, or a
-    tracer of differentiation whose primal values are one: ``jax.vmap(jax.grad(f))``)."""
-    jax = sys.modules.get("jax")
-    if jax is None:
-        return False
-    for value in circuit.get_parameters(trainable_only=False):
-        while isinstance(value, jax.core.Tracer):
-            if type(value).__name__ == "BatchTracer":  # jax deprecates its public name
-                return True
-            value = getattr(value, "primal", None)  # JVPTracer, LinearizeTracer
-    return False
 
 
 def _holds_differentiated_values(circuits: Sequence[QuantumScript]) -> bool:
@@ -1368,16 +1017,6 @@ def _with_differentiated_parameters(circuit: QuantumScript) -> QuantumScript:
     )
 
 
-_MCM_OPS = frozenset({"MidMeasure", "Conditional"})
-_JAX_INTERFACES = frozenset({Interface.JAX, Interface.JAX_JIT})
-"""Where PennyLane contracts the device Jacobian with tangents (forward mode)."""
-
-_TRACING_INTERFACES = _JAX_INTERFACES | {Interface.AUTOGRAD}
-"""Where a second derivative shows in the parameters the device's preprocessing sees
-(nested autograd boxes or jax tracers: ``transforms.refuse_higher_derivatives``); torch's
-shows in its backward pass (``_refuse_differentiable_backward``)."""
-
-
 def _refuse_differentiable_backward() -> None:
     """Refuse derivatives (a VJP, a Jacobian) asked for inside torch's backward pass with
     ``create_graph=True`` (torch enables grad mode in a backward pass only then: a
@@ -1397,13 +1036,3 @@ def _refuse_differentiable_backward() -> None:
         "would be zero. Set max_diff=2 on the QNode with diff_method='parameter-shift' (or "
         "'best', which picks it then)."
     )
-
-
-def _is_sampled_measurement(mp) -> bool:
-    return isinstance(mp, (SampleMeasurement, *SHADOW_MEASUREMENTS))
-
-
-def _torch_records_gradients() -> bool:
-    """torch's grad mode here (False where torch was never imported: nothing records)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and torch.is_grad_enabled()

@@ -253,7 +253,7 @@ def _processed(mp: MeasurementProcess, samples: np.ndarray, wires: Wires):
 
 
 def _run_shadow(backend, program: Program, tape: QuantumScript, rng, postselect_mode):
-    """A classical-shadow measurement (``transforms.measure.SHADOW_MEASUREMENTS``; the device's
+    """A classical-shadow measurement (``measure.SHADOW_MEASUREMENTS``; the device's
     preprocessing gives each a tape of its own, not broadcast): PennyLane's
     ``process_state_with_shots`` of the final state, as default.qubit measures it (each
     shot rotated into its own random Pauli basis: not a sample of one state's basis)."""

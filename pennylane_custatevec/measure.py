@@ -56,7 +56,7 @@ SHADOW_MEASUREMENTS = (ClassicalShadowMP, ShadowExpvalMP)
 """Measurements that rotate each shot into a basis of its own (``qml.classical_shadow``,
 ``qml.shadow_expval``): measured from the final state by PennyLane's
 ``process_state_with_shots``, as default.qubit measures them (execution.py), each on a
-tape of its own (``transforms.rotate_sampled_measurements``)."""
+tape of its own (``preprocess.sampled.rotate_sampled_measurements``)."""
 
 
 HERMITIAN_TOLERANCE = 1e-12

@@ -361,7 +361,7 @@ def _is_swept_eagerly_only(kind: type) -> bool:
     """Whether the deferred sweep leaves an operation of type ``kind`` to the eager sweep
     (``swept_eagerly``): a cached lookup by type, for every operation of every tape the
     deferred mode differentiates (``isinstance`` on PennyLane's operator classes costs
-    about ten times more: measured for ``transforms._is_dynamic_type``)."""
+    about ten times more: measured for ``preprocess.common.is_dynamic_type``)."""
     return issubclass(kind, (EntrywiseUnitary, EntrywiseState, qml.Projector))
 
 

@@ -516,8 +516,9 @@ ANCILLA = "ancilla"
 
 def _by_ancilla(word: str, wires: list[int]):
     """The Pauli product measurement of ``word`` on ``wires`` by an ancilla, independent of
-    the device's own (``transforms._pauli_product_as_parity``): H, the word controlled by
-    the ancilla, H, measure it (outcome 0: the projection (I + P)/2, eigenvalue +1)."""
+    the device's own (``preprocess.mid_circuit._pauli_product_as_parity``): H, the word
+    controlled by the ancilla, H, measure it (outcome 0: the projection (I + P)/2,
+    eigenvalue +1)."""
     paulis = {"X": qml.X, "Y": qml.Y, "Z": qml.Z}
     qml.H(ANCILLA)
     for letter, wire in zip(word, wires, strict=True):

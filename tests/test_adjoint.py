@@ -1233,7 +1233,7 @@ def test_the_adjoint_config_of_the_device_says_its_preprocessing_validates():
     """``setup_execution_config`` marks a config for the adjoint method (whose preprocessing
     validates) and only such a config, whatever the config it was given said."""
     dev = qml.device("custatevec.qubit", wires=2)
-    marker = pennylane_custatevec.device.ADJOINT_VALIDATED_IN_PREPROCESSING
+    marker = pennylane_custatevec.preprocess.config.ADJOINT_VALIDATED_IN_PREPROCESSING
     adjoint = dev.setup_execution_config(ExecutionConfig(gradient_method="adjoint"))
     assert adjoint.device_options[marker] is True
     forward = dev.setup_execution_config(

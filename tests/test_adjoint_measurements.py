@@ -25,7 +25,7 @@ from reference import random_hermitian
 
 import pennylane_custatevec
 from pennylane_custatevec.gradients import common
-from pennylane_custatevec.transforms import measure_through_state
+from pennylane_custatevec.preprocess.through_state import measure_through_state
 
 ATOL = 1e-9
 WIRES = ["a", 3, "q1"]

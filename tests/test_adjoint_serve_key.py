@@ -119,9 +119,9 @@ def test_threads_sharing_a_device_and_copies(monkeypatch):
     import copy
     import threading
 
-    from pennylane_custatevec import device as device_module
+    from pennylane_custatevec.preprocess import config as config_module
 
-    monkeypatch.setattr(device_module, "MAX_SERVE_ANSWERS", 2)
+    monkeypatch.setattr(config_module, "MAX_SERVE_ANSWERS", 2)
     device = qml.device("custatevec.qubit", wires=3)
     errors = []
 

@@ -17,7 +17,7 @@ import torch
 from conftest import DEVICE
 from pennylane import numpy as pnp
 
-from pennylane_custatevec.transforms import SecondDerivativesError
+from pennylane_custatevec.preprocess.refusals import SecondDerivativesError
 
 jax.config.update("jax_enable_x64", True)
 
@@ -496,7 +496,7 @@ def _special_unitary_qnode(dev, **kwargs):
 @pytest.mark.parametrize("diff_method", ["best", "adjoint"])
 @pytest.mark.parametrize("differentiated", [False, True], ids=["values", "jacobian"])
 def test_special_unitary_under_jit_refused_by_name(diff_method, differentiated):
-    from pennylane_custatevec.transforms import TracedDecompositionError
+    from pennylane_custatevec.preprocess.decompose import TracedDecompositionError
 
     circuit = jax.jit(_special_unitary_qnode(_ours(1), diff_method=diff_method))
     call = jax.jacobian(circuit) if differentiated else circuit

@@ -27,7 +27,7 @@ from pennylane_custatevec.entrywise import (
     MAX_JIT_ENTRYWISE_QUBITS,
     EntrywiseUnitary,
 )
-from pennylane_custatevec.transforms import entrywise_trainable_operators
+from pennylane_custatevec.preprocess.adjoint import entrywise_trainable_operators
 
 torch = pytest.importorskip("torch")
 jax = pytest.importorskip("jax")

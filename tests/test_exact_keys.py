@@ -36,6 +36,7 @@ from spies import swept_batches
 import pennylane_custatevec
 import pennylane_custatevec.execution
 import pennylane_custatevec.gradients.deferred
+import pennylane_custatevec.preprocess.sampled
 from pennylane_custatevec import exact
 from pennylane_custatevec.gradients.common import DifferentiatedTape
 
@@ -513,7 +514,8 @@ def test_no_pennylane_hash_on_execution(monkeypatch):
     monkeypatch.setattr(MeasurementProcess, "hash", property(refuse))
     for tapes in processed.values():
         dev.execute(tapes)
-    assert pennylane_custatevec.transforms._qubit_wise_commuting(sampled[0].measurements, range(n))
+    sampled_module = pennylane_custatevec.preprocess.sampled
+    assert sampled_module._qubit_wise_commuting(sampled[0].measurements, range(n))
 
 
 def test_exact_value_keys():

@@ -7,7 +7,7 @@ xla.cpu.BackendConfig"). Decompositions that multiply matrices under ``jax.jit``
 ``MottonenStatePreparation``), a ``BlockEncode`` of traced data, a pulse's ODE solver and a
 user's ``qnode(M @ v)`` all met it with the adjoint method and "best" (PennyLane's
 ``templates/subroutines/test_select_pauli_rot.py::test_jax_jit`` crashed its worker).
-``transforms.results_off_the_jit_root`` passes each result through an identity XLA keeps.
+``preprocess.interfaces.results_off_the_jit_root`` passes each result through an identity XLA keeps.
 
 The end-to-end cases run in a subprocess: before the fix they aborted it, and an abort
 inside the test process would take the pytest worker with it rather than fail the test.
@@ -24,7 +24,7 @@ import numpy as np
 import pennylane as qml
 import pytest
 
-from pennylane_custatevec.transforms import results_off_the_jit_root
+from pennylane_custatevec.preprocess.interfaces import results_off_the_jit_root
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy

@@ -764,7 +764,7 @@ def test_measured_values_are_differentiated_by_adjoint(returns, reset, postselec
 
 
 def test_a_diagonal_written_as_z_words_has_its_eigenvalues():
-    from pennylane_custatevec.transforms import _diagonal_as_z_words
+    from pennylane_custatevec.preprocess.mid_circuit import _diagonal_as_z_words
 
     rng = np.random.default_rng(4)
     for k in range(4):
@@ -782,7 +782,7 @@ def test_a_diagonal_written_as_z_words_has_its_eigenvalues():
 def test_a_value_of_too_many_measurements_is_left_to_the_refusal():
     """Beyond MAX_MEASURED_VALUE_WIRES measurements (2**k Z words) the tape passes
     unchanged, and the adjoint method refuses it by name."""
-    from pennylane_custatevec.transforms import (
+    from pennylane_custatevec.preprocess.mid_circuit import (
         MAX_MEASURED_VALUE_WIRES,
         measure_mid_circuit_values_on_their_wires,
     )

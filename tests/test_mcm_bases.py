@@ -31,10 +31,10 @@ from pennylane.ftqc import (
     measure_z,
 )
 
-from pennylane_custatevec.transforms import (
+from pennylane_custatevec.preprocess.mid_circuit import measure_in_computational_bases
+from pennylane_custatevec.preprocess.refusals import (
     DifferentiatedMeasurementBasisError,
     ShotNoiseFallbackError,
-    measure_in_computational_bases,
 )
 
 BASES = {

@@ -26,7 +26,7 @@ import pennylane_custatevec.gradients.deferred
 import pennylane_custatevec.gradients.eager
 from pennylane_custatevec import options
 from pennylane_custatevec.backends import CPUBackend, CuStateVecBackend
-from pennylane_custatevec.device import ADJOINT_VALIDATED_IN_PREPROCESSING
+from pennylane_custatevec.preprocess.config import ADJOINT_VALIDATED_IN_PREPROCESSING
 from pennylane_custatevec.settings import DifferentiationOptions
 
 CPU_DEFAULT = DifferentiationOptions("deferred", CPUBackend.fusion_traits.default_width)

@@ -3,7 +3,7 @@ nowhere (default.qubit raises a KeyError inside ``defer_measurements`` without s
 "not supported" with shots).
 
 The device measures the word P as V, a Z-basis measurement, then V^dagger
-(``transforms._pauli_product_as_parity``). The reference here is independent of it: the
+(``preprocess.mid_circuit._pauli_product_as_parity``). The reference here is independent of it: the
 projectors (I + (-1)^m P) / 2 applied to default.qubit's state in numpy, each outcome's
 branch carried through the rest of the circuit by its matrix.
 """

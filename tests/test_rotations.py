@@ -24,8 +24,8 @@ from pennylane.ops.functions import bind_new_parameters
 from pennylane.tape import QuantumScript
 from test_adjoint import assert_same_run, torch_run
 
+from pennylane_custatevec.preprocess.decompose import gather_rotations
 from pennylane_custatevec.rotations import PauliRotations
-from pennylane_custatevec.transforms import gather_rotations
 
 ATOL = 1e-10
 WIRES = MIXED_WIRES  # ["a", 3, "q1", 0, "z"]

@@ -26,8 +26,8 @@ from pennylane.transforms.defer_measurements import (
 from pennylane.workflow.qnode import _to_qfunc_output_type
 
 from ..exact import value_key
+from ..preprocess.common import first_result
 from ..structures import Structure, StructureKey
-from ..transforms import _first_result
 from .function import CircuitsPlan, DirectLane, as_numpy
 from .trace import Slot, Trace, Tracer, TraceRefused, constant_key
 
@@ -279,7 +279,7 @@ def torch_device_of(values) -> torch.device | None:
 
 
 _FIRST_RESULT = frozenset(
-    {_device_null_postprocessing, _deferral_null_postprocessing, _first_result}
+    {_device_null_postprocessing, _deferral_null_postprocessing, first_result}
 )
 """Post-processing functions of one tape's results that return ``results[0]``: those of
 the device's own transforms for an analytic tape (PennyLane's and this package's)."""

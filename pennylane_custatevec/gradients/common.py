@@ -87,7 +87,7 @@ from ..queuing import generator_of
 def is_swept(mp: MeasurementProcess) -> bool:
     """Whether the sweep differentiates ``mp``'s kind: expval, var, probs, or the state
     itself (a ``DensityMatrixMP`` is a ``StateMP`` but not the state: the device's
-    preprocessing measures the state for it, see transforms.py)."""
+    preprocessing measures the state for it, see preprocess/through_state.py)."""
     return isinstance(mp, (ExpectationMP, VarianceMP, ProbabilityMP)) or type(mp) is StateMP
 
 
@@ -165,7 +165,7 @@ def require_adjoint_serves(
     """Refuse a tape that the adjoint method cannot differentiate (``unsupported_reason``,
     with the same arguments) with a DeviceError naming the reason. The device's
     preprocessing calls it for every differentiated tape
-    (``transforms.validate_adjoint_differentiation``); the derivative entry points call
+    (``preprocess.adjoint.validate_adjoint_differentiation``); the derivative entry points call
     it only for tapes that did not come through that preprocessing (device.py,
     ``ADJOINT_VALIDATED_IN_PREPROCESSING``)."""
     reason = unsupported_reason(tape, trainable, broadcast=broadcast, batched=batched)
