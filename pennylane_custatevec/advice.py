@@ -7,9 +7,6 @@ from __future__ import annotations
 import difflib
 import math
 
-import pennylane as qml
-from pennylane.exceptions import DeviceError
-
 DEVICE = "custatevec.qubit"
 
 OPTIONS = (
@@ -131,15 +128,3 @@ def channel_message(name: str) -> str:
         "qml.device('default.mixed', wires=...) for noisy circuits (density matrices), or "
         "remove the channel."
     )
-
-
-@qml.transform
-def refuse_channels(tape):
-    """Refuse a tape that applies a noise channel (``qml.operation.Channel``), naming
-    default.mixed, instead of PennyLane's "not supported ... no decomposition"."""
-    for op in tape.operations:
-        base = getattr(op, "base", None)  # a qml.cond of a channel
-        for candidate in (op, base):
-            if isinstance(candidate, qml.operation.Channel):
-                raise DeviceError(channel_message(candidate.name))
-    return (tape,), lambda results: results[0]

@@ -5,178 +5,41 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pennylane as qml
-from autograd.tracer import Box
-from pennylane import math
 from pennylane.devices import Device, ExecutionConfig
 from pennylane.devices.modifiers import simulator_tracking, single_tape_support
-from pennylane.exceptions import DeviceError
 from pennylane.math import Interface
-from pennylane.measurements import Shots
 from pennylane.tape import QuantumScript
 
-from . import advice, direct, settings, simulate
-from .backends import BACKEND_CHOICES, distributed, messages, select_backend
-from .entrywise import jit_whole_matrix_reason
-from .gradients.common import require_adjoint_serves
+from . import advice, capture, direct, settings, simulate
+from .backends import distributed, messages, select_backend
+from .capture import capture_paused
+from .device_options import (
+    UnknownOptionError,
+    check_placement,
+    jax_key_words,
+    rng_from_seed,
+    validate_wires,
+    validated_dtype,
+)
+from .framework_values import (
+    execute_through_workflow,
+    holds_differentiated_values,
+    refuse_differentiable_backward,
+)
 from .preprocess import pipeline
 from .preprocess.broadcast import expand_broadcasts
-from .preprocess.config import (
-    ADJOINT_VALIDATED_IN_PREPROCESSING,
-    adjoint_serves,
-    execution_config,
-)
+from .preprocess.config import adjoint_serves, execution_config
 from .preprocess.gate_set import GateSet
-from .preprocess.refusals import SecondDerivativesError
 from .preprocess.sampled import sampled_apart
-from .program import is_broadcast, tape_batch_size
-from .queuing import PipelineWithoutQueuing, without_queuing
-from .runs import Kept, Runs
-from .structures import (
-    Structure,
-    StructureCache,
-    StructureRun,
-)
-
-
-def _measures_mid_circuit(jaxpr) -> bool:
-    """Whether a captured program (or a branch or body in it) measures mid-circuit."""
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "measure":
-            return True
-        for value in eqn.params.values():
-            inner = value if isinstance(value, (tuple, list)) else (value,)
-            for item in inner:
-                item = getattr(item, "jaxpr", item)  # a ClosedJaxpr's jaxpr
-                if hasattr(item, "eqns") and _measures_mid_circuit(item):
-                    return True
-    return False
-
-
-def _capture_paused(method):
-    """Run a device entry point with PennyLane's program capture paused: a captured
-    program under ``jax.jit`` reaches the device through PennyLane's pure callbacks,
-    which run while the user's ``qml.capture.enable()`` is in force, and the device's
-    operators and transforms are plain Python there (``eval_jaxpr``)."""
-
-    @functools.wraps(method)
-    def paused(*args, **kwargs):
-        if not qml.capture.enabled():
-            return method(*args, **kwargs)
-        with qml.capture.pause():
-            return method(*args, **kwargs)
-
-    return paused
-
-
-_DTYPE_CHOICES = (np.complex128, np.complex64)
-
-
-class UnknownOptionError(ValueError, TypeError):
-    """A keyword the device does not take (a TypeError for Python, a ValueError for users)."""
-
-
-GLOBAL_SEED_HIGH = 10_000_000
-"""``seed="global"`` draws ``numpy.random.randint(0, high=GLOBAL_SEED_HIGH)``: default.qubit's
-draw, so that a script's later ``numpy.random`` values do not depend on the device it builds."""
-
-_SEED_CHOICES = (
-    "use an int >= 0 (or a sequence of them), None (a seed from the OS), 'global' (a seed "
-    "drawn from numpy's global random state), a numpy.random.Generator (or a SeedSequence "
-    "or BitGenerator), or a jax PRNG key"
-)
-
-
-def _rng_from_seed(seed) -> np.random.Generator:
-    """The device's Generator for ``seed``, which is checked first (numpy's own messages do
-    not name the option)."""
-    if isinstance(seed, str):
-        if seed != "global":
-            raise ValueError(f"seed={seed!r} is not valid; {_SEED_CHOICES}.")
-        return np.random.default_rng(np.random.randint(0, high=GLOBAL_SEED_HIGH))
-    if seed is None or isinstance(
-        seed, (np.random.Generator, np.random.SeedSequence, np.random.BitGenerator)
-    ):
-        return np.random.default_rng(seed)
-    key_words = _jax_key_words(seed)
-    if key_words is not None:
-        seed = key_words
-    if not (_is_natural(seed) or _is_natural_sequence(seed)):
-        raise ValueError(f"seed={seed!r} is not valid; {_SEED_CHOICES}.")
-    return np.random.default_rng(seed)
-
-
-def _jax_key_words(seed) -> list[int] | None:
-    """The words of a jax PRNG key (``jax.random.PRNGKey``'s uint32 array or a typed
-    ``jax.random.key``), numpy's entropy for it, or None where ``seed`` is not a jax array
-    (jax is imported only for one). default.qubit samples with jax under such a key: the
-    same key gives the same samples here (on every execution, as there), not
-    default.qubit's."""
-    if not type(seed).__module__.startswith(("jax", "jaxlib")):
-        return None
-    import jax  # noqa: PLC0415 - only for a seed that is a jax array
-
-    if jax.dtypes.issubdtype(seed.dtype, jax.dtypes.prng_key):
-        seed = jax.random.key_data(seed)
-    if isinstance(seed, jax.core.Tracer):
-        # a device built inside jax.jit from a traced key (default.qubit samples with jax
-        # there); its words exist only when the compiled function runs
-        raise ValueError(
-            "seed is a jax PRNG key traced by jax.jit: custatevec.qubit samples on the host "
-            "and needs the key's words when the device is built. Build the device outside "
-            "the jitted function (a concrete key, or an int seed), or pass the key to "
-            f"default.qubit; otherwise {_SEED_CHOICES}."
-        )
-    return np.asarray(seed).ravel().tolist()
-
-
-def _is_natural(value) -> bool:
-    """An int >= 0 (numpy's entropy), not a bool."""
-    return (
-        isinstance(value, (int, np.integer))
-        and not isinstance(value, (bool, np.bool_))
-        and value >= 0
-    )
-
-
-def _is_natural_sequence(value) -> bool:
-    """A non-empty flat sequence (list, tuple, 1-d array) of ints >= 0."""
-    if isinstance(value, np.ndarray):
-        value = value.tolist() if value.ndim == 1 else None
-    return isinstance(value, (list, tuple)) and len(value) > 0 and all(map(_is_natural, value))
-
-
-def _validated_dtype(c_dtype) -> np.dtype:
-    """``c_dtype`` as a numpy dtype, one of ``_DTYPE_CHOICES``."""
-    message = f"c_dtype={c_dtype!r} is not supported; choose numpy.complex128 or numpy.complex64."
-    try:
-        dtype = np.dtype(c_dtype)
-    except TypeError:
-        raise ValueError(message) from None
-    if dtype not in {np.dtype(d) for d in _DTYPE_CHOICES}:
-        raise ValueError(message)
-    return dtype
-
-
-def _validate_wires(wires) -> None:
-    """A number of wires must be an int >= 0: PennyLane takes ``range(-1)`` (no wires) and
-    fails on a float with Python's message, which names neither the option nor the choices.
-    No wires (``0`` or ``[]``) is a device that takes each circuit's wires, as with None
-    (default.qubit's behaviour)."""
-    choices = (
-        "use a number of wires (an int >= 0), an iterable of wire labels (ints, strings, any "
-        "hashable), or None (the wires of each circuit)"
-    )
-    if isinstance(wires, (bool, float, complex, np.bool_, np.floating, np.complexfloating)):
-        raise ValueError(f"wires={wires!r} is not valid; {choices}.")
-    if isinstance(wires, (int, np.integer)) and wires < 0:
-        raise ValueError(f"wires={wires!r} is not valid: a negative number of wires; {choices}.")
+from .rebroadcast import broadcast_entries, broadcast_vjp, each_rebound_expanded, stacked
+from .runs import Runs, require_served
+from .structures import Structure, StructureCache, StructureRun
 
 
 @simulator_tracking
@@ -240,38 +103,19 @@ class CuStateVecDevice(Device):
         settings.validate(grad_accumulation=grad_accumulation)
         if fusion_qubits is not None:
             settings.validate(fusion_qubits=fusion_qubits)
-        dtype = _validated_dtype(c_dtype)
-        _validate_wires(wires)
-        if backend not in BACKEND_CHOICES:
-            raise ValueError(
-                f"backend={backend!r} is not valid; choose one of {', '.join(BACKEND_CHOICES)}."
-            )
-        if device_id is not None and (
-            isinstance(device_id, bool)
-            or not isinstance(device_id, (int, np.integer))
-            or device_id < 0
-        ):
-            raise ValueError(
-                f"device_id={device_id!r} is not valid; use a GPU index (0, 1, ...) or None "
-                "(LOCAL_RANK if set, else the current CUDA device)."
-            )
-        if not isinstance(mpi_gather, (bool, np.bool_)):
-            raise ValueError(
-                f"mpi_gather={mpi_gather!r} is not valid; use True (state() and probs() "
-                "whole on every rank) or False (each rank's share)."
-            )
-        if mpi is False and not mpi_gather:
-            raise ValueError("mpi_gather=False needs mpi=True (it says what each rank returns).")
+        dtype = validated_dtype(c_dtype)
+        validate_wires(wires)
+        check_placement(backend, device_id, mpi, mpi_gather)
         comm = None if mpi is False else messages.communicator(mpi)
         if mpi is True and (warning := advice.single_rank_warning(comm.Get_size())):
             warnings.warn(warning, UserWarning, stacklevel=3)  # qml.device's caller
         # with mpi, a rank takes the GPU of its index on its node, modulo the visible GPUs
         on_node = messages.node_rank(comm) if comm is not None and device_id is None else None
         super().__init__(wires=wires, shots=shots)
-        self._rng = _rng_from_seed(seed)
+        self._rng = rng_from_seed(seed)
         # a jax key seeds every execution afresh: the same samples on every call, as
         # default.qubit samples under a key that it never advances
-        self._execution_key = _jax_key_words(seed)
+        self._execution_key = jax_key_words(seed)
         self._backend = select_backend(
             backend, dtype, None if device_id is None else int(device_id), on_node
         )
@@ -376,10 +220,10 @@ class CuStateVecDevice(Device):
 
     def preprocess_transforms(self, execution_config: ExecutionConfig | None = None):
         """The device's preprocessing (``preprocess.pipeline``), from named stages; a
-        captured program's (``_capture_preprocess_transforms``) under program capture."""
+        captured program's (``capture.program_transforms``) under program capture."""
         config = execution_config or ExecutionConfig()
         if qml.capture.enabled():  # captured programs become tapes in eval_jaxpr
-            return self._capture_preprocess_transforms(config)
+            return capture.program_transforms(self, config)
         target = pipeline.Target(
             name=self.name,
             wires=self.wires,
@@ -395,7 +239,7 @@ class CuStateVecDevice(Device):
         """What runs natively and what stops the adjoint method's decomposition."""
         return GateSet(self.capabilities)
 
-    @_capture_paused
+    @capture_paused
     def execute(
         self,
         circuits: Sequence[QuantumScript],
@@ -407,28 +251,14 @@ class CuStateVecDevice(Device):
             and config.derivative_order == 1
             and config.gradient_method not in (None, "adjoint")
         ):  # a gradient transform's tapes run in torch's backward pass: refused with a graph
-            _refuse_differentiable_backward()
-        if _holds_differentiated_values(circuits):
-            return self._execute_through_workflow(circuits, config)
+            refuse_differentiable_backward()
+        if holds_differentiated_values(circuits):
+            return execute_through_workflow(self, circuits, config)
         apart = sampled_apart(circuits)
         if apart is not None:
             tapes, recombine = apart
             return recombine(self._execute(tapes, config))
         return self._execute(circuits, config)
-
-    def _capture_preprocess_transforms(self, config: ExecutionConfig):
-        """A captured program's preprocessing, on the program itself: with
-        ``mcm_method="deferred"`` (the default there, as on default.qubit) PennyLane's
-        ``defer_measurements`` for programs, which needs the number of wires (the device's)
-        and turns a measurement's value used by classical processing (arithmetic,
-        jax.numpy functions, a gate parameter) into controlled operations on the wires of
-        the deferred measurements: ``plxpr_to_tape`` (``eval_jaxpr``) cannot rebuild such
-        processing around a mid-circuit measurement. Without device wires, and with the
-        other methods, the program reaches ``eval_jaxpr`` as it was captured."""
-        pipeline = PipelineWithoutQueuing()
-        if config.mcm_config.mcm_method in (None, "deferred") and self.wires is not None:
-            pipeline.add_transform(qml.transforms.defer_measurements, num_wires=len(self.wires))
-        return pipeline
 
     def eval_jaxpr(
         self,
@@ -438,105 +268,16 @@ class CuStateVecDevice(Device):
         execution_config: ExecutionConfig | None = None,
         shots=None,
     ) -> list:
-        """A program captured with ``qml.capture.enable()``: PennyLane's ``plxpr_to_tape``
-        makes it a tape, which runs through PennyLane's workflow with capture paused, so
-        that the device's whole preprocessing applies (``preprocess_transforms`` gives
-        captured programs none). Values jax traces (``jax.jit``, differentiation) reach
-        the device as in a jax QNode: ``jax.jit`` through a pure callback, derivatives by
-        the method of ``execution_config`` ("best": adjoint)."""
-        config = execution_config or ExecutionConfig()
-        if shots is not None and _traced_shots(shots):
-            raise DeviceError(
-                "custatevec.qubit cannot run a captured program whose numbers of shots are "
-                "traced by jax (a QNode with shots under jax.jit with qml.capture enabled: "
-                "PennyLane passes its shots as traced values, and a tape needs them as "
-                "numbers). Call it without jax.jit, or build the QNode and call it with "
-                "program capture disabled (qml.capture.disable()): jax.jit then runs it "
-                "with its shots."
-            )
-        with without_queuing():
-            # PennyLane's interpreter turns capture on as it evaluates: pause it after
-            tape = qml.tape.plxpr_to_tape(jaxpr, consts, *args, shots=shots)
-        with qml.capture.pause(), without_queuing():
-            method = config.gradient_method
-            result = qml.execute(
-                [tape],
-                self,
-                # each tape's own choice (parameter-shift with shots) unless one is set
-                diff_method="best" if method in (None, "backprop", "adjoint") else method,
-                gradient_kwargs=config.gradient_keyword_arguments,
-                mcm_method=config.mcm_config.mcm_method,
-                postselect_mode=config.mcm_config.postselect_mode,
-            )[0]
-        return _flat_results(result, tape)
+        """A program captured with ``qml.capture.enable()`` (``capture.eval_jaxpr``)."""
+        return capture.eval_jaxpr(
+            self, jaxpr, consts, *args, execution_config=execution_config, shots=shots
+        )
 
     def jaxpr_jvp(
         self, jaxpr, args: Sequence, tangents: Sequence, execution_config=None
     ) -> tuple[list, list]:
-        """The results of a captured program and their JVP: jax differentiates
-        ``eval_jaxpr``, whose workflow takes the device's derivatives (adjoint)."""
-        import jax  # noqa: PLC0415 - program capture is jax's
-
-        consts: list = []
-        if _measures_mid_circuit(jaxpr):
-            # PennyLane hands this method the program without the device's preprocessing
-            pipeline = self._capture_preprocess_transforms(execution_config or ExecutionConfig())
-            if not len(pipeline):
-                raise DeviceError(
-                    "custatevec.qubit differentiates a captured program with mid-circuit "
-                    "measurements by deferring them (mcm_method='deferred', on a device "
-                    "with wires: qml.device('custatevec.qubit', wires=n)); PennyLane's "
-                    "plxpr_to_tape cannot rebuild conditional operations from traced "
-                    "values. Or differentiate it with capture disabled "
-                    "(qml.capture.disable())."
-                )
-            deferred = pipeline(jaxpr, [], *args)
-            jaxpr, consts = deferred.jaxpr, deferred.consts
-
-        def run(*values):
-            return self.eval_jaxpr(jaxpr, consts, *values, execution_config=execution_config)
-
-        zeros = [
-            jax.numpy.zeros_like(a) if type(t).__name__ == "Zero" else t
-            for a, t in zip(args, tangents, strict=True)
-        ]
-        results, jvps = jax.jvp(run, tuple(args), tuple(zeros))
-        return list(results), list(jvps)
-
-    def _execute_through_workflow(self, circuits: Sequence[QuantumScript], config):
-        """Circuits whose parameters a framework differentiates
-        (``_holds_differentiated_values``) that reached the device without PennyLane's
-        interface for it (default.qubit is traced by the framework; this device is not):
-        executed again through PennyLane's workflow, which now finds their interface, so
-        that the framework differentiates them by the gradient method of ``config``. The
-        tracker counts them once; other threads' recordings wait for this execution
-        (``without_queuing``)."""
-        if config.mcm_config.mcm_method == "one-shot" and any(
-            isinstance(op, qml.ops.MidMeasure) for c in circuits for op in c.operations
-        ):
-            raise DeviceError(
-                "custatevec.qubit cannot differentiate, with mcm_method='one-shot', a "
-                "circuit that reached it with differentiated values outside PennyLane's "
-                "interface (an array of autograd values such as a tuple of trainable "
-                "scalars, or dev.execute called inside torch or jax differentiation); "
-                "stack the values into one array (qml.numpy.stack), run a QNode, or use "
-                "mcm_method='deferred'."
-            )
-        tracking, self.tracker.active = self.tracker.active, False
-        try:
-            with without_queuing():  # a rare path: PennyLane's workflow builds operators
-                return qml.execute(
-                    [_with_differentiated_parameters(circuit) for circuit in circuits],
-                    self,
-                    diff_method=config.gradient_method or "best",
-                    device_vjp=bool(config.use_device_jacobian_product),
-                    max_diff=config.derivative_order,
-                    gradient_kwargs=config.gradient_keyword_arguments,
-                    postselect_mode=config.mcm_config.postselect_mode,
-                    mcm_method=config.mcm_config.mcm_method,
-                )
-        finally:
-            self.tracker.active = tracking
+        """The results of a captured program and their JVP (``capture.jaxpr_jvp``)."""
+        return capture.jaxpr_jvp(self, jaxpr, args, tangents, execution_config)
 
     def _execute(self, circuits: Sequence[QuantumScript], config: ExecutionConfig):
         """Results; with adjoint differentiation, the final states are kept for the
@@ -560,24 +301,24 @@ class CuStateVecDevice(Device):
     # (``_execute``, ``_compute_derivatives``, ``_compute_vjp``), never another public
     # method, so that qml.Tracker counts every call once, as default.qubit does.
 
-    @_capture_paused
+    @capture_paused
     def compute_derivatives(
         self,
         circuits: Sequence[QuantumScript],
         execution_config: ExecutionConfig | None = None,
     ):
-        _refuse_differentiable_backward()
+        refuse_differentiable_backward()
         return self._compute_derivatives(circuits, execution_config)
 
     def _compute_derivatives(
         self, circuits: Sequence[QuantumScript], execution_config: ExecutionConfig | None
     ):
         in_force = self.options_in_force(execution_config)
-        expanded = _each_rebound_expanded(
+        expanded = each_rebound_expanded(
             circuits,
             [None] * len(circuits),
             in_force,
-            lambda tape, _: _stacked(
+            lambda tape, _: stacked(
                 self._compute_derivatives(expand_broadcasts(tape)[0], execution_config)
             ),
             lambda tape, _: self._compute_derivatives([tape], execution_config)[0],
@@ -585,10 +326,10 @@ class CuStateVecDevice(Device):
         if expanded is not None:
             return expanded
         kept = self._runs.take_kept(circuits)
-        _require_adjoint_serves(circuits, kept, execution_config, in_force)
+        require_served(circuits, kept, execution_config, in_force)
         return self._runs.jacobians(circuits, kept, in_force)
 
-    @_capture_paused
+    @capture_paused
     def execute_and_compute_derivatives(
         self,
         circuits: Sequence[QuantumScript],
@@ -598,14 +339,14 @@ class CuStateVecDevice(Device):
         results = self._execute(circuits, config)
         return results, self._compute_derivatives(circuits, config)
 
-    @_capture_paused
+    @capture_paused
     def compute_vjp(
         self,
         circuits: Sequence[QuantumScript],
         cotangents: Sequence,
         execution_config: ExecutionConfig | None = None,
     ):
-        _refuse_differentiable_backward()
+        refuse_differentiable_backward()
         return self._compute_vjp(circuits, cotangents, execution_config)
 
     def _compute_vjp(
@@ -615,11 +356,11 @@ class CuStateVecDevice(Device):
         execution_config: ExecutionConfig | None,
     ):
         in_force = self.options_in_force(execution_config)
-        expanded = _each_rebound_expanded(
+        expanded = each_rebound_expanded(
             circuits,
             cotangents,
             in_force,
-            lambda tape, dy: _broadcast_vjp(
+            lambda tape, dy: broadcast_vjp(
                 tape, dy, lambda t, c: self._compute_vjp(t, c, execution_config)
             ),
             lambda tape, dy: self._compute_vjp([tape], [dy], execution_config)[0],
@@ -627,10 +368,10 @@ class CuStateVecDevice(Device):
         if expanded is not None:
             return expanded
         kept = self._runs.take_kept(circuits)
-        _require_adjoint_serves(circuits, kept, execution_config, in_force)
+        require_served(circuits, kept, execution_config, in_force)
         return self._runs.vjps(circuits, cotangents, kept, in_force)
 
-    @_capture_paused
+    @capture_paused
     def execute_and_compute_vjp(
         self,
         circuits: Sequence[QuantumScript],
@@ -641,7 +382,7 @@ class CuStateVecDevice(Device):
         results = self._execute(circuits, config)
         return results, self._compute_vjp(circuits, cotangents, config)
 
-    @_capture_paused
+    @capture_paused
     def compute_jvp(
         self,
         circuits: Sequence[QuantumScript],
@@ -656,7 +397,7 @@ class CuStateVecDevice(Device):
         (see ``pennylane_custatevec.gradients.jvp``)."""
         return self._compute_jvp(circuits, tangents, execution_config)
 
-    @_capture_paused
+    @capture_paused
     def execute_and_compute_jvp(
         self,
         circuits: Sequence[QuantumScript],
@@ -675,11 +416,11 @@ class CuStateVecDevice(Device):
         """``compute_jvp`` without the tracker's count (``execute_and_compute_jvp`` counts
         its JVPs itself)."""
         in_force = self.options_in_force(config)
-        expanded = _each_rebound_expanded(
+        expanded = each_rebound_expanded(
             circuits,
             tangents,
             in_force,
-            lambda tape, t: _stacked(self._compute_jvp(*_broadcast_entries(tape, t), config)),
+            lambda tape, t: stacked(self._compute_jvp(*broadcast_entries(tape, t), config)),
             lambda tape, t: self._compute_jvp([tape], [t], config)[0],
         )
         if expanded is not None:
@@ -689,7 +430,7 @@ class CuStateVecDevice(Device):
             tangents,
             self._runs.take_kept(circuits),
             in_force,
-            validate=lambda tapes, kept: _require_adjoint_serves(tapes, kept, config, in_force),
+            validate=lambda tapes, kept: require_served(tapes, kept, config, in_force),
         )
 
     # --- the compiled path's entry points (pennylane_custatevec.compiled) -----------------
@@ -805,234 +546,10 @@ class CuStateVecDevice(Device):
         config = execution_config or ExecutionConfig(gradient_method="adjoint")
         in_force = self.options_in_force(config)
         kept = run.take_kept()
-        _require_adjoint_serves(run.tapes, kept, config, in_force)
+        require_served(run.tapes, kept, config, in_force)
         self._track_vjps(len(run.tapes))
         return self._runs.vjps(run.tapes, cotangents, kept, in_force)
 
 
-def _rebound_broadcast(tape: QuantumScript, in_force: settings.DifferentiationOptions) -> bool:
-    """Whether ``tape`` is broadcast where the sweep of the mode in force does not take a
-    broadcast tape whole (a trainable parameter broadcast, or the eager mode): the
-    preprocessing expands such tapes, but PennyLane binds broadcast parameters into
-    preprocessed tapes afterwards (``jax.vmap`` over a QNode with ``device_vjp=True``)."""
-    if tape_batch_size(tape) is None:
-        return False
-    if in_force.grad_accumulation == "eager":
-        return True
-    return any(is_broadcast(tape.par_info[index]["op"]) for index in tape.trainable_params)
-
-
-def _each_rebound_expanded(circuits, per_tape, in_force, expanded, alone) -> tuple | None:
-    """None where no tape is ``_rebound_broadcast`` (the derivative method goes on as
-    usual); else each tape's derivative, ``expanded(tape, per_tape[i])`` for a rebound
-    tape and ``alone(tape, per_tape[i])`` for the others. One check per tape."""
-    rebound = [_rebound_broadcast(tape, in_force) for tape in circuits]
-    if not any(rebound):
-        return None
-    return tuple(
-        expanded(tape, extra) if expand else alone(tape, extra)
-        for tape, extra, expand in zip(circuits, per_tape, rebound, strict=True)
-    )
-
-
-def _broadcast_parameters(tape: QuantumScript) -> list[bool]:
-    """Per trainable parameter of a broadcast tape: whether it is broadcast (has the batch
-    axis first, beyond its own dimensions)."""
-    parameters = tape.get_parameters(trainable_only=False)
-    flags = []
-    for index in tape.trainable_params:
-        info = tape.par_info[index]
-        own_ndim = info["op"].ndim_params[info["p_idx"]]
-        flags.append(is_broadcast(info["op"]) and np.ndim(parameters[index]) > own_ndim)
-    return flags
-
-
-def _broadcast_entries(tape: QuantumScript, tangents) -> tuple[list, list]:
-    """The entries of a broadcast tape and the tangents of each: a broadcast parameter's
-    tangent split by entry, another's the same for every entry."""
-    entries, _ = expand_broadcasts(tape)
-    flags = _broadcast_parameters(tape)
-
-    def entry_tangents(b: int) -> tuple:
-        return tuple(
-            t[b] if broadcast and t is not None and np.ndim(t) else t
-            for t, broadcast in zip(tangents, flags, strict=True)
-        )
-
-    return list(entries), [entry_tangents(b) for b in range(len(entries))]
-
-
-def _stacked(per_entry: Sequence):
-    """Results of the entries of a broadcast tape (nested tuples alike) stacked into the
-    broadcast tape's: the batch axis first in every leaf."""
-    first = per_entry[0]
-    if isinstance(first, (tuple, list)):
-        return tuple(_stacked([entry[i] for entry in per_entry]) for i in range(len(first)))
-    return np.stack([np.asarray(entry) for entry in per_entry])
-
-
-def _broadcast_vjp(tape: QuantumScript, cotangent, vjps) -> tuple:
-    """The VJP of a broadcast tape from the VJPs of its entries (``vjps(tapes,
-    cotangents)``), as the preprocessing's expansion would give it: a broadcast parameter's
-    gradient has one entry per broadcast entry, another parameter's is their sum. The
-    cotangent of each result has the batch axis first (or is a scalar or None)."""
-    entries, _ = expand_broadcasts(tape)
-    single = len(tape.measurements) == 1
-    per_measurement = (cotangent,) if single else tuple(cotangent)
-
-    def entry_cotangent(b: int):
-        split = tuple(dy if dy is None or np.ndim(dy) == 0 else dy[b] for dy in per_measurement)
-        return split[0] if single else split
-
-    gradients = vjps(list(entries), [entry_cotangent(b) for b in range(len(entries))])
-    return tuple(
-        np.stack(per_entry) if broadcast else np.sum(per_entry, axis=0)
-        for per_entry, broadcast in zip(
-            ([np.asarray(g[k]) for g in gradients] for k in range(len(tape.trainable_params))),
-            _broadcast_parameters(tape),
-            strict=True,
-        )
-    )
-
-
-def _require_adjoint_serves(
-    tapes: Sequence[QuantumScript],
-    kept: Sequence[Kept | None],
-    config: ExecutionConfig | None,
-    in_force: settings.DifferentiationOptions,
-) -> None:
-    """Refuse a tape the sweep of the mode in force cannot differentiate, as the
-    preprocessing would, unless ``config`` says that the preprocessing validated the
-    tapes (``ADJOINT_VALIDATED_IN_PREPROCESSING``). As the sweep reads them: the tape's
-    ``trainable_params``, and whether it is broadcast from the compilation the forward
-    pass kept (``kept[i]``), if any."""
-    if config is not None and config.device_options.get(ADJOINT_VALIDATED_IN_PREPROCESSING):
-        if config.interface is Interface.JAX_JIT:
-            _refuse_matrices_left_whole(tapes)
-        return
-    batched = in_force.grad_accumulation == "deferred"
-    for tape, entry in zip(tapes, kept, strict=True):
-        broadcast = None if entry is None else entry.broadcast
-        require_adjoint_serves(tape, broadcast=broadcast, batched=batched)
-
-
-def _refuse_matrices_left_whole(tapes: Sequence[QuantumScript]) -> None:
-    """Under ``jax.jit``, the validated tapes may hold a trainable unitary matrix that the
-    preprocessing left whole (``entrywise.left_whole_under_jit``: traced by jit alone, too
-    wide to pass entry by entry): its derivative, asked for now, is refused by name."""
-    for tape in tapes:
-        for index in tape.trainable_params:
-            op = tape.par_info[index]["op"]
-            if isinstance(op, (qml.QubitUnitary, qml.ControlledQubitUnitary)):
-                raise DeviceError(
-                    "custatevec.qubit cannot differentiate this circuit by adjoint: "
-                    f"{jit_whole_matrix_reason(op)}."
-                )
-
-
-def _traced_shots(shots) -> bool:
-    """Whether a number of shots of ``shots`` (a ``Shots``, or what makes one) is a jax
-    tracer (PennyLane's captured QNode under ``jax.jit``)."""
-    counts = shots.shot_vector if isinstance(shots, Shots) else [shots]
-    return any(
-        math.is_abstract(getattr(count, "shots", count))
-        or math.is_abstract(getattr(count, "copies", 1))
-        for count in counts
-    )
-
-
-def _flat_results(result, tape: QuantumScript) -> list:
-    """A tape's results as the flat list that ``eval_jaxpr`` returns: one entry per
-    measurement, per shot copy first for a shot vector (the order of PennyLane's captured
-    QNode, ``_capture_qnode._get_shapes_for``); none for a tape without measurements."""
-    count = len(tape.measurements)
-    if count == 0:
-        return []
-    copies = result if tape.shots.has_partitioned_shots else (result,)
-    return [value for copy in copies for value in (copy if count > 1 else (copy,))]
-
-
 def _adjoint_config(config: ExecutionConfig | None) -> ExecutionConfig:
     return dataclasses.replace(config or ExecutionConfig(), gradient_method="adjoint")
-
-
-_PLAIN_VALUE_TYPES = (float, int, complex, np.float64, np.complex128)
-
-
-def _holds_differentiated_values(circuits: Sequence[QuantumScript]) -> bool:
-    """Whether a parameter of ``circuits`` is one a framework differentiates
-    (``_differentiated_items``). PennyLane's workflow hands the device numpy values;
-    these come from code that calls ``dev.execute`` inside a differentiated function
-    (PennyLane's gradient-transform tests do: ``fn(dev.execute(tapes))`` under
-    ``torch.autograd.functional.jacobian`` or ``jax.jacobian``), and from a circuit whose
-    interface PennyLane takes for numpy while autograd traces it: one whose parameter is
-    a numpy array of autograd values, such as ``qml.AngleEmbedding((a, b), ...)`` with
-    trainable scalars a and b under ``qml.grad`` (numpy builds an array of objects, and
-    the gates of its decomposition get elements of it)."""
-    return any(
-        type(value) not in _PLAIN_VALUE_TYPES and _differentiated_items(value) is not None
-        for circuit in circuits
-        for op in circuit.operations
-        for value in op.data
-    )
-
-
-def _differentiated_items(value) -> list | None:
-    """``[value]`` for an autograd value, a torch tensor that requires grad or a jax
-    tracer; the elements of a numpy array of objects that holds an autograd value; else
-    None. Torch and jax are looked up only where already imported."""
-    if isinstance(value, Box):
-        return [value]
-    if isinstance(value, np.ndarray):
-        if value.dtype == np.dtype(object):
-            items = list(value.flat)
-            if any(isinstance(item, Box) for item in items):
-                return items
-        return None
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(value, torch.Tensor) and value.requires_grad:
-        return [value]
-    jax = sys.modules.get("jax")
-    if jax is not None and isinstance(value, jax.core.Tracer):
-        return [value]
-    return None
-
-
-def _with_differentiated_parameters(circuit: QuantumScript) -> QuantumScript:
-    """``circuit`` with each numpy array of objects that holds autograd values as one
-    autograd array (so that PennyLane finds the interface), and the differentiated
-    parameters marked trainable."""
-    parameters = circuit.get_parameters(trainable_only=False)
-    trainable = []
-    for index, value in enumerate(parameters):
-        items = _differentiated_items(value)
-        if items is None:
-            continue
-        trainable.append(index)
-        if isinstance(value, np.ndarray):
-            stacked = math.stack([math.asarray(item, like="autograd") for item in items])
-            parameters[index] = math.reshape(stacked, value.shape)
-    return circuit.bind_new_parameters(parameters, list(range(len(parameters)))).copy(
-        trainable_params=trainable
-    )
-
-
-def _refuse_differentiable_backward() -> None:
-    """Refuse derivatives (a VJP, a Jacobian) asked for inside torch's backward pass with
-    ``create_graph=True`` (torch enables grad mode in a backward pass only then: a
-    Hessian, a gradient penalty, PennyLane's ``classical_fisher``): they are computed
-    outside torch, so every derivative of them would be zero. (Tensors that raise only
-    when differentiated again cannot be made here: the device does not hold the torch
-    inputs they would have to depend on.) For torch the device takes the Jacobian in the
-    backward pass (``grad_on_execution=False`` unless set), so that this check sees it."""
-    torch = sys.modules.get("torch")  # imported by whoever runs a torch backward pass
-    if torch is None or not torch.is_grad_enabled():
-        return
-    if torch._C._current_graph_task_id() == -1:  # not inside a backward pass
-        return
-    raise SecondDerivativesError(
-        "custatevec.qubit's derivatives are not differentiable, and torch asked for them "
-        "with create_graph=True (a Hessian, a gradient of a gradient), whose derivatives "
-        "would be zero. Set max_diff=2 on the QNode with diff_method='parameter-shift' (or "
-        "'best', which picks it then)."
-    )

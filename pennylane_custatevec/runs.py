@@ -32,15 +32,20 @@ from typing import Protocol
 
 import numpy as np
 import pennylane as qml
+from pennylane.devices import ExecutionConfig
+from pennylane.exceptions import DeviceError
+from pennylane.math import Interface
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
 from . import direct, simulate
 from .backends.base import Backend
-from .entrywise import EntrywiseState, EntrywiseUnitary
+from .entrywise import EntrywiseState, EntrywiseUnitary, jit_whole_matrix_reason
 from .execution import PreparedTape, RunResult, run_tapes
 from .gradients import deferred, eager, jvp
+from .gradients.common import require_adjoint_serves
 from .kept import KeptState
+from .preprocess.config import ADJOINT_VALIDATED_IN_PREPROCESSING
 from .settings import DifferentiationOptions
 from .structures import Structure, StructureCache, StructureKey, StructureRun
 
@@ -311,6 +316,41 @@ class Runs:
             return jvp.zeros(tape, self.wires, entry.compilation if entry else None)
 
         return jvp.jvps(tapes, tangents, general, jacobians=jacobians, zero_jvp=zero_jvp)
+
+
+def require_served(
+    tapes: Sequence[QuantumScript],
+    kept: Sequence[Kept | None],
+    config: ExecutionConfig | None,
+    in_force: DifferentiationOptions,
+) -> None:
+    """Refuse a tape the sweep of the mode in force cannot differentiate, as the
+    preprocessing would, unless ``config`` says that the preprocessing validated the
+    tapes (``ADJOINT_VALIDATED_IN_PREPROCESSING``). As the sweep reads them: the tape's
+    ``trainable_params``, and whether it is broadcast from the compilation the forward
+    pass kept (``kept[i]``), if any."""
+    if config is not None and config.device_options.get(ADJOINT_VALIDATED_IN_PREPROCESSING):
+        if config.interface is Interface.JAX_JIT:
+            _refuse_matrices_left_whole(tapes)
+        return
+    batched = in_force.grad_accumulation == "deferred"
+    for tape, entry in zip(tapes, kept, strict=True):
+        broadcast = None if entry is None else entry.broadcast
+        require_adjoint_serves(tape, broadcast=broadcast, batched=batched)
+
+
+def _refuse_matrices_left_whole(tapes: Sequence[QuantumScript]) -> None:
+    """Under ``jax.jit``, the validated tapes may hold a trainable unitary matrix that the
+    preprocessing left whole (``entrywise.left_whole_under_jit``: traced by jit alone, too
+    wide to pass entry by entry): its derivative, asked for now, is refused by name."""
+    for tape in tapes:
+        for index in tape.trainable_params:
+            op = tape.par_info[index]["op"]
+            if isinstance(op, (qml.QubitUnitary, qml.ControlledQubitUnitary)):
+                raise DeviceError(
+                    "custatevec.qubit cannot differentiate this circuit by adjoint: "
+                    f"{jit_whole_matrix_reason(op)}."
+                )
 
 
 def _swept(

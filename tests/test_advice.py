@@ -11,7 +11,7 @@ import pytest
 
 from pennylane_custatevec import CuStateVecDevice, advice, simulate
 from pennylane_custatevec.backends.cpu import CPUBackend
-from pennylane_custatevec.device import UnknownOptionError
+from pennylane_custatevec.device_options import UnknownOptionError
 
 VALID = list(advice.OPTIONS)
 LISTED = (

@@ -44,7 +44,7 @@ def probe_sees(monkeypatch):
 PROBLEMS = {
     "no-cupy": (
         lambda: ModuleNotFoundError("No module named 'cupy'", name="cupy"),
-        r"cupy is not installed \(pip install \"pennylane-custatevec\[cuda12\]\"",
+        r"cupy is not installed \(from the repository's folder, pip install \"\.\[cuda12\]\"",
     ),
     "no-cuquantum": (
         lambda: ModuleNotFoundError("No module named 'cuquantum'", name="cuquantum"),

@@ -132,7 +132,7 @@ def execution_config(
                 updates[field] = True
         if config.grad_on_execution is None and config.interface is Interface.TORCH:
             # the Jacobian in torch's backward pass, where a second derivative shows
-            # (_refuse_differentiable_backward); from the state the forward kept
+            # (framework_values.refuse_differentiable_backward); from the state the forward kept
             updates["grad_on_execution"] = False
     method = updates.get("gradient_method", config.gradient_method)
     if circuit is not None and config.interface in JAX_INTERFACES:

@@ -20,7 +20,6 @@ from pennylane.measurements import SampleMeasurement, StateMeasurement
 from pennylane.transforms import defer_measurements, dynamic_one_shot
 from pennylane.wires import Wires
 
-from .. import advice
 from ..measure import SHADOW_MEASUREMENTS
 from ..queuing import PipelineWithoutQueuing
 from ..settings import DifferentiationOptions
@@ -53,6 +52,7 @@ from .mid_circuit import (
 )
 from .refusals import (
     refuse_autograd_hessians_of_alike_measurements,
+    refuse_channels,
     refuse_complex_parameters_under_gradient_transforms,
     refuse_differentiated_measurement_bases,
     refuse_higher_derivatives,
@@ -64,7 +64,7 @@ from .sampled import rotate_sampled_measurements
 TRACING_INTERFACES = JAX_INTERFACES | {Interface.AUTOGRAD}
 """Where a second derivative shows in the parameters the device's preprocessing sees
 (nested autograd boxes or jax tracers: ``refusals.refuse_higher_derivatives``); torch's
-shows in its backward pass (``device._refuse_differentiable_backward``)."""
+shows in its backward pass (``framework_values.refuse_differentiable_backward``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +166,7 @@ def decomposition(
     preparations, gathered rotations, entrywise matrices, native templates, work wires.
     Noise channels are refused first, by name."""
     differentiating = config.gradient_method == "adjoint"
-    pipeline.add_transform(advice.refuse_channels)  # before decomposing: names default.mixed
+    pipeline.add_transform(refuse_channels)  # before decomposing: names default.mixed
     pipeline.add_transform(decompose_late_state_preps)
     # gathered before decomposing (fewer operations to inspect) and after (runs that
     # decompositions made, e.g. trainable Rot gates)

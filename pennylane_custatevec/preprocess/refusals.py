@@ -6,6 +6,9 @@ than ``max_diff`` (or than autograd reaches)."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import pennylane as qml
 from autograd.tracer import Box
 from pennylane import math
@@ -16,6 +19,7 @@ from pennylane.ops import Conditional, MidMeasure
 from pennylane.tape import QuantumScript
 from pennylane.transforms.core import transform
 
+from ..advice import channel_message
 from .common import first_result, is_dynamic_type, is_in_other_basis
 
 
@@ -453,4 +457,23 @@ def refuse_autograd_hessians_of_alike_measurements(tape: QuantumScript, method: 
             "return measurements of different shapes (one probs over all their wires, or "
             "the measurements of one shape from a QNode of their own)."
         )
+    return (tape,), first_result
+
+
+@functools.cache
+def _is_channel_type(kind: type) -> bool:
+    """Whether an operation of type ``kind`` is a noise channel (cached by type: an
+    ``isinstance`` on PennyLane's operator classes per operation costs more)."""
+    return issubclass(kind, qml.operation.Channel)
+
+
+@transform
+def refuse_channels(tape: QuantumScript) -> tuple[tuple[QuantumScript], Callable]:
+    """Refuse a tape that applies a noise channel (``qml.operation.Channel``, or a
+    ``qml.cond`` of one), naming default.mixed (``advice.channel_message``), instead of
+    PennyLane's "not supported ... no decomposition"."""
+    for op in tape.operations:
+        for candidate in (op, getattr(op, "base", None)):
+            if candidate is not None and _is_channel_type(type(candidate)):
+                raise DeviceError(channel_message(candidate.name))
     return (tape,), first_result
