@@ -34,7 +34,7 @@ from .backends import BACKEND_CHOICES, distributed, messages, select_backend
 from .entrywise import EntrywiseState, EntrywiseUnitary, jit_whole_matrix_reason
 from .execution import PreparedTape, run_tapes
 from .gradients import deferred, eager, jvp
-from .gradients.common import has_a_generator, require_adjoint_serves
+from .gradients.validation import has_a_generator, require_adjoint_serves
 from .kept import KeptState
 from .measure import SHADOW_MEASUREMENTS, measurable
 from .program import compiles_by_gate, is_broadcast, tape_batch_size

@@ -324,7 +324,7 @@ def measured_on_positions(mp: MeasurementProcess, wires: Wires) -> tuple:
 class PauliPlan:
     """The expectation values of Pauli sentences among a tape's measurements, as backend
     words: what ``measure_all_analytic`` measures in one backend call and what the
-    adjoint bras of those measurements apply (``gradients.common.add_cotangent_terms``)."""
+    adjoint bras of those measurements apply (``gradients.bras.add_cotangent_terms``)."""
 
     words: tuple[tuple[str, tuple[int, ...]], ...]
     """The distinct words of all of them: (letters, state bits), letter j on bits[j]."""

@@ -64,12 +64,8 @@ from .entrywise import (
     too_wide,
 )
 from .exact import observable_key
-from .gradients.common import (
-    MatrixDerivative,
-    is_swept,
-    observable_derivatives,
-    require_adjoint_serves,
-)
+from .gradients.observables import MatrixDerivative, observable_derivatives
+from .gradients.validation import is_swept, require_adjoint_serves
 from .measure import DENSE_OBSERVABLE_WIRES, SHADOW_MEASUREMENTS, measured_on_positions
 from .program import (
     is_broadcast,

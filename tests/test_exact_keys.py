@@ -37,7 +37,7 @@ import pennylane_custatevec
 import pennylane_custatevec.execution
 import pennylane_custatevec.gradients.deferred
 from pennylane_custatevec import exact
-from pennylane_custatevec.gradients.common import DifferentiatedTape
+from pennylane_custatevec.gradients.differentiated import DifferentiatedTape
 
 ATOL = 1e-10
 W = ["a", 3, "q1", 0]

@@ -27,7 +27,7 @@ from pennylane_custatevec.backends.base import (
 )
 from pennylane_custatevec.backends.cpu import CPUBackend
 from pennylane_custatevec.gradients import deferred
-from pennylane_custatevec.gradients.common import DifferentiatedTape
+from pennylane_custatevec.gradients.differentiated import DifferentiatedTape
 from pennylane_custatevec.instructions import Instruction, Kind, apply_instruction
 from pennylane_custatevec.program import flatten
 from pennylane_custatevec.structures import Structure, StructureKey

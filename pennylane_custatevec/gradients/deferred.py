@@ -51,23 +51,18 @@ from ..kept import KeptState
 from ..pauli import pauli_word_matrix
 from ..program import Compilation, Register, Step, flatten, merge, plain_rotation
 from ..queuing import generator_of
-from .common import (
-    DifferentiatedTape,
-    SweepMemory,
-    add_cotangent_terms,
-    bra_build_scratch,
+from .bras import add_cotangent_terms
+from .cotangents import (
     checked_cotangents,
     cotangent_batch,
-    eager_sweep_memory,
     format_jacobian,
-    is_zero,
     one_hot_rows,
-    output_shape,
-    output_size,
-    require_sweep_memory,
     stacked_gradients,
-    state_derivatives,
 )
+from .differentiated import DifferentiatedTape
+from .forward import state_derivatives
+from .memory import SweepMemory, bra_build_scratch, eager_sweep_memory, require_sweep_memory
+from .results import is_zero, output_shape, output_size
 
 
 @dataclasses.dataclass
@@ -567,7 +562,7 @@ class SweepContext:
     """What every step of one sweep reads and writes: the B state vectors ``phi`` and
     their ``rows`` (R) bras each (``bras``: vector b's at rows b*R .. b*R + R - 1), walked
     back in place; the merged compilation's ``register`` and ``steps``; ``columns``
-    ({step index: column} of the trainable gates, see ``common.DifferentiatedTape``); and
+    ({step index: column} of the trainable gates, see ``differentiated.DifferentiatedTape``); and
     ``gradients``, float64 (B, R, n_columns), which the steps and the pending reductions
     fill."""
 
@@ -621,10 +616,10 @@ def sweep(
     """d/dtheta Re <bra|psi> for every bra and column, float64 (B, R, n_columns).
 
     ``phi``: the B final states (consumed); ``bras``: R per vector (consumed); ``columns``:
-    {step index: column} of the trainable gates (see ``common.DifferentiatedTape``); ``plan``: a
-    fused plan made before (the forward pass's), walked back where it is the plan of
-    ``compilation`` for the width wanted here (``fusion.FusedPlan.fits``), else the
-    compilation is planned again.
+    {step index: column} of the trainable gates (see
+    ``differentiated.DifferentiatedTape``); ``plan``: a fused plan made before (the forward
+    pass's), walked back where it is the plan of ``compilation`` for the width wanted here
+    (``fusion.FusedPlan.fits``), else the compilation is planned again.
 
     The units are walked back from the last one to the first trainable one: a unit
     without a trainable gate is undone, any other takes the step of its kind

@@ -38,7 +38,7 @@ from pennylane.wires import Wires
 
 from ..kept import KeptState
 from ..program import Compilation, compile_steps
-from .common import is_zero, output_shape
+from .results import is_zero, output_shape
 
 
 @dataclasses.dataclass
