@@ -44,8 +44,8 @@ from pennylane.tape import QuantumScript
 from . import measure, sequences, simulate
 from .backends.base import Backend, StateBatch
 from .gradients.cotangents import checked_cotangents, cotangent_batch, stacked_gradients
-from .gradients.deferred import sequence_sweep_plan
 from .gradients.differentiated import DifferentiatedTape
+from .gradients.fused_sweep import sequence_sweep_plan
 from .instructions import Kind
 from .kept import KeptState
 from .program import Compilation

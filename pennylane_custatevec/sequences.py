@@ -123,7 +123,7 @@ def sweep(
     n_columns: int,
 ) -> np.ndarray:
     """d/dtheta Re <bra|psi> for every bra and column, (B, R, n_columns), in one call (as
-    ``deferred.sweep``; ``phi`` and ``bras`` consumed)."""
+    ``fused_sweep.sweep``; ``phi`` and ``bras`` consumed)."""
     return backend.sweep_sequence(
         phi,
         bras,

@@ -26,7 +26,7 @@ from pennylane_custatevec.backends.base import (
     RotationEntry,
 )
 from pennylane_custatevec.backends.cpu import CPUBackend
-from pennylane_custatevec.gradients import deferred
+from pennylane_custatevec.gradients import fused_sweep
 from pennylane_custatevec.gradients.differentiated import DifferentiatedTape
 from pennylane_custatevec.instructions import Instruction, Kind, apply_instruction
 from pennylane_custatevec.program import flatten
@@ -298,7 +298,7 @@ def _compiled(name: str, form: str):
 
 def _sweep(backend, tape, compilation, state, bras):
     circuit = DifferentiatedTape(tape, None, compilation)
-    return deferred.sweep(
+    return fused_sweep.sweep(
         backend, compilation, circuit.columns, circuit.n_columns, 1, state, bras, plan=None
     )
 
