@@ -504,7 +504,7 @@ class Backend(abc.ABC):
                     entry = np.zeros((1, d, d), dtype=np.complex128)
                     entry[0, a, c] = 1.0
                     self.apply_matrix(moved, entry, targets)
-                reduction[:, :, a, c] = self._bra_products(bras, moved, rows)
+                reduction[:, :, a, c] = self.bra_products(bras, moved, rows)
         self._apply_block(bras, per_bra(adjoints, rows), targets)
         return reduction
 
@@ -712,7 +712,7 @@ class Backend(abc.ABC):
         else:
             self.scale(state, matrices[:, 0, 0])
 
-    def _bra_products(self, bras: StateBatch, kets: StateBatch, rows: int) -> np.ndarray:
+    def bra_products(self, bras: StateBatch, kets: StateBatch, rows: int) -> np.ndarray:
         """<bra_{b,r}|kets_b>, complex128 (B, R): vector b's R bras against its ket (one
         ``braket`` per vector); ``kets`` is scratch."""
         batch = kets.shape[0]
@@ -739,7 +739,7 @@ class Backend(abc.ABC):
         for j, (paulis, bits) in enumerate(words):
             flipped = self.copy(phi)
             self.apply_pauli(flipped, paulis, bits)
-            products[:, :, j] = self._bra_products(bras, flipped, rows)
+            products[:, :, j] = self.bra_products(bras, flipped, rows)
         angles = np.asarray(angles, dtype=np.float64)
         rotate(phi, -angles)
         rotate(bras, -per_bra(angles, rows))
