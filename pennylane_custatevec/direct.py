@@ -42,7 +42,8 @@ import numpy as np
 from pennylane.tape import QuantumScript
 
 from . import measure, sequences, simulate
-from .backends.base import Backend, StateBatch
+from .backends.base import Backend
+from .backends.primitives import StateBatch
 from .gradients.cotangents import checked_cotangents, cotangent_batch, stacked_gradients
 from .gradients.differentiated import DifferentiatedTape
 from .gradients.fused_sweep import sequence_sweep_plan

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .backends.base import FusionTraits
+from .backends.primitives import FusionTraits
 from .instructions import Instruction, Kind, has_matrix, instruction_matrix
 from .pauli import pauli_word_matrix
 from .program import Compilation, Program, Register, Step, plain_rotation, wire_labels

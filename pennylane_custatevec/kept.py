@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .backends.base import StateBatch
+from .backends.primitives import StateBatch
 from .fusion import FusedPlan
 from .program import Compilation
 

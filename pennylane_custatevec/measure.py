@@ -43,7 +43,8 @@ from pennylane.queuing import QueuingManager
 from pennylane.wires import Wires
 
 from . import simulate
-from .backends.base import Backend, StateBatch
+from .backends.base import Backend
+from .backends.primitives import StateBatch
 from .exact import operator_key
 from .instructions import apply_instruction
 from .program import Register, compile_operation

@@ -30,15 +30,15 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from .backends.base import (
-    Backend,
+from .backends.base import Backend
+from .backends.gate_sequence import (
     DenseEntry,
     DerivativeEntry,
     GateSequence,
     RotationEntry,
     SequenceEntry,
-    StateBatch,
 )
+from .backends.primitives import StateBatch
 from .instructions import Instruction, Kind, instruction_matrix
 from .program import Compilation, Step
 

@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from pennylane.exceptions import DeviceError
 
-from .backends.base import Backend, StateBatch
+from .backends.base import Backend
+from .backends.primitives import StateBatch
 from .instructions import (
     Instruction,
     Kind,

@@ -23,7 +23,7 @@ from spies import calls
 
 from pennylane_custatevec import fusion, simulate
 from pennylane_custatevec.backends import CPUBackend
-from pennylane_custatevec.backends.base import FusionTraits
+from pennylane_custatevec.backends.primitives import FusionTraits
 from pennylane_custatevec.instructions import Instruction, Kind, apply_instruction, inverse
 from pennylane_custatevec.program import (
     Register,

@@ -19,13 +19,13 @@ from test_structures import (
 
 import pennylane_custatevec
 from pennylane_custatevec import sequences, simulate
-from pennylane_custatevec.backends.base import (
+from pennylane_custatevec.backends.cpu import CPUBackend
+from pennylane_custatevec.backends.gate_sequence import (
     DenseEntry,
     DerivativeEntry,
     GateSequence,
     RotationEntry,
 )
-from pennylane_custatevec.backends.cpu import CPUBackend
 from pennylane_custatevec.gradients import fused_sweep
 from pennylane_custatevec.gradients.differentiated import DifferentiatedTape
 from pennylane_custatevec.instructions import Instruction, Kind, apply_instruction

@@ -40,8 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from .base import Backend, StateBatch
+from .base import Backend
 from .messages import RankMessages
+from .primitives import StateBatch
 from .rank_layouts import (
     DistributedState,
     RankLayouts,

@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .base import Backend, StateBatch
+from .base import Backend
+from .primitives import StateBatch
 
 Layout = tuple[int, ...]
 """``layout[q]``: the physical bit that holds state bit ``q`` (a permutation of 0..n-1)."""

@@ -30,7 +30,8 @@ from pennylane.measurements import (
 from pennylane.operation import Operator
 
 from .. import measure
-from ..backends.base import Backend, StateBatch
+from ..backends.base import Backend
+from ..backends.primitives import StateBatch
 from ..program import Register
 from .results import is_zero
 

@@ -23,7 +23,8 @@ from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
 from .. import batching, fusion, measure, simulate
-from ..backends.base import Backend, StateBatch
+from ..backends.base import Backend
+from ..backends.primitives import StateBatch
 from ..exact import generator_key
 from ..instructions import Instruction
 from ..kept import KeptState

@@ -15,7 +15,8 @@ from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
 from .. import simulate
-from ..backends.base import Backend, StateBatch
+from ..backends.base import Backend
+from ..backends.primitives import StateBatch
 from ..entrywise import EntrywiseState, EntrywiseUnitary, selected_block
 from ..program import Compilation, Register, compile_steps, flatten
 from .observables import ObservableColumns, observable_data_derivatives, observable_values

@@ -34,7 +34,8 @@ from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
 from .. import measure, simulate
-from ..backends.base import Backend, StateBatch
+from ..backends.base import Backend
+from ..backends.primitives import StateBatch
 from ..instructions import Instruction, Kind, apply_instruction, inverse
 from ..kept import KeptState
 from ..program import (

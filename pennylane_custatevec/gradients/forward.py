@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import measure, simulate
-from ..backends.base import Backend, StateBatch
+from ..backends.base import Backend
+from ..backends.primitives import StateBatch
 from ..instructions import Kind, apply_instruction
 from ..queuing import generator_of
 from .differentiated import DifferentiatedTape

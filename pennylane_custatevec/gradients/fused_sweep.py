@@ -34,7 +34,9 @@ import pennylane as qml
 from pennylane.operation import Operator
 
 from .. import fusion, measure, sequences, settings
-from ..backends.base import Backend, DenseEntry, RotationEntry, StateBatch
+from ..backends.base import Backend
+from ..backends.gate_sequence import DenseEntry, RotationEntry
+from ..backends.primitives import StateBatch
 from ..entrywise import EntrywiseUnitary
 from ..exact import generator_key
 from ..instructions import Instruction, apply_instruction, inverse

@@ -35,7 +35,8 @@ from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
 from .. import measure
-from ..backends.base import Backend, StateBatch
+from ..backends.base import Backend
+from ..backends.primitives import StateBatch
 from ..program import Register
 
 
