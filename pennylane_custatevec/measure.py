@@ -45,9 +45,10 @@ from pennylane.wires import Wires
 from . import simulate
 from .backends.base import Backend
 from .backends.primitives import StateBatch
+from .compile_ops import compile_operation
 from .exact import operator_key
 from .instructions import apply_instruction
-from .program import Register, compile_operation
+from .program import Register
 from .queuing import diagonalizing_gates_of, matrix_of
 from .simulate import require_normalised
 

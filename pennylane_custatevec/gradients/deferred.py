@@ -22,7 +22,7 @@ from pennylane.operation import Operator
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
-from .. import batching, fusion, measure, simulate
+from .. import batching, fused_units, measure, simulate
 from ..backends.base import Backend
 from ..backends.primitives import StateBatch
 from ..exact import generator_key
@@ -56,7 +56,7 @@ class _Task:
     state: StateBatch | None
     rows: list[list[tuple]]  # rows[b]: the R cotangent rows of vector b
     observable: np.ndarray | None = None
-    plan: fusion.FusedPlan | None = None
+    plan: fused_units.FusedPlan | None = None
 
     @classmethod
     def make(

@@ -17,8 +17,9 @@ from pennylane.wires import Wires
 from .. import simulate
 from ..backends.base import Backend
 from ..backends.primitives import StateBatch
+from ..compile_tapes import compile_steps
 from ..entrywise import EntrywiseState, EntrywiseUnitary, selected_block
-from ..program import Compilation, Register, compile_steps, flatten
+from ..program import Compilation, Register, flatten
 from .observables import ObservableColumns, observable_data_derivatives, observable_values
 from .results import is_zero
 

@@ -38,10 +38,7 @@ from ..backends.base import Backend
 from ..backends.primitives import StateBatch
 from ..instructions import Instruction, Kind, apply_instruction, inverse
 from ..kept import KeptState
-from ..program import (
-    Program,
-    plain_rotation,
-)
+from ..program import Program, plain_rotation
 from ..queuing import generator_of
 from .bras import add_cotangent_terms
 from .cotangents import (

@@ -33,7 +33,7 @@ import numpy as np
 import pennylane as qml
 from pennylane.operation import Operator
 
-from .. import fusion, measure, sequences, settings
+from .. import fused_units, fusion, measure, sequences, settings
 from ..backends.base import Backend
 from ..backends.gate_sequence import DenseEntry, RotationEntry
 from ..backends.primitives import StateBatch
@@ -85,7 +85,7 @@ class PendingReduction:
     """The backend's reduction, in its memory: an item of what ``Backend.gather`` takes."""
 
 
-UnitStep = Callable[[SweepContext, fusion.Fused], PendingReduction | None]
+UnitStep = Callable[[SweepContext, fused_units.Fused], PendingReduction | None]
 """The step back through a unit that holds a trainable gate: it undoes the unit on the
 vectors and their bras, and either writes the unit's gradients at once or returns the
 pending reduction they come from."""
@@ -99,7 +99,7 @@ def sweep(
     fusion_qubits: int,
     phi: StateBatch,
     bras: StateBatch,
-    plan: fusion.FusedPlan | None = None,
+    plan: fused_units.FusedPlan | None = None,
 ) -> np.ndarray:
     """d/dtheta Re <bra|psi> for every bra and column, float64 (B, R, n_columns).
 
@@ -107,7 +107,7 @@ def sweep(
     {step index: column} of the trainable gates (see
     ``differentiated.DifferentiatedTape``); ``plan``: a fused plan made before (the forward
     pass's), walked back where it is the plan of ``compilation`` for the width wanted here
-    (``fusion.FusedPlan.fits``), else the compilation is planned again.
+    (``fused_units.FusedPlan.fits``), else the compilation is planned again.
 
     The units are walked back from the last one to the first trainable one: a unit
     without a trainable gate is undone, any other takes the step of its kind
@@ -130,7 +130,7 @@ def sweep(
         gradients=np.zeros((batch, rows, n_columns)),
     )
     fusion_qubits = fusion.block_width(register, fusion_qubits, backend.fusion_traits)
-    units = fusion.fused_plan(compilation, fusion_qubits, backend.fusion_traits, plan).units
+    units = fused_units.fused_plan(compilation, fusion_qubits, backend.fusion_traits, plan).units
     trainable = [context.trainable(fused.unit) for fused in units]
     if not any(trainable):
         return context.gradients
@@ -161,7 +161,7 @@ def step_of(unit: fusion.Unit) -> UnitStep:
     return step
 
 
-def _undo(context: SweepContext, fused: fusion.Fused) -> None:
+def _undo(context: SweepContext, fused: fused_units.Fused) -> None:
     """A unit without a trainable gate, undone on the vectors and on their bras."""
     for instruction in reversed(fused.instructions):
         undo = inverse(instruction)
@@ -169,7 +169,7 @@ def _undo(context: SweepContext, fused: fusion.Fused) -> None:
         apply_instruction(context.backend, context.bras, _for_bras(undo, context.rows))
 
 
-def _z_run_step(context: SweepContext, fused: fusion.Fused) -> PendingReduction:
+def _z_run_step(context: SweepContext, fused: fused_units.Fused) -> PendingReduction:
     """A run of commuting rotations exp(-i theta_j/2 Z_word_j), undone in one pass that
     also takes t[:, :, j] = <bra|Z_word_j|phi> at the run's end."""
     (instruction,) = fused.instructions
@@ -181,7 +181,7 @@ def _z_run_step(context: SweepContext, fused: fusion.Fused) -> PendingReduction:
     )
 
 
-def _one_qubit_rotations_step(context: SweepContext, fused: fusion.Fused) -> PendingReduction:
+def _one_qubit_rotations_step(context: SweepContext, fused: fused_units.Fused) -> PendingReduction:
     """One-qubit rotations exp(-i theta_j/2 P_j) on distinct bits, undone in one pass that
     also takes t[:, :, j] = <bra|P_j|phi> at the unit's end."""
     (instruction,) = fused.instructions
@@ -216,7 +216,7 @@ def _add_to_columns(gradients: np.ndarray, columns: list[int], values: np.ndarra
         np.add.at(np.moveaxis(gradients, 2, 0), columns, np.moveaxis(values, 2, 0))
 
 
-def _block_step(context: SweepContext, fused: fusion.Fused) -> PendingReduction | None:
+def _block_step(context: SweepContext, fused: fused_units.Fused) -> PendingReduction | None:
     """A block on the bits S, undone in the pass that takes the dense reduction
     T[a, c] = sum_r conj(lambda[a, r]) phi[c, r] (``_add_block_gradients``); a block of
     one plain Pauli rotation takes the rotation step of an operation wider than the
@@ -226,7 +226,7 @@ def _block_step(context: SweepContext, fused: fusion.Fused) -> PendingReduction 
         (member,) = unit.members
         _operation_step(context, member)
         return None
-    block, matrices = fusion.block_matrices(context.steps, fused)
+    block, matrices = fused_units.block_matrices(context.steps, fused)
     reduction = context.backend.adjoint_block_step(context.phi, context.bras, block, unit.targets)
     return PendingReduction(
         unit, functools.partial(_add_block_gradients, unit, matrices), reduction
@@ -337,7 +337,7 @@ def _block_derivatives(
     return columns, derivatives, reductions
 
 
-def _tiled_run_step(context: SweepContext, fused: fusion.Fused) -> PendingReduction:
+def _tiled_run_step(context: SweepContext, fused: fused_units.Fused) -> PendingReduction:
     """A tiled run of one-bit blocks, undone tile by tile in one pass that takes every
     block's 2x2 reduction T_j (block j's bra after it, phi before it: the T of
     ``adjoint_block_step`` for each block in turn)."""
@@ -350,7 +350,9 @@ def _tiled_run_step(context: SweepContext, fused: fusion.Fused) -> PendingReduct
     )
 
 
-def _add_tiled_run_gradients(fused: fusion.Fused, context: SweepContext, t: np.ndarray) -> None:
+def _add_tiled_run_gradients(
+    fused: fused_units.Fused, context: SweepContext, t: np.ndarray
+) -> None:
     """Each block j of the run adds its gradients from its reduction t[:, :, j]
     (``_add_block_gradients``, with the matrices of its operations: a block of one
     operation has the run's gate j)."""
@@ -361,13 +363,13 @@ def _add_tiled_run_gradients(fused: fusion.Fused, context: SweepContext, t: np.n
             _add_block_gradients(block, matrices, context, t[:, :, j])
 
 
-def _single_step(context: SweepContext, fused: fusion.Fused) -> None:
+def _single_step(context: SweepContext, fused: fused_units.Fused) -> None:
     """An operation wider than the blocks, run as its own instructions: the eager step
     (``_operation_step``); nothing pending."""
     _operation_step(context, fused.unit.member)
 
 
-def _permutation_run_step(context: SweepContext, fused: fusion.Fused) -> None:
+def _permutation_run_step(context: SweepContext, fused: fused_units.Fused) -> None:
     """A run of bit flips has no trainable gate (``SweepContext.trainable`` is False for
     it, and the sweep undoes it): reaching this is an internal error."""
     raise TypeError(
@@ -387,7 +389,7 @@ _UNIT_STEPS: dict[type, UnitStep] = {
 """The step of each kind of ``fusion.Unit`` (complete over the kinds: a test checks)."""
 
 
-def _pauli_rotation_step_pays(context: SweepContext, fused: fusion.Fused) -> bool:
+def _pauli_rotation_step_pays(context: SweepContext, fused: fused_units.Fused) -> bool:
     """Whether a block of one Pauli rotation takes the backend's fused rotation step (one
     pass, real arithmetic) rather than a dense reduction: on backends whose traits ask for
     it (the CPU, whose dense 2**k products are compute-bound). For a batch of several
@@ -402,7 +404,7 @@ def _pauli_rotation_step_pays(context: SweepContext, fused: fusion.Fused) -> boo
     return plain_rotation(step.operation, step.instructions) is not None
 
 
-def _too_wide_for_a_dense_step(fused: fusion.Fused) -> bool:
+def _too_wide_for_a_dense_step(fused: fused_units.Fused) -> bool:
     """Whether a block of one operation is wider than any fused block
     (``settings.MAX_FUSION_QUBITS``): the planner keeps a wide operation (a MultiRZ on 12
     wires) as a block of its own, and its dense step would reduce over 4**k entries per
@@ -476,7 +478,7 @@ def _generator(register: Register, step: Step, targets: tuple[int, ...]) -> np.n
     rotation = plain_rotation(op, step.instructions)
     if rotation is not None:
         return _pauli_rotation_generator(rotation.paulis, tuple(rotation.targets), targets)
-    return fusion.embed(_generator_matrix(op)[None], register.targets(op.wires), targets)
+    return fused_units.embed(_generator_matrix(op)[None], register.targets(op.wires), targets)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -485,7 +487,7 @@ def _pauli_rotation_generator(
 ) -> np.ndarray:
     """-P/2 of a Pauli rotation on ``bits``, on the block's bits ``targets``, (1, d, d)
     (cached, read-only: every call of a structure asks for the same ones)."""
-    matrix = fusion.embed(-0.5 * pauli_word_matrix(paulis)[None], bits, targets)
+    matrix = fused_units.embed(-0.5 * pauli_word_matrix(paulis)[None], bits, targets)
     matrix.flags.writeable = False
     return matrix
 
