@@ -64,7 +64,7 @@ def product_table(factors: np.ndarray) -> np.ndarray:
     return table
 
 
-def rotation_pair_arguments(angles, paulis: str) -> tuple[np.ndarray, np.ndarray]:
+def rotation_pair_arguments(angles: np.ndarray, paulis: str) -> tuple[np.ndarray, np.ndarray]:
     """(angles (1 or B, 2) float64, letters 1: X, 2: Y, 3: Z) of a ONE_QUBIT_ROTATIONS instruction,
     which this backend runs in pairs (``rotations_per_pass``)."""
     if len(paulis) != 2 or not set(paulis) <= set("XYZ"):
@@ -183,7 +183,7 @@ class ZRotationPlan(NamedTuple):
     tables: np.ndarray  # (1 or B, V, 2J + 1): exp(-i theta_v/2 n) for n = -J .. J
 
 
-def z_rotation_plan(angles: np.ndarray, z_masks, dim: int) -> ZRotationPlan:
+def z_rotation_plan(angles: np.ndarray, z_masks: Sequence[int], dim: int) -> ZRotationPlan:
     """Rotations that share an angle (in every vector) form an angle group v: their phase
     is exp(-i theta_v/2 n_v) with n_v the sum of their signs, an integer looked up in a
     table. A sign factors over the high and low index bits, so n_v at x = h * 2**low + l

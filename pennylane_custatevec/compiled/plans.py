@@ -95,7 +95,7 @@ class ResultsLayout:
     """The shapes of the Function's inputs (the gradients' shapes)."""
 
 
-def as_numpy(value):
+def as_numpy(value: object) -> object:
     """A gate parameter as the device takes it: a torch tensor's data as numpy (no copy on
     the CPU), anything else as it is."""
     if isinstance(value, torch.Tensor):
@@ -129,7 +129,7 @@ def _wrapped_data(value: torch.Tensor) -> np.ndarray:
         return value.detach().cpu().resolve_conj().numpy()
 
 
-def flatten(result) -> tuple[list, object]:
+def flatten(result: object) -> tuple[list, object]:
     """(leaves, nesting) of a result: tuples and lists nest, anything else is a leaf."""
     if isinstance(result, (tuple, list)):
         leaves, children = [], []
@@ -141,7 +141,7 @@ def flatten(result) -> tuple[list, object]:
     return [result], None
 
 
-def unflatten(leaves: Sequence, nesting):
+def unflatten(leaves: Sequence, nesting: object) -> object:
     """The inverse of ``flatten``."""
     if nesting is None:
         (leaf,) = leaves
