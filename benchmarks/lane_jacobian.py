@@ -1,5 +1,5 @@
 """What the compiled path's lane gains by taking the Jacobian in the forward pass
-(``compiled.function.DirectLane.jacobian_on_forward``), and what it costs:
+(``compiled.lanes.DirectLane.jacobian_on_forward``), and what it costs:
 
 - per size, the device's direct calls on W4's circuit (RX on each wire, a CNOT chain,
   expval of Z on the last wire): ``run_direct`` alone, ``run_direct_jacobian`` (the
@@ -27,7 +27,7 @@ from device_part import w4_tapes
 from workloads import chain_problem
 
 import pennylane_custatevec
-from pennylane_custatevec.compiled import function
+from pennylane_custatevec.compiled import lanes
 
 
 def _best_us(call, calls: int) -> float:
@@ -69,8 +69,8 @@ def _direct_row(n: int) -> str:
 
 def _compiled_w4(jacobian_work: int):
     problem = chain_problem(4, 1)
-    saved = function.JACOBIAN_ON_FORWARD_WORK
-    function.JACOBIAN_ON_FORWARD_WORK = jacobian_work  # read when the lane is built
+    saved = lanes.JACOBIAN_ON_FORWARD_WORK
+    lanes.JACOBIAN_ON_FORWARD_WORK = jacobian_work  # read when the lane is built
     try:
         device = qml.device("custatevec.qubit", wires=4)
         qnode = qml.QNode(
@@ -82,7 +82,7 @@ def _compiled_w4(jacobian_work: int):
             angles.grad = None
             compiled(angles).backward()
     finally:
-        function.JACOBIAN_ON_FORWARD_WORK = saved
+        lanes.JACOBIAN_ON_FORWARD_WORK = saved
     return compiled, angles
 
 

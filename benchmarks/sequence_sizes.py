@@ -1,8 +1,9 @@
 """Where gate sequences pay (the provenance of ``CPUBackend.sequence_amplitudes`` and
-``cpu._THREADED_SEQUENCE_AMPLITUDES``): a compiled AngleEmbedding + StronglyEntanglingLayers
-(L=2) training step on registers of several sizes and batches, once with every known
-structure run as a gate sequence and once gate by gate (``sequence_amplitudes`` set to a
-huge value and to 0 on each device's backend), interleaved, best of ``--rounds``.
+``cpu_sequences.THREADED_SEQUENCE_AMPLITUDES``): a compiled AngleEmbedding +
+StronglyEntanglingLayers (L=2) training step on registers of several sizes and batches, once
+with every known structure run as a gate sequence and once gate by gate
+(``sequence_amplitudes`` set to a huge value and to 0 on each device's backend),
+interleaved, best of ``--rounds``.
 
     python benchmarks/sequence_sizes.py
     python benchmarks/sequence_sizes.py --cases 8x64,13x1

@@ -46,7 +46,8 @@ from pennylane.measurements import (
 from pennylane.queuing import QueuingManager
 
 from . import batching, measure, simulate
-from .backends.base import Backend, StateBatch
+from .backends.base import Backend
+from .backends.primitives import StateBatch
 from .instructions import Kind, apply_instruction, masked
 from .program import Program, Register
 

@@ -16,7 +16,7 @@ Forward, for parameters theta (``forward``):
     <O_m>   = sum_k W[m, k] <psi|P_k|psi>
                                     (both: Backend.run_sequence_measured, one call)
 
-VJP, for cotangent rows dy_r (``vjp``; the bras as ``gradients.common`` builds them):
+VJP, for cotangent rows dy_r (``vjp``; the bras as ``gradients.bras`` builds them):
 
     bra_r   = sum_k c_rk P_k psi,  c_rk = 2 sum_m dy_rm W[m, k]
     g_rj    = Re <bra_r| dU/dtheta_j ... |0>            (deferred sweep)
@@ -42,14 +42,11 @@ import numpy as np
 from pennylane.tape import QuantumScript
 
 from . import measure, sequences, simulate
-from .backends.base import Backend, StateBatch
-from .gradients.common import (
-    DifferentiatedTape,
-    checked_cotangents,
-    cotangent_batch,
-    stacked_gradients,
-)
-from .gradients.deferred import sequence_sweep_plan
+from .backends.base import Backend
+from .backends.primitives import StateBatch
+from .gradients.cotangents import checked_cotangents, cotangent_batch, stacked_gradients
+from .gradients.differentiated import DifferentiatedTape
+from .gradients.fused_sweep import sequence_sweep_plan
 from .instructions import Kind
 from .kept import KeptState
 from .program import Compilation

@@ -16,12 +16,13 @@ from pennylane.measurements import CountsMP, MeasurementProcess, ProbabilityMP
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
-from . import batching, branches, fusion, measure, sequences, simulate
+from . import batching, branches, fused_units, fusion, measure, sequences, simulate
 from .backends.base import Backend
+from .compile_tapes import compile_steps
 from .exact import measurements_key
 from .instructions import Kind
 from .kept import KeptState
-from .program import Compilation, Program, Register, compile_steps, flatten, merge, tape_batch_size
+from .program import Compilation, Program, Register, flatten, merge, tape_batch_size
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -188,13 +189,13 @@ def _run_analytic_batch(
 
 def _gate_by_gate(
     backend, compilation: Compilation, fusion_qubits: int, keep: bool
-) -> tuple[fusion.FusedPlan | None, object]:
+) -> tuple[fused_units.FusedPlan | None, object]:
     """(the fused plan or None, the final states) of a compilation run instruction by
     instruction, fused into blocks of at most ``fusion_qubits`` qubits."""
     fusion_qubits = fusion.block_width(compilation.register, fusion_qubits, backend.fusion_traits)
     plan = None
     if fusion_qubits > 1 or keep:  # kept, the plan of one unit per step serves the sweep
-        plan = fusion.fused_plan(compilation, fusion_qubits, backend.fusion_traits)
+        plan = fused_units.fused_plan(compilation, fusion_qubits, backend.fusion_traits)
         program = plan.program
     else:
         program = flatten(compilation)

@@ -35,7 +35,8 @@ import numpy as np
 import pennylane as qml
 from pennylane.operation import Operator
 
-from .backends.base import Backend, StateBatch
+from .backends.base import Backend
+from .backends.primitives import StateBatch
 from .pauli import pauli_word_matrix
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .backends.base import StateBatch
-from .fusion import FusedPlan
+from .backends.primitives import StateBatch
+from .fused_units import FusedPlan
 from .program import Compilation
 
 
@@ -23,7 +23,7 @@ class KeptState:
     """The tape's final state vectors: a view into the batch that the forward pass
     simulated (so the batch lives while a kept state of it does); the sweep consumes it."""
     compilation: Compilation
-    """The tape's ``program.compile_steps``: the steps the sweep walks back."""
+    """The tape's ``compile_tapes.compile_steps``: the steps the sweep walks back."""
     plan: FusedPlan | None = None
     """The forward pass's fused plan of ``compilation`` (``plan.compilation is
     compilation``) with the block width it was planned for (1: one unit per step); None

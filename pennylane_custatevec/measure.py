@@ -43,10 +43,12 @@ from pennylane.queuing import QueuingManager
 from pennylane.wires import Wires
 
 from . import simulate
-from .backends.base import Backend, StateBatch
+from .backends.base import Backend
+from .backends.primitives import StateBatch
+from .compile_ops import compile_operation
 from .exact import operator_key
 from .instructions import apply_instruction
-from .program import Register, compile_operation
+from .program import Register
 from .queuing import diagonalizing_gates_of, matrix_of
 from .simulate import require_normalised
 
@@ -324,7 +326,7 @@ def measured_on_positions(mp: MeasurementProcess, wires: Wires) -> tuple:
 class PauliPlan:
     """The expectation values of Pauli sentences among a tape's measurements, as backend
     words: what ``measure_all_analytic`` measures in one backend call and what the
-    adjoint bras of those measurements apply (``gradients.common.add_cotangent_terms``)."""
+    adjoint bras of those measurements apply (``gradients.bras.add_cotangent_terms``)."""
 
     words: tuple[tuple[str, tuple[int, ...]], ...]
     """The distinct words of all of them: (letters, state bits), letter j on bits[j]."""

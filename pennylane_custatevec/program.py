@@ -1,4 +1,4 @@
-"""Tape -> Compilation -> Program: PennyLane operations become backend kernel instructions.
+"""The hand-offs of compilation: ``Register``, ``Step``, ``Compilation``, ``Program``.
 
 Three typed hand-offs, each a frozen dataclass: a ``Register`` (the wires, the batch of
 state vectors, the initial state), a ``Compilation`` (the register and the tape's steps:
@@ -14,11 +14,9 @@ cuStateVec's bit 0 the least significant). Targets are listed little-endian
 ``(w0, ..., wk-1)`` whose PennyLane matrix has ``w0`` most significant gets targets
 ``[bit(wk-1), ..., bit(w0)]``.
 
-Dispatch is on operator types, most specific first: controlled operations keep their
-controls and compile their base; adjoints compile their base and invert it; Pauli
-words, Pauli rotations and diagonal gates get their own kernels; native templates
-(templates.py) become their gates; everything else is a dense matrix. Parameters may be
-broadcast: batched data has a leading batch axis.
+A tape becomes a ``Compilation`` and a ``Program`` in ``compile_tapes``; each of its
+operations becomes instructions in ``compile_ops``. Here: the hand-offs, their merge and
+flattening, the wires of a tape, and what decides broadcasting.
 """
 
 from __future__ import annotations
@@ -26,21 +24,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
-from functools import singledispatch
 
 import numpy as np
 import pennylane as qml
-from pennylane.exceptions import DeviceError, WireError
+from pennylane.exceptions import WireError
 from pennylane.operation import Operator
-from pennylane.ops import Conditional, MidMeasure
-from pennylane.ops.op_math import Adjoint, Controlled
+from pennylane.ops.op_math import Controlled
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
-from .instructions import Instruction, Kind, inverse
-from .queuing import matrix_of, without_queuing
-from .rotations import PauliRotations, real_angles, rotation_word, structure
-from .templates import angles_by_element, is_native_template, template_gates
+from .instructions import Instruction, Kind
+from .rotations import PauliRotations
+from .templates import is_native_template
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -116,7 +111,7 @@ class Step:
 class Compilation:
     """A tape compiled step by step (``compile_steps``): what the adjoint sweeps walk back
     and fusion plans over; ``flatten`` makes it a Program. Compared by identity: a fused
-    plan belongs to one compilation object (``fusion.FusedPlan.fits``)."""
+    plan belongs to one compilation object (``fused_units.FusedPlan.fits``)."""
 
     register: Register
     """The wires and the batch of state vectors."""
@@ -260,11 +255,6 @@ def circuit_wires(tape: QuantumScript) -> Wires:
     return op_wires + measured_only
 
 
-def compile_tape(tape: QuantumScript, device_wires: Wires | None) -> Program:
-    """The Program of ``tape``; a state preparation first in the tape becomes its initial state."""
-    return flatten(compile_steps(tape, device_wires))
-
-
 def flatten(compilation: Compilation) -> Program:
     """The register of ``compilation`` with the instructions of its steps, in order."""
     instructions = tuple(ins for step in compilation.steps for ins in step.instructions)
@@ -320,282 +310,16 @@ def scalar_parameters(op: Operator) -> bool:
     )
 
 
-def compile_steps(tape: QuantumScript, device_wires: Wires | None) -> Compilation:
-    """The tape's register (wires, batch size, initial state) and its steps: each
-    operation after the initial state preparation with its instructions, and each gate of
-    a native template (see templates.py) or of a run of rotations with its one
-    instruction, each with its origin."""
-    wires = register_wires(tape, device_wires)
-    batch_size = tape_batch_size(tape)
-    operations = tape.operations
-    initial_state = None
-    first = 0
-    if operations and isinstance(operations[0], qml.operation.StatePrepBase):
-        initial_state = initial_state_of(operations[0], wires)
-        first = 1
-    register = Register(
-        wires=wires,
-        batch_size=batch_size or 1,
-        broadcast=batch_size is not None,
-        initial_state=initial_state,
-        single_precision_data=any(
-            _single_precision(value) for op in operations for value in op.data
-        ),
-    )
-    steps: list[Step] = []
-    with without_queuing():  # decompositions and matrices may build operators
-        for index in range(first, len(operations)):
-            steps.extend(operation_steps(operations[index], index, register))
-    return Compilation(register, tuple(steps))
-
-
-_SINGLE_PRECISION = (np.dtype(np.float32), np.dtype(np.complex64))
-
-
-def _single_precision(value) -> bool:
-    """Whether a parameter (numpy or jax) is single precision."""
-    dtype = getattr(value, "dtype", None)
-    return dtype is not None and dtype in _SINGLE_PRECISION
-
-
 def initial_state_of(preparation: Operator, wires: Wires) -> np.ndarray:
     """The state (1 or B, 2**n) that a leading state preparation prepares on ``wires``."""
     vector = preparation.state_vector(wire_order=wires)
     return np.asarray(vector, dtype=np.complex128).reshape(-1, 2 ** len(wires))
 
 
-def operation_steps(op: Operator, index: int, register: Register) -> list[Step]:
-    """The steps of ``op``, operation ``index`` of its tape: one with its instructions, or
-    one per gate where it ``compiles_by_gate``. Call without queuing (decompositions and
-    matrices may build operators)."""
-    if compiles_by_gate(op):
-        return [
-            Step(instruction.source, (instruction,), Origin(index, position, element))
-            for instruction, position, element in _gate_instructions(op, register)
-        ]
-    return [Step(op, tuple(compile_operation(op, register)), Origin(index, 0, 0))]
-
-
 def compiles_by_gate(op: Operator) -> bool:
     """Whether ``op`` compiles to one step per gate it holds: a native template
     (templates.py) or a run of rotations (rotations.py)."""
     return isinstance(op, PauliRotations) or is_native_template(op)
-
-
-def _gate_instructions(
-    op: Operator, register: Register
-) -> list[tuple[Instruction, int | None, int]]:
-    """One instruction per gate of ``op`` (``compiles_by_gate``), its ``source`` the gate,
-    with the step's parameter position and element (see ``Origin``)."""
-    if isinstance(op, PauliRotations):
-        gates = structure(op.hyperparameters["gates"])
-        try:
-            stacked = np.asarray(op.data)
-        except ValueError:
-            # broadcast angles beside single ones: jax.vmap binds its batch into a run
-            # that the preprocessing gathered from unbatched angles; each gate its own
-            stacked = None
-        if stacked is None or np.iscomplexobj(stacked):  # a complex angle named by its gate
-            pairs = zip(op.data, gates, strict=True)
-            per_gate = [real_angles(angle, gate.name) for angle, gate in pairs]
-        else:
-            per_gate = real_angles(stacked, op.name)
-        return [
-            (_gate_rotation(gate, _batched(per_gate[j], 0), register), j, 0)
-            for j, gate in enumerate(gates)
-        ]
-    angles = angles_by_element(op)
-    return [
-        (compile_operation(gate, register)[0], None, 0)
-        if element is None
-        else (_gate_rotation(gate, angles[element], register), 0, element)
-        for gate, element in template_gates(op)
-    ]
-
-
-def _gate_rotation(gate: Operator, angles: np.ndarray, register: Register) -> Instruction:
-    """The rotation ``gate`` (standing for its structure) with ``angles`` (1 or B,)."""
-    return Instruction(
-        Kind.PAULI_ROTATION,
-        targets=register.targets(gate.wires),
-        paulis=rotation_word(gate)[::-1],
-        data=angles,
-        source=gate,
-    )
-
-
-def _batched(values, trailing_dims: int) -> np.ndarray:
-    """Values with a leading batch axis (length 1 when not broadcast)."""
-    array = np.asarray(values)
-    return array.reshape((-1,) + array.shape[array.ndim - trailing_dims :])
-
-
-@singledispatch
-def compile_operation(op: Operator, register: Register) -> list[Instruction]:
-    """Instructions that apply ``op``; the fallback is its dense matrix."""
-    if isinstance(op, qml.operation.StatePrepBase):
-        raise DeviceError(
-            f"{op.name} is supported only as the first operation; it should have been "
-            "decomposed by the device's preprocessing."
-        )
-    return [_matrix_instruction(op, register)]
-
-
-def _matrix_instruction(op: Operator, register: Register) -> Instruction:
-    # op.matrix() skips qml.matrix's wire-order handling, which costs more than the
-    # matrix of a small gate; qml.matrix also covers operators defined by a decomposition
-    matrix = op.matrix() if op.has_matrix else matrix_of(op, wire_order=op.wires)
-    return Instruction(
-        Kind.MATRIX, targets=register.targets(op.wires), data=_batched(matrix, 2), source=op
-    )
-
-
-_PAULI_LETTERS = {"PauliX": "X", "PauliY": "Y", "PauliZ": "Z"}
-
-
-@compile_operation.register
-def _(op: qml.PauliX | qml.PauliY | qml.PauliZ, register: Register) -> list[Instruction]:
-    return [
-        Instruction(
-            Kind.PAULI,
-            targets=register.targets(op.wires),
-            paulis=_PAULI_LETTERS[op.name],
-            source=op,
-        )
-    ]
-
-
-@compile_operation.register
-def _(
-    op: qml.RX
-    | qml.RY
-    | qml.RZ
-    | qml.IsingXX
-    | qml.IsingYY
-    | qml.IsingZZ
-    | qml.MultiRZ
-    | qml.PauliRot,
-    register: Register,
-) -> list[Instruction]:
-    return [_rotation(op, rotation_word(op), register)]
-
-
-@compile_operation.register
-def _(op: PauliRotations, register: Register) -> list[Instruction]:
-    return [instruction for instruction, _, _ in _gate_instructions(op, register)]
-
-
-def _rotation(op: Operator, word: str, register: Register) -> Instruction:
-    if "I" not in word:  # the common case, without filtering the letters
-        return Instruction(
-            Kind.PAULI_ROTATION,
-            targets=register.targets(op.wires),
-            paulis=word[::-1],
-            data=_real_angles(op),
-            source=op,
-        )
-    kept = [(letter, wire) for letter, wire in zip(word, op.wires, strict=True) if letter != "I"]
-    if not kept:
-        angles = _batched(op.data[0], 0)
-        return Instruction(Kind.PHASE, data=np.exp(-0.5j * angles), source=op)
-    letters, wires = zip(*kept, strict=True)
-    return Instruction(
-        Kind.PAULI_ROTATION,
-        targets=register.targets(wires),
-        paulis="".join(letters)[::-1],
-        data=_real_angles(op),
-        source=op,
-    )
-
-
-def _real_angles(op: Operator) -> np.ndarray:
-    """The rotation angle as float64 (1 or B,). A complex angle with a zero imaginary part
-    (PennyLane casts parameters to complex to differentiate a state) is taken as real."""
-    value = op.data[0]
-    if isinstance(value, float):  # the common cases, without numpy's dispatch
-        return np.array([value])
-    if type(value) is np.ndarray and value.shape == () and value.dtype == np.float64:
-        return value.reshape(1)
-    return real_angles(_batched(value, 0), op.name)
-
-
-@compile_operation.register
-def _(op: qml.PhaseShift | qml.S | qml.T | qml.U1, register: Register) -> list[Instruction]:
-    return [_diagonal(op, register)]
-
-
-def _diagonal(op: Operator, register: Register) -> Instruction:
-    diagonal = np.diagonal(op.matrix(), axis1=-2, axis2=-1)
-    return Instruction(
-        Kind.DIAGONAL, targets=register.targets(op.wires), data=_batched(diagonal, 1), source=op
-    )
-
-
-@compile_operation.register
-def _(
-    op: qml.StronglyEntanglingLayers | qml.BasicEntanglerLayers | qml.AngleEmbedding,
-    register: Register,
-) -> list[Instruction]:
-    if not is_native_template(op):
-        return [_matrix_instruction(op, register)]
-    return [instruction for instruction, _, _ in _gate_instructions(op, register)]
-
-
-@compile_operation.register
-def _(op: qml.Identity, register: Register) -> list[Instruction]:
-    return []
-
-
-@compile_operation.register
-def _(op: qml.GlobalPhase, register: Register) -> list[Instruction]:
-    factors = np.exp(-1j * _batched(op.data[0], 0))
-    return [Instruction(Kind.PHASE, data=factors, source=op)]
-
-
-@compile_operation.register
-def _(op: Controlled, register: Register) -> list[Instruction]:
-    controls = register.bits(op.control_wires)
-    values = tuple(int(v) for v in op.control_values)
-    letter = _PAULI_LETTERS.get(op.base.name)
-    if letter is not None:  # CNOT, Toffoli, CZ, CY, ...: skip compiling the base
-        return [
-            Instruction(
-                Kind.PAULI,
-                targets=register.targets(op.target_wires),
-                controls=controls,
-                control_values=values,
-                paulis=letter,
-                source=op,
-            )
-        ]
-    controlled = []
-    for inner in compile_operation(op.base, register):
-        if inner.kind is Kind.PHASE:
-            controlled.append(_controlled_phase(inner, controls, values))
-        else:
-            controlled.append(
-                dataclasses.replace(
-                    inner,
-                    controls=inner.controls + controls,
-                    control_values=inner.control_values + values,
-                    source=op,
-                )
-            )
-    return controlled
-
-
-def _controlled_phase(phase: Instruction, controls, values) -> Instruction:
-    """A phase conditioned on controls is a diagonal on the control bits."""
-    dim = 2 ** len(controls)
-    selected = sum(v << j for j, v in enumerate(values))
-    diagonal = np.ones((phase.data.shape[0], dim), dtype=np.complex128)
-    diagonal[:, selected] = phase.data
-    return Instruction(Kind.DIAGONAL, targets=controls, data=diagonal, source=phase.source)
-
-
-@compile_operation.register
-def _(op: Adjoint, register: Register) -> list[Instruction]:
-    return [inverse(inner) for inner in reversed(compile_operation(op.base, register))]
 
 
 def plain_rotation(op: Operator, instructions: list[Instruction]) -> Instruction | None:
@@ -612,43 +336,3 @@ def plain_rotation(op: Operator, instructions: list[Instruction]) -> Instruction
     ):
         return instruction
     return None
-
-
-@compile_operation.register
-def _(op: qml.Projector, register: Register) -> list[Instruction]:
-    """A projector in the circuit (deferred measurements' postselection); the
-    simulation renormalises after it."""
-    return [
-        Instruction(
-            Kind.POSTSELECT,
-            targets=register.targets(op.wires),
-            data=_batched(qml.matrix(op), 2),
-            source=op,
-        )
-    ]
-
-
-@compile_operation.register
-def _(op: MidMeasure, register: Register) -> list[Instruction]:
-    if type(op) is not MidMeasure:  # qml.ftqc's measurements in other bases, for one
-        raise DeviceError(
-            f"{op} measures in a basis this simulation does not apply directly; run the "
-            "tape through the device's preprocessing (dev.preprocess_transforms()), whose "
-            "measure_in_computational_bases makes it a Z-basis measurement."
-        )
-    return [Instruction(Kind.MID_MEASURE, targets=register.bits(op.wires), source=op)]
-
-
-@compile_operation.register
-def _(op: Conditional, register: Register) -> list[Instruction]:
-    if isinstance(op.base, MidMeasure):
-        raise DeviceError(
-            f"A conditional mid-circuit measurement ({op.base}) needs the device's "
-            "preprocessing (dev.preprocess_transforms()), whose "
-            "measure_in_computational_bases makes qml.ftqc.cond_measure's pair one "
-            "measurement."
-        )
-    return [
-        dataclasses.replace(inner, condition=op.meas_val)
-        for inner in compile_operation(op.base, register)
-    ]

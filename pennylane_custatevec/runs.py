@@ -43,7 +43,7 @@ from .backends.base import Backend
 from .entrywise import EntrywiseState, EntrywiseUnitary, jit_whole_matrix_reason
 from .execution import PreparedTape, RunResult, run_tapes
 from .gradients import deferred, eager, jvp
-from .gradients.common import require_adjoint_serves
+from .gradients.validation import require_adjoint_serves
 from .kept import KeptState
 from .preprocess.config import ADJOINT_VALIDATED_IN_PREPROCESSING
 from .settings import DifferentiationOptions

@@ -30,15 +30,15 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from .backends.base import (
-    Backend,
+from .backends.base import Backend
+from .backends.gate_sequence import (
     DenseEntry,
     DerivativeEntry,
     GateSequence,
     RotationEntry,
     SequenceEntry,
-    StateBatch,
 )
+from .backends.primitives import StateBatch
 from .instructions import Instruction, Kind, instruction_matrix
 from .program import Compilation, Step
 
@@ -123,7 +123,7 @@ def sweep(
     n_columns: int,
 ) -> np.ndarray:
     """d/dtheta Re <bra|psi> for every bra and column, (B, R, n_columns), in one call (as
-    ``deferred.sweep``; ``phi`` and ``bras`` consumed)."""
+    ``fused_sweep.sweep``; ``phi`` and ``bras`` consumed)."""
     return backend.sweep_sequence(
         phi,
         bras,

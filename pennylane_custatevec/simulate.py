@@ -19,7 +19,8 @@ import numpy as np
 from pennylane.exceptions import DeviceError
 
 from . import advice
-from .backends.base import Backend, StateBatch
+from .backends.base import Backend
+from .backends.primitives import StateBatch
 from .instructions import (
     Instruction,
     Kind,

@@ -27,17 +27,10 @@ from pennylane.ops.functions import bind_new_parameters
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
+from .compile_tapes import compile_steps, operation_steps
 from .exact import gate_key, generator_key, measurements_key
 from .instructions import Kind
-from .program import (
-    Compilation,
-    Step,
-    compile_steps,
-    compiles_by_gate,
-    flatten,
-    initial_state_of,
-    operation_steps,
-)
+from .program import Compilation, Step, compiles_by_gate, flatten, initial_state_of
 from .queuing import without_queuing
 from .rotations import real_angles
 
@@ -271,7 +264,7 @@ class Structure:
     def compile(self, parameters: Sequence, tape: QuantumScript | None = None) -> Compilation:
         """The compilation of the tape of this structure with ``parameters`` (one per
         operation parameter, in tape order): the template's steps with their data from
-        ``parameters``; equal to ``program.compile_steps`` of that tape. The operations
+        ``parameters``; equal to ``compile_tapes.compile_steps`` of that tape. The operations
         that the angle rules do not cover are ``tape``'s own where given, else the
         template's rebuilt with their parameters (a structure that is ``replayable``)."""
         self.check_count(parameters)

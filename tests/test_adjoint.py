@@ -21,7 +21,8 @@ from reference import random_hermitian
 from test_gates import GATES, gate_spec
 
 import pennylane_custatevec
-import pennylane_custatevec.gradients.common
+import pennylane_custatevec.gradients.differentiated
+import pennylane_custatevec.gradients.validation
 import pennylane_custatevec.simulate
 
 ATOL = 1e-8
@@ -870,7 +871,7 @@ def test_broadcast_backward_does_not_simulate_again(simulations, mocker):
     pass simulates them as one batch, and every tape's VJP takes its own final state."""
     dev = qml.device("custatevec.qubit", wires=2)
     ref = qml.device("default.qubit", wires=2)
-    compilations = mocker.spy(pennylane_custatevec.gradients.common, "compile_steps")
+    compilations = mocker.spy(pennylane_custatevec.gradients.differentiated, "compile_steps")
 
     def circuit(x, y):
         qml.RX(x, wires=0)
@@ -1161,7 +1162,7 @@ def test_a_differentiated_qnode_validates_each_tape_once(device_vjp, x, tapes, m
     derivative that follows (a Jacobian on execution, or a VJP in the backward) does not
     again. A trainable broadcast: three tapes in both modes (the deferred mode expands a
     broadcast whose parameter is trainable too). Both modes (``grad_accumulation``)."""
-    reasons = mocker.spy(pennylane_custatevec.gradients.common, "unsupported_reason")
+    reasons = mocker.spy(pennylane_custatevec.gradients.validation, "unsupported_reason")
     dev = qml.device("custatevec.qubit", wires=2)
     qnode = qml.QNode(_validation_circuit, dev, diff_method="adjoint", device_vjp=device_vjp)
     x, w = _t(x), _t(0.9)

@@ -24,7 +24,7 @@ from pennylane.wires import Wires
 from reference import random_hermitian
 
 import pennylane_custatevec
-from pennylane_custatevec.gradients import common
+from pennylane_custatevec.gradients import differentiated, observables
 from pennylane_custatevec.preprocess.through_state import measure_through_state
 
 ATOL = 1e-9
@@ -809,18 +809,18 @@ def test_observable_columns_are_typed_and_after_the_gates():
     )
     n_ops = len(tape.get_parameters(False, operations_only=True))
     tape.trainable_params = [*GATE_PARAMETERS, n_ops + 1, n_ops + 2]
-    circuit = common.DifferentiatedTape(tape, Wires(WIRES))
+    circuit = differentiated.DifferentiatedTape(tape, Wires(WIRES))
     assert sorted(circuit.columns.values()) == [0, 1]
     assert circuit.n_columns == 2 + 1 + 4
     first, second = circuit.observable_columns
     assert (first.measurement, first.start, first.stop) == (1, 2, 3)
-    assert isinstance(first.derivative, common.CoefficientDerivative)
+    assert isinstance(first.derivative, observables.CoefficientDerivative)
     assert first.derivative.operator.pauli_rep == (qml.X(3) @ qml.Y("q1")).pauli_rep
     assert (second.measurement, second.start, second.stop) == (2, 3, 7)
-    assert second.derivative == common.MatrixDerivative(None, Wires([3]))
+    assert second.derivative == observables.MatrixDerivative(None, Wires([3]))
     assert not second.complex_gradient
     plain = QuantumScript(_operations(0.4, 0.9), [qml.expval(qml.Z("a"))])
-    assert common.DifferentiatedTape(plain, Wires(WIRES)).observable_columns == ()
+    assert differentiated.DifferentiatedTape(plain, Wires(WIRES)).observable_columns == ()
 
 
 def test_deferred_batch_with_observable_data():

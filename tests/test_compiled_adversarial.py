@@ -135,7 +135,7 @@ def test_jacrev_after_one_ordinary_call_of_the_key():
     its second (traced) call; after one ordinary call, jacrev's traced call failed in
     ``_traced`` (``as_numpy`` of a torch.func-wrapped value: "Cannot access data pointer
     of Tensor that doesn't have storage"), the key stayed SEEN_ONCE, and every later
-    jacrev call failed the same way (``function.as_numpy`` reads wrapped data now)."""
+    jacrev call failed the same way (``plans.as_numpy`` reads wrapped data now)."""
     compiled, qnode = _pair(_embedding, 3)
     x = _t([0.1, 0.2, 0.3])
     want = torch.autograd.functional.jacobian(_stacked(qnode), x)

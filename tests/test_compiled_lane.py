@@ -1,4 +1,4 @@
-"""The compiled path's direct lane (``compiled.function.DirectLane``): a replayed call of a
+"""The compiled path's direct lane (``compiled.lanes.DirectLane``): a replayed call of a
 small circuit whose rotation angles are all elements of trainable inputs runs in one
 backend call and a plain backward pass takes the direct VJP; every other backward pass
 (batched cotangents, torch.func, create_graph, a second pass over one call) gets the
@@ -16,7 +16,7 @@ import torch
 
 import pennylane_custatevec
 from pennylane_custatevec import CuStateVecDevice
-from pennylane_custatevec.compiled import function
+from pennylane_custatevec.compiled import lanes
 
 ATOL = 1e-10
 
@@ -65,7 +65,7 @@ def lane_calls(request, mocker, monkeypatch):
     """The ``LaneCalls`` of both kinds of lane: the small circuits here take the Jacobian
     on the forward pass; with ``JACOBIAN_ON_FORWARD_WORK`` 0 none does."""
     if request.param == "vjp":
-        monkeypatch.setattr(function, "JACOBIAN_ON_FORWARD_WORK", 0)
+        monkeypatch.setattr(lanes, "JACOBIAN_ON_FORWARD_WORK", 0)
     return LaneCalls(
         request.param,
         mocker.spy(CuStateVecDevice, "run_direct"),
@@ -334,8 +334,8 @@ def test_the_jacobian_is_taken_on_the_forward_pass_where_its_extra_bras_are_chea
     """9 wires, 17 gates: a bra's sweep updates 2**9 * 17 = 8704 amplitudes, within
     ``JACOBIAN_ON_FORWARD_WORK``; a second output's bra exceeds
     ``JACOBIAN_ON_FORWARD_EXTRA_WORK`` (8192): the VJP lane."""
-    assert 2**9 * 17 <= function.JACOBIAN_ON_FORWARD_WORK
-    assert 2**9 * 17 > function.JACOBIAN_ON_FORWARD_EXTRA_WORK
+    assert 2**9 * 17 <= lanes.JACOBIAN_ON_FORWARD_WORK
+    assert 2**9 * 17 > lanes.JACOBIAN_ON_FORWARD_EXTRA_WORK
     run_direct = mocker.spy(CuStateVecDevice, "run_direct")
     run_direct_jacobian = mocker.spy(CuStateVecDevice, "run_direct_jacobian")
     circuit = _nine_wires(outputs)
@@ -358,7 +358,7 @@ def test_an_input_too_large_for_a_jacobian_takes_the_vjp_lane(mocker, size):
     """The Jacobians' size (outputs x input elements) is bounded by
     ``JACOBIAN_ON_FORWARD_WORK`` too: a large input of which the circuit reads two
     elements takes the VJP lane."""
-    assert 6 <= function.JACOBIAN_ON_FORWARD_WORK < 70000
+    assert 6 <= lanes.JACOBIAN_ON_FORWARD_WORK < 70000
     run_direct = mocker.spy(CuStateVecDevice, "run_direct")
     run_direct_jacobian = mocker.spy(CuStateVecDevice, "run_direct_jacobian")
     compiled, reference = _compiled(_two_angles_of, 2), _reference(_two_angles_of, 2)

@@ -39,17 +39,14 @@ from reference import (
 )
 
 from pennylane_custatevec.backends import _cpu_kernels
-from pennylane_custatevec.backends.base import (
+from pennylane_custatevec.backends.cpu import CPUBackend
+from pennylane_custatevec.backends.cpu_arguments import permutation_groups_of, z_rotation_plan
+from pennylane_custatevec.backends.cpu_sequences import pauli_word_rows
+from pennylane_custatevec.backends.gate_sequence import (
     DenseEntry,
     DerivativeEntry,
     GateSequence,
     RotationEntry,
-)
-from pennylane_custatevec.backends.cpu import (
-    CPUBackend,
-    _permutation_groups,
-    _word_rows,
-    _z_rotation_plan,
 )
 
 # --- reference self-checks ---------------------------------------------------------------
@@ -378,7 +375,7 @@ def _kernel_args(name, state, rng):
     if name in ("apply_z_phases", "z_rotations_step"):  # as CPUBackend builds them
         masks = [(1 << 0) | (1 << (n - 1)), 0b110, 1 << 3, (1 << 2) | (1 << (n - 2))]
         angles = rng.normal(size=(batch, len(masks)))
-        plan = _z_rotation_plan(angles, masks, state.shape[1])
+        plan = z_rotation_plan(angles, masks, state.shape[1])
         if name == "apply_z_phases":
             return (plan.counts, plan.low_signs, plan.tables, plan.low)
         rows, groups = 2, plan.low_signs.shape[0]
@@ -423,7 +420,7 @@ def _kernel_args(name, state, rng):
     if name == "apply_bit_permutation":  # a CNOT chain over the high bits, and an X
         gates = [((b + 1,), b) for b in range(n - 2, n - 8, -1)] + [((), 2)]
         sources = flip_sources(gates, n)
-        groups = _permutation_groups(tuple(int(s) for s in sources), n)
+        groups = permutation_groups_of(tuple(int(s) for s in sources), n)
         buffers = np.empty((2, 1 << len(groups.group_bits)), dtype=complex)
         return (sources, *groups, buffers)
     if name == "apply_tiled_2x2":  # a run on the low bits, repeated, in tiles of 2**6
@@ -446,7 +443,7 @@ def _kernel_args(name, state, rng):
         prepared, n_columns = _big_sequence(n)
         angles = rng.uniform(-3, 3, size=(batch, 4))
         base = (prepared.ops, prepared.bits, prepared.matrices, angles)
-        words = _word_rows((("Z", (0,)), ("XY", (n - 1, 2))))
+        words = pauli_word_rows((("Z", (0,)), ("XY", (n - 1, 2))))
         rows = 2
         if name == "run_sequence":
             return base

@@ -719,7 +719,7 @@ def test_measurements_rotating_a_wire_differently_refused():
     such tapes first; this calls the sampler's rotation directly)."""
     from pennylane_custatevec import measure
     from pennylane_custatevec.backends.cpu import CPUBackend
-    from pennylane_custatevec.program import compile_tape
+    from pennylane_custatevec.compile_tapes import compile_tape
 
     tape = _rotated_pair_tape([qml.expval(qml.X(1)), qml.expval(qml.Y(1))])
     program = compile_tape(tape, Wires([0, 1]))

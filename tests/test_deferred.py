@@ -41,8 +41,9 @@ import pennylane_custatevec
 import pennylane_custatevec.direct
 import pennylane_custatevec.gradients.deferred
 import pennylane_custatevec.gradients.eager
+import pennylane_custatevec.gradients.fused_sweep
 from pennylane_custatevec import fusion, simulate
-from pennylane_custatevec.gradients import deferred
+from pennylane_custatevec.gradients import fused_sweep
 from pennylane_custatevec.simulate import RunTooLargeError
 
 ATOL = 1e-10
@@ -940,8 +941,8 @@ def test_rotation_units_broadcast(layers, device_vjp, paths):
 @pytest.mark.parametrize("kind", typing.get_args(fusion.Unit), ids=lambda kind: kind.__name__)
 def test_every_unit_kind_has_a_sweep_step(kind):
     """The sweep's dispatch is complete over ``fusion.Unit``'s kinds: each has its step."""
-    assert kind in deferred._UNIT_STEPS
-    assert set(deferred._UNIT_STEPS) == set(typing.get_args(fusion.Unit))
+    assert kind in fused_sweep._UNIT_STEPS
+    assert set(fused_sweep._UNIT_STEPS) == set(typing.get_args(fusion.Unit))
 
 
 def test_a_unit_kind_without_a_step_fails_clearly():
@@ -953,7 +954,7 @@ def test_a_unit_kind_without_a_step_fails_clearly():
         members: tuple[int, ...]
 
     with pytest.raises(TypeError, match="no step for a ToyUnit unit"):
-        deferred.step_of(ToyUnit((0,)))
+        fused_sweep.step_of(ToyUnit((0,)))
 
 
 def test_a_wide_operation_of_a_broadcast_takes_its_own_step(mocker):
@@ -961,8 +962,8 @@ def test_a_wide_operation_of_a_broadcast_takes_its_own_step(mocker):
     the sweep took it as a dense 4096 x 4096 block (a minute per gradient, from a
     reduction of 4**12 entries per vector and host products of 4096 x 4096 matrices); it
     takes the operation's own step, and the Jacobian equals the eager mode's."""
-    derivatives = mocker.spy(pennylane_custatevec.gradients.deferred, "_block_derivatives")
-    wide_steps = mocker.spy(pennylane_custatevec.gradients.deferred, "_operation_step")
+    derivatives = mocker.spy(pennylane_custatevec.gradients.fused_sweep, "_block_derivatives")
+    wide_steps = mocker.spy(pennylane_custatevec.gradients.fused_sweep, "_operation_step")
     n = 12
 
     def circuit(w):
@@ -992,13 +993,13 @@ def test_gradients_of_gates_that_share_a_column_add_up():
     rng = np.random.default_rng(stable_seed("shared-columns"))
     values = rng.normal(size=(2, 3, 3))
     gradients = np.ones((2, 3, 4))
-    deferred._add_to_columns(gradients, [1, 3, 1], values)
+    fused_sweep._add_to_columns(gradients, [1, 3, 1], values)
     expected = np.ones((2, 3, 4))
     expected[:, :, 1] += values[:, :, 0]  # in the order of the columns given
     expected[:, :, 3] += values[:, :, 1]
     expected[:, :, 1] += values[:, :, 2]
     np.testing.assert_allclose(gradients, expected, rtol=0, atol=1e-15)
-    deferred._add_to_columns(gradients, [0, 2, 3], values)
+    fused_sweep._add_to_columns(gradients, [0, 2, 3], values)
     expected[:, :, [0, 2, 3]] += values
     np.testing.assert_allclose(gradients, expected, rtol=0, atol=1e-15)
 
@@ -1019,10 +1020,10 @@ def test_block_terms_taken_in_chunks_give_the_same_gradients(mocker, monkeypatch
 
     device = qml.device("custatevec.qubit", wires=n, backend="cpu")
     qnode = qml.QNode(circuit, device, diff_method="adjoint", device_vjp=True)
-    derivatives = mocker.spy(pennylane_custatevec.gradients.deferred, "_block_derivatives")
+    derivatives = mocker.spy(pennylane_custatevec.gradients.fused_sweep, "_block_derivatives")
     whole = qml.jacobian(qnode)(weights)
     whole_calls = derivatives.call_count
-    monkeypatch.setattr(pennylane_custatevec.gradients.deferred, "BLOCK_TERMS_BYTES", 1)
+    monkeypatch.setattr(pennylane_custatevec.gradients.fused_sweep, "BLOCK_TERMS_BYTES", 1)
     chunked = qml.jacobian(qnode)(weights)
     chunk_calls = derivatives.call_count - whole_calls
     assert 0 < whole_calls < chunk_calls  # the same blocks, one call per block

@@ -22,7 +22,8 @@ from pennylane_custatevec import measure, simulate
 from pennylane_custatevec.backends import host
 from pennylane_custatevec.backends.cpu import CPUBackend
 from pennylane_custatevec.backends.custatevec import CuStateVecBackend
-from pennylane_custatevec.program import Register, compile_tape
+from pennylane_custatevec.compile_tapes import compile_tape
+from pennylane_custatevec.program import Register
 from pennylane_custatevec.simulate import UnnormalisedStateError
 
 # --- item 3: Hessians -----------------------------------------------------------------------

@@ -88,12 +88,12 @@ def test_mpi_gather_false_needs_mpi():
 def test_whole_results_too_large_for_host_memory_are_refused(monkeypatch):
     """Gathering whole vectors or distributions on every rank checks the host memory
     first and names mpi_gather=False."""
-    from pennylane_custatevec.backends import distributed
+    from pennylane_custatevec.backends import distributed, rank_layouts
 
     backend = DistributedBackend(CPUBackend(), _Ranks(2))
     monkeypatch.setattr(backend.local, "available_host_bytes", lambda: 1 << 10)
     monkeypatch.setattr(distributed, "UNCHECKED_HOST_BYTES", 0)
-    state = distributed.DistributedState(
+    state = rank_layouts.DistributedState(
         np.zeros((1, 1 << 15), np.complex128), [tuple(range(16))], 0, 1, 16, 1
     )
     with pytest.raises(distributed.ResultTooLargeError, match="mpi_gather=False"):

@@ -36,9 +36,10 @@ from spies import swept_batches
 import pennylane_custatevec
 import pennylane_custatevec.execution
 import pennylane_custatevec.gradients.deferred
+import pennylane_custatevec.gradients.fused_sweep
 import pennylane_custatevec.preprocess.sampled
 from pennylane_custatevec import exact
-from pennylane_custatevec.gradients.common import DifferentiatedTape
+from pennylane_custatevec.gradients.differentiated import DifferentiatedTape
 
 ATOL = 1e-10
 W = ["a", 3, "q1", 0]
@@ -363,7 +364,7 @@ def test_generator_cache_is_exact():
     ops = [_WeightedPhase(0.3, weights, wires=0) for weights in (first, second)]
     assert str(ops[0].hyperparameters) == str(ops[1].hyperparameters)
     assert exact.generator_key(ops[0]) != exact.generator_key(ops[1])
-    matrices = [pennylane_custatevec.gradients.deferred._generator_matrix(op) for op in ops]
+    matrices = [pennylane_custatevec.gradients.fused_sweep._generator_matrix(op) for op in ops]
     np.testing.assert_array_equal(matrices[0], np.zeros((2, 2)))
     np.testing.assert_array_equal(matrices[1], np.diag([0.0, 1.0]))
 

@@ -106,7 +106,7 @@ def test_exponentials_under_jit(kind):
     """Under jax.jit the exponentials' angles are traced: values and derivatives as
     default.qubit's. Before, the sum's exponential and ``qml.evolve`` of the sum raised
     jax's TracerBoolConversionError (PennyLane's ``Evolution.has_generator`` asks ``bool``
-    of the traced angle: ``gradients.common.has_a_generator``)."""
+    of the traced angle: ``gradients.validation.has_a_generator``)."""
     want_value, want_grad = _reference(kind)
     dev = qml.device("custatevec.qubit", wires=2)
     for diff_method in ("best", "adjoint"):

@@ -21,17 +21,13 @@ from pennylane.wires import Wires
 from reference import random_state, random_unitary
 from spies import calls
 
-from pennylane_custatevec import fusion, simulate
+from pennylane_custatevec import fused_units, fusion, simulate
 from pennylane_custatevec.backends import CPUBackend
-from pennylane_custatevec.backends.base import FusionTraits
+from pennylane_custatevec.backends.primitives import FusionTraits
+from pennylane_custatevec.compile_ops import compile_operation
+from pennylane_custatevec.compile_tapes import compile_steps, compile_tape
 from pennylane_custatevec.instructions import Instruction, Kind, apply_instruction, inverse
-from pennylane_custatevec.program import (
-    Register,
-    compile_operation,
-    compile_steps,
-    compile_tape,
-    flatten,
-)
+from pennylane_custatevec.program import Register, flatten
 
 ATOL = 1e-10
 WIRES6 = ["a", 3, "q1", 0, "z", 11]  # mixed labels, not sorted
@@ -186,7 +182,7 @@ def test_embed_two_qubit_gate(targets, rng):
         expected = qml.matrix(
             qml.QubitUnitary(m, wires=list(reversed(pair))), wire_order=_wire_order(targets)
         )
-        embedded = fusion.embed(m[None], pair, targets)
+        embedded = fused_units.embed(m[None], pair, targets)
         assert embedded.shape == (1, 8, 8)
         np.testing.assert_allclose(embedded[0], expected, atol=ATOL, rtol=0)
 
@@ -201,14 +197,16 @@ def test_embed_is_kron_with_identity(rng):
         (1, 0): np.kron(eye, swap @ m @ swap),  # bits given in the other order
     }
     for bits, expected in cases.items():
-        np.testing.assert_allclose(fusion.embed(m[None], bits, (0, 1, 2))[0], expected, atol=ATOL)
-    assert fusion.embed(m[None], (0, 1), (0, 1)) is not None
-    np.testing.assert_array_equal(fusion.embed(m[None], (0, 1), (0, 1))[0], m)
+        np.testing.assert_allclose(
+            fused_units.embed(m[None], bits, (0, 1, 2))[0], expected, atol=ATOL
+        )
+    assert fused_units.embed(m[None], (0, 1), (0, 1)) is not None
+    np.testing.assert_array_equal(fused_units.embed(m[None], (0, 1), (0, 1))[0], m)
 
 
 def test_embed_batched(rng):
     ms = np.stack([random_unitary(2, rng) for _ in range(3)])
-    embedded = fusion.embed(ms, (2,), (0, 2, 5))
+    embedded = fused_units.embed(ms, (2,), (0, 2, 5))
     assert embedded.shape == (3, 8, 8)
     for b in range(3):
         expected = np.kron(np.kron(np.eye(2), ms[b]), np.eye(2))
@@ -229,7 +227,7 @@ def test_controlled_instruction(values, rng):
         wire_order=_wire_order(targets),
     )
     np.testing.assert_allclose(
-        fusion.step_matrix([instruction], targets)[0], expected, atol=ATOL, rtol=0
+        fused_units.step_matrix([instruction], targets)[0], expected, atol=ATOL, rtol=0
     )
 
 
@@ -297,13 +295,13 @@ def test_step_matrix_of_compiled_operations(name, spectator):
         targets = tuple(sorted({*bits, free[len(free) // 2]}))
     wire_of_bit = {register.bits([w])[0]: w for w in WIRES6}
     expected = qml.matrix(op, wire_order=[wire_of_bit[t] for t in reversed(targets)])
-    matrix = fusion.step_matrix(instructions, targets)
+    matrix = fused_units.step_matrix(instructions, targets)
     assert matrix.shape == (1, 1 << len(targets), 1 << len(targets))
     np.testing.assert_allclose(matrix[0], expected, atol=ATOL, rtol=0)
 
 
 def test_step_matrix_without_instructions_is_identity():
-    np.testing.assert_array_equal(fusion.step_matrix([], (1, 4))[0], np.eye(4))
+    np.testing.assert_array_equal(fused_units.step_matrix([], (1, 4))[0], np.eye(4))
 
 
 def test_step_matrix_broadcast():
@@ -311,7 +309,7 @@ def test_step_matrix_broadcast():
     angles = np.array([0.3, -1.2, 2.5])
     register = Register(wires=Wires([0, 1]), batch_size=3, broadcast=True)
     op = qml.CRY(angles, wires=[1, 0])
-    matrix = fusion.step_matrix(compile_operation(op, register), (0, 1))
+    matrix = fused_units.step_matrix(compile_operation(op, register), (0, 1))
     assert matrix.shape == (3, 4, 4)
     for b, angle in enumerate(angles):
         expected = qml.matrix(qml.CRY(angle, wires=[1, 0]), wire_order=[0, 1])
@@ -322,7 +320,7 @@ def test_block_runs_as_the_product_in_circuit_order():
     """Operations fused into one block run as one MATRIX instruction: their product."""
     ops = [qml.RX(0.3, 0), qml.CNOT([0, 1]), qml.RY(-0.7, 1), qml.S(0), qml.IsingZZ(0.4, [1, 0])]
     tape = qml.tape.QuantumScript(ops)
-    program = fusion.fused_program(compile_steps(tape, None), 2)
+    program = fused_units.fused_program(compile_steps(tape, None), 2)
     (instruction,) = program.instructions
     assert instruction.kind is Kind.MATRIX and instruction.targets == (0, 1)
     # targets (0, 1): wire 1 is bit 0, wire 0 bit 1 (the most significant, as in PennyLane)
@@ -492,7 +490,7 @@ def test_fused_program_equals_unfused(k, case):
     compilation = compile_steps(tape, None)
     backend = CPUBackend()
     unfused = flatten(compilation)
-    fused = fusion.fused_program(compilation, k)
+    fused = fused_units.fused_program(compilation, k)
     assert fused.register is unfused.register is compilation.register
     if k >= 2:
         assert len(fused.instructions) < len(unfused.instructions)
@@ -517,7 +515,7 @@ def test_wide_operation_keeps_its_own_instructions():
     bits = [fusion.step_bits(compilation.register, s.operation, s.instructions) for s in steps]
     assert bits == [(2,), (1, 2), (0, 1, 2), (0,)]  # wire 0 is the most significant bit
     assert fusion.plan(bits, 2) == (Block((1, 2), (0, 1)), Single(2), Block((0,), (3,)))
-    program = fusion.fused_program(compilation, 2)
+    program = fused_units.fused_program(compilation, 2)
     assert len(program.instructions) == 3
     first, middle, last = program.instructions
     assert first.kind is Kind.MATRIX and first.targets == (1, 2)
@@ -640,7 +638,7 @@ def test_a_permutation_run_undoes_with_its_inverse_and_equals_its_gates():
     ops = qml.StronglyEntanglingLayers(weights, wires=range(n)).decomposition()
     ops += [qml.PauliX(3), qml.ctrl(qml.PauliX(1), 4, control_values=0), qml.CNOT([0, 9])]
     compilation = compile_steps(qml.tape.QuantumScript(ops), Wires(range(n)))
-    plan = fusion.fused_plan(compilation, 2, CPUBackend.fusion_traits)
+    plan = fused_units.fused_plan(compilation, 2, CPUBackend.fusion_traits)
     runs = [u for u in plan.units if isinstance(u.unit, fusion.BitPermutationRun)]
     assert len(runs) == 2  # the ring of 16 CNOTs cut at 10 moved bits; the X gates join
     psi = random_state(n, np.random.default_rng(6)).reshape(1, -1)
@@ -719,7 +717,7 @@ def test_a_tiled_run_equals_its_blocks_and_undoes_with_its_inverse(broadcast):
     ops += [qml.PhaseShift(angles[..., 3], wires=3)]
     compilation = compile_steps(qml.tape.QuantumScript(ops), Wires(range(n)))
     traits = FusionTraits(block_costs=CPUBackend.fusion_traits.block_costs, tile_bits=4)
-    plan = fusion.fused_plan(compilation, 2, traits)
+    plan = fused_units.fused_plan(compilation, 2, traits)
     runs = [u for u in plan.units if isinstance(u.unit, fusion.TiledRun)]
     assert [u.instructions[0].targets for u in runs] == [(3, 2, 1, 0), (0, 1)]
     # Rot; Rot and the PhaseShift after the CNOT (on other bits); Rot and RY; Rot and RX
@@ -748,7 +746,7 @@ def _realized_blocks(fused_units) -> list:
 def test_blocks_of_one_bit_rotations_realize_as_their_operations(broadcast):
     """Blocks of one-letter Pauli rotations on one bit (StronglyEntanglingLayers' RZ RY RZ,
     gathered rotations of one or several instructions, broadcast angles in some), realized
-    all together (``fusion._rotation_blocks``), are the products of their operations' own
+    all together (``fused_units._rotation_blocks``), are the products of their operations' own
     matrices, member by member and whole; blocks with another gate take the general path
     and agree too."""
     rng = np.random.default_rng(stable_seed("rotation-blocks", broadcast))
@@ -765,13 +763,13 @@ def test_blocks_of_one_bit_rotations_realize_as_their_operations(broadcast):
     compilation = compile_steps(tape, Wires(range(n)))
     units = fusion.plan_units(compilation, 2, CPUBackend.fusion_traits)
     runs = [unit.blocks for unit in units if isinstance(unit, fusion.TiledRun)]
-    fast = sum(len(fusion._rotation_blocks(compilation.steps, u)) for u in [units, *runs])
+    fast = sum(len(fused_units._rotation_blocks(compilation.steps, u)) for u in [units, *runs])
     assert fast >= n  # most of the template's blocks (some take the gates after them)
-    blocks = _realized_blocks(fusion.realize(compilation, units))
+    blocks = _realized_blocks(fused_units.realize(compilation, units))
     assert len(blocks) > fast  # some took the general path (Hadamard, Rot)
     for fused in blocks:
         expected = [
-            fusion.step_matrix(compilation.steps[m].instructions, fused.unit.targets)
+            fused_units.step_matrix(compilation.steps[m].instructions, fused.unit.targets)
             for m in fused.unit.members
         ]
         product = expected[0]
@@ -800,7 +798,7 @@ def test_z_rotation_run_program_equals_unfused(broadcast):
     tape = qml.tape.QuantumScript(ops, [qml.state()])
     compilation = compile_steps(tape, None)
     traits = FusionTraits(block_costs=CPUBackend.fusion_traits.block_costs, z_runs=True)
-    fused = fusion.fused_program(compilation, 2, traits)
+    fused = fused_units.fused_program(compilation, 2, traits)
     kinds = [ins.kind for ins in fused.instructions]
     assert kinds.count(Kind.Z_ROTATIONS) == 1
     backend = CPUBackend()
@@ -818,7 +816,7 @@ def test_small_batches_run_unfused(n_wires, batch, fused, mocker):
     in the deferred sweep; from there on it is fused (W1's step at 12 qubits was 13-20%
     faster unfused, at 14 qubits 22% slower)."""
     assert CPUBackend.fusion_traits.min_fused_amplitudes == 1 << 13
-    fuse = mocker.spy(fusion, "fuse")
+    fuse = mocker.spy(fused_units, "fuse")
     wires = list(range(n_wires))
 
     def circuit(x, weights):

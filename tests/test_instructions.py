@@ -14,7 +14,7 @@ import pennylane as qml
 import pytest
 from pennylane.wires import Wires
 
-from pennylane_custatevec import fusion, instructions, simulate
+from pennylane_custatevec import fused_units, fusion, instructions, simulate
 from pennylane_custatevec.backends.cpu import CPUBackend
 from pennylane_custatevec.instructions import Instruction, Kind, Unsupported
 from pennylane_custatevec.program import Compilation, Origin, Program, Register, Step
@@ -149,7 +149,7 @@ def test_a_toy_kind_runs_through_simulate(toy_kind):
 def test_a_toy_kind_is_fused_through_its_matrix(toy_kind):
     """Its matrix entry makes it fusible: both steps become one MATRIX block."""
     register, steps = _toy_program_parts()
-    program = fusion.fused_program(Compilation(register, steps), 3)
+    program = fused_units.fused_program(Compilation(register, steps), 3)
     (block,) = program.instructions
     assert block.kind is Kind.MATRIX and block.targets == (0, 2)
     backend = CPUBackend()

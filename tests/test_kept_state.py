@@ -17,10 +17,11 @@ from spies import calls
 
 import pennylane_custatevec.gradients.deferred
 import pennylane_custatevec.runs
-from pennylane_custatevec import execution, fusion, options, simulate
+from pennylane_custatevec import execution, fused_units, fusion, options, simulate
 from pennylane_custatevec.backends.cpu import CPUBackend
+from pennylane_custatevec.compile_tapes import compile_steps
 from pennylane_custatevec.kept import KeptState
-from pennylane_custatevec.program import compile_steps, flatten
+from pennylane_custatevec.program import flatten
 
 WIRES = 4
 ATOL = 1e-10
@@ -54,11 +55,11 @@ def custatevec_device(k: int, mode: str = "deferred"):
 
 @pytest.fixture
 def plans(mocker, monkeypatch):
-    """The block widths of the fused plans made (``fusion.fuse`` plans; reuse does not).
+    """The block widths of the fused plans made (``fused_units.fuse`` plans; reuse does not).
     Small circuits of a known structure run as one gate sequence (and, measuring Pauli
     expvals, directly) without a fused plan: off here, the plans are what is tested."""
     monkeypatch.setattr(CPUBackend, "sequence_amplitudes", 0)
-    spy = mocker.spy(fusion, "fuse")
+    spy = mocker.spy(fused_units, "fuse")
 
     class Plans:
         @staticmethod
@@ -103,7 +104,7 @@ def test_run_tapes_returns_kept_states():
     plan = run.kept[1].plan
     assert plan is not None and plan.compilation is run.kept[1].compilation
     assert plan.width == 3 and plan.traits == backend.fusion_traits
-    replanned = fusion.fuse(run.kept[1].compilation, 3, backend.fusion_traits)
+    replanned = fused_units.fuse(run.kept[1].compilation, 3, backend.fusion_traits)
     assert [fused.unit for fused in plan.units] == [fused.unit for fused in replanned]
     assert any(
         isinstance(fused.unit, fusion.Block) and len(fused.unit.members) > 1 for fused in plan.units
@@ -139,7 +140,7 @@ def test_run_tapes_without_fusion_keeps_the_plan_of_one_unit_per_step():
 def test_a_kept_plan_belongs_to_the_kept_compilation():
     backend = CPUBackend()
     first, second = (compile_steps(layered_tape(random_angles("owner", i)), None) for i in range(2))
-    plan = fusion.fused_plan(first, 3, backend.fusion_traits)
+    plan = fused_units.fused_plan(first, 3, backend.fusion_traits)
     state, _ = simulate.final_state(backend, plan.program)
     assert KeptState(state, first, plan).plan is plan
     with pytest.raises(ValueError, match="belongs to the kept compilation"):

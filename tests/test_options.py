@@ -21,6 +21,7 @@ from pennylane.devices import ExecutionConfig
 from spies import calls, swept_batches
 
 import pennylane_custatevec
+import pennylane_custatevec.fused_units
 import pennylane_custatevec.fusion
 import pennylane_custatevec.gradients.deferred
 import pennylane_custatevec.gradients.eager
@@ -254,7 +255,7 @@ def spies(mocker, monkeypatch):
     monkeypatch.setattr(CPUBackend, "sequence_amplitudes", 0)
     mod = pennylane_custatevec
     return {
-        "fuse": mocker.spy(mod.fusion, "fuse"),
+        "fuse": mocker.spy(mod.fused_units, "fuse"),
         "eager_vjp": mocker.spy(mod.gradients.eager, "vjp"),
         "deferred_vjps": mocker.spy(mod.gradients.deferred, "vjps"),
         "eager_jacobian": mocker.spy(mod.gradients.eager, "jacobian"),

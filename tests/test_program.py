@@ -14,17 +14,9 @@ import pytest
 from pennylane.wires import Wires
 from reference import random_state
 
+from pennylane_custatevec.compile_tapes import compile_steps, compile_tape
 from pennylane_custatevec.instructions import Kind
-from pennylane_custatevec.program import (
-    Compilation,
-    Origin,
-    Program,
-    Register,
-    compile_steps,
-    compile_tape,
-    flatten,
-    merge,
-)
+from pennylane_custatevec.program import Compilation, Origin, Program, Register, flatten, merge
 
 WIRES = ["a", 3, "q1", 0]  # mixed labels, not sorted
 

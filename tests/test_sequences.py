@@ -19,15 +19,15 @@ from test_structures import (
 
 import pennylane_custatevec
 from pennylane_custatevec import sequences, simulate
-from pennylane_custatevec.backends.base import (
+from pennylane_custatevec.backends.cpu import CPUBackend
+from pennylane_custatevec.backends.gate_sequence import (
     DenseEntry,
     DerivativeEntry,
     GateSequence,
     RotationEntry,
 )
-from pennylane_custatevec.backends.cpu import CPUBackend
-from pennylane_custatevec.gradients import deferred
-from pennylane_custatevec.gradients.common import DifferentiatedTape
+from pennylane_custatevec.gradients import fused_sweep
+from pennylane_custatevec.gradients.differentiated import DifferentiatedTape
 from pennylane_custatevec.instructions import Instruction, Kind, apply_instruction
 from pennylane_custatevec.program import flatten
 from pennylane_custatevec.structures import Structure, StructureKey
@@ -298,7 +298,7 @@ def _compiled(name: str, form: str):
 
 def _sweep(backend, tape, compilation, state, bras):
     circuit = DifferentiatedTape(tape, None, compilation)
-    return deferred.sweep(
+    return fused_sweep.sweep(
         backend, compilation, circuit.columns, circuit.n_columns, 1, state, bras, plan=None
     )
 

@@ -18,7 +18,7 @@ from conftest import stable_seed
 from pennylane.wires import Wires
 from reference import random_state, random_unitary
 
-from pennylane_custatevec import fusion, simulate
+from pennylane_custatevec import fused_units, simulate
 from pennylane_custatevec.backends.cpu import CPUBackend
 from pennylane_custatevec.backends.custatevec import CuStateVecBackend
 from pennylane_custatevec.instructions import (
@@ -187,7 +187,7 @@ def test_instruction_matrix_is_the_dense_matrix(kind):
     rng = np.random.default_rng(stable_seed("matrix", kind.name))
     instruction, matrices = case(kind, rng)
     matrix, bits = instruction_matrix(instruction)
-    full = fusion.embed(matrix, bits, tuple(range(N)))
+    full = fused_units.embed(matrix, bits, tuple(range(N)))
     for b in range(BATCH):
         np.testing.assert_allclose(full[b % full.shape[0]], matrices[b], atol=ATOL, rtol=0)
 

@@ -118,7 +118,7 @@ def test_structures_refuse_shots_and_trainable_observables():
 
 from test_gates import GATES, NON_UNITARY, gate_forms, gate_spec  # noqa: E402
 
-from pennylane_custatevec.program import compile_steps  # noqa: E402
+from pennylane_custatevec.compile_tapes import compile_steps  # noqa: E402
 from pennylane_custatevec.structures import Structure  # noqa: E402
 
 _WIRES = [0, "a", 2, 5, "b", 7, 8]

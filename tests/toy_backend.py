@@ -13,8 +13,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pennylane_custatevec.backends.base import Backend, StateBatch
+from pennylane_custatevec.backends.base import Backend
 from pennylane_custatevec.backends.host import free_host_bytes
+from pennylane_custatevec.backends.primitives import StateBatch
 
 _PAULI = {
     "I": np.eye(2, dtype=complex),

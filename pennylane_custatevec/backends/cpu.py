@@ -1,15 +1,12 @@
-"""CPU backend: numpy state vectors updated in place by numba kernels."""
+"""CPU backend: numpy state vectors updated in place by numba kernels (``_cpu_kernels``):
+the kernels' dispatch, the measurements and the scratch memory of ``CPUBackend``; the
+kernels' arguments are ``cpu_arguments``', its gate sequences ``cpu_sequences``'."""
 
-import functools
-import math
 import threading
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 import numba
 import numpy as np
-
-from . import _cpu_kernels as kernels
 
 # The kernels by name, so that a misspelt one fails at import; several share the name of
 # the method that calls them.
@@ -49,111 +46,35 @@ from ._cpu_kernels import (
     tiled_2x2_step,
     z_rotations_step,
 )
-from .base import (
-    Backend,
-    DenseEntry,
-    DerivativeEntry,
-    FusionTraits,
-    GateSequence,
-    RotationEntry,
-    StateBatch,
+from .base import Backend
+from .cpu_arguments import (
+    DIAGONAL_WORD_LETTERS,
+    MANY_WORDS,
+    int64_bits,
+    pauli_masks_of,
+    permutation_groups_of,
+    pivot_bits,
+    placement_of,
+    product_table,
+    rotation_pair_arguments,
+    sign_table,
+    split_masks,
+    tile_bits_for,
+    z_masks_of,
+    z_rotation_diagonals,
+    z_rotation_plan,
+    z_sum_blocks,
+    z_word_signs,
 )
+from .cpu_sequences import (
+    PreparedSequence,
+    launch_sequence,
+    pauli_word_rows,
+    prepared_sequence_of,
+)
+from .gate_sequence import GateSequence
 from .host import free_host_bytes
-
-_I_POWERS = (1.0 + 0.0j, 1.0j, -1.0 + 0.0j, -1.0j)
-
-
-def _bits(values: Sequence[int]) -> np.ndarray:
-    return np.array(values, dtype=np.int64, ndmin=1)
-
-
-def _fixed_bits(*groups: Sequence[int]) -> np.ndarray:
-    """The bits a kernel holds fixed (targets, controls), sorted ascending."""
-    return np.array(sorted(bit for group in groups for bit in group), dtype=np.int64, ndmin=1)
-
-
-def _control_mask(controls: Sequence[int], control_values: Sequence[int]) -> int:
-    return sum(int(v) << int(c) for c, v in zip(controls, control_values, strict=True))
-
-
-class _Placement(NamedTuple):
-    """Where a gate acts, as the kernels take it."""
-
-    targets: np.ndarray
-    fixed_bits: np.ndarray
-    control_mask: int
-
-
-def _placement(
-    targets: Sequence[int], controls: Sequence[int] = (), control_values: Sequence[int] = ()
-) -> _Placement:
-    return _cached_placement(tuple(targets), tuple(controls), tuple(control_values))
-
-
-@functools.lru_cache(maxsize=4096)
-def _cached_placement(targets: tuple, controls: tuple, control_values: tuple) -> _Placement:
-    """Built once per placement: a circuit applies the same few placements again and
-    again, and building the arrays costs more than a gate on a few qubits."""
-    placement = _Placement(
-        _bits(targets), _fixed_bits(targets, controls), _control_mask(controls, control_values)
-    )
-    placement.targets.flags.writeable = False
-    placement.fixed_bits.flags.writeable = False
-    return placement
-
-
-def _product_table(factors: np.ndarray) -> np.ndarray:
-    """(B, 2**m): entry c is the product over j of factors[b, j, bit j of c]."""
-    table = np.ones((factors.shape[0], 1), dtype=np.complex128)
-    for j in range(factors.shape[1]):
-        table = np.concatenate([table * factors[:, j, :1], table * factors[:, j, 1:]], axis=1)
-    return table
-
-
-def _rotation_pair(angles, paulis: str) -> tuple[np.ndarray, np.ndarray]:
-    """(angles (1 or B, 2) float64, letters 1: X, 2: Y, 3: Z) of a ONE_QUBIT_ROTATIONS instruction,
-    which this backend runs in pairs (``rotations_per_pass``)."""
-    if len(paulis) != 2 or not set(paulis) <= set("XYZ"):
-        raise ValueError(
-            f"the CPU backend applies one-qubit rotations in pairs of X, Y or Z; got {paulis!r}"
-        )
-    angles = np.ascontiguousarray(angles, dtype=np.float64).reshape(-1, 2)
-    return angles, _letter_codes(paulis)
-
-
-@functools.lru_cache(maxsize=16)
-def _letter_codes(paulis: str) -> np.ndarray:
-    codes = np.array(["IXYZ".index(letter) for letter in paulis], dtype=np.int64)
-    codes.flags.writeable = False
-    return codes
-
-
-def _pauli_masks(paulis: str, targets: Sequence[int]) -> tuple[int, int, complex]:
-    """(x_mask, z_mask, i**n_Y) of a Pauli word: P|i> = i**n_Y (-1)**|i & z| |i ^ x>."""
-    return _cached_pauli_masks(paulis, tuple(targets))
-
-
-@functools.lru_cache(maxsize=4096)
-def _cached_pauli_masks(paulis: str, targets: tuple) -> tuple[int, int, complex]:
-    x_mask = z_mask = n_y = 0
-    for letter, bit in zip(paulis, targets, strict=True):
-        if letter in "XY":
-            x_mask |= 1 << bit
-        if letter in "YZ":
-            z_mask |= 1 << bit
-        n_y += letter == "Y"
-    return x_mask, z_mask, _I_POWERS[n_y % 4]
-
-
-def _z_rotation_diagonals(angles: np.ndarray, paulis: str) -> np.ndarray:
-    """The diagonals of exp(-i angle/2 P) for a word P of Z and I letters, (len(angles), 2**k)."""
-    signs = _z_word_signs(paulis)
-    if angles.shape[0] == 1 and math.isfinite(angles[0]):  # scalar math: numpy on one
-        half = 0.5 * float(angles[0])  # angle costs microseconds per call (math.cos(inf)
-        return (math.cos(half) - (1j * math.sin(half)) * signs)[None]  # raises: numpy's nan)
-    half = 0.5 * angles.reshape(-1, 1)
-    return np.cos(half) - 1j * np.sin(half) * signs
-
+from .primitives import FusionTraits, StateBatch
 
 _TILE_BITS = 14
 """A tile of a tiled run: 2**14 consecutive amplitudes, 256 KiB in complex128, within a
@@ -182,7 +103,7 @@ CPU_FUSION_TRAITS = FusionTraits(
     # compute-bound here (block_costs).
     pauli_rotation_step_for_lone_rotations=True,
     # A group of apply_bit_permutation holds the moved bits and at least the 6 lowest, in
-    # at most 16 bits (_PERMUTATION_GROUP_BITS): runs of up to 10 moved bits.
+    # at most 16 bits (PERMUTATION_GROUP_BITS): runs of up to 10 moved bits.
     permutation_bits=10,
     # benchmarks/permutation_runs.py (2 cores, 2026-12-02): a run took 0.84 ms on one
     # vector of 20 qubits against 0.13 ms per CNOT, 0.89 ms on 17 vectors of 16 qubits
@@ -203,184 +124,8 @@ CPU_FUSION_TRAITS = FusionTraits(
 """How fusion plans for the CPU backend (see FusionTraits)."""
 
 
-_PERMUTATION_GROUP_BITS = 16
-"""The most bits of one group of ``apply_bit_permutation`` (a worker's buffer: 2**16
-amplitudes, 1 MiB in complex128)."""
-
-_PERMUTATION_CHUNK_BITS = 6
-"""The fewest low bits a group of ``apply_bit_permutation`` holds: it reads its amplitudes
-in contiguous chunks of at least 2**6."""
-
-
 _SCRATCH = threading.local()
 """Each thread's buffers of ``apply_bit_permutation``, by dtype (``CPUBackend._buffers``)."""
-
-
-def _tile_bits(state: StateBatch, targets: Sequence[int], traits: FusionTraits) -> int | None:
-    """The bits of a tile of ``apply_tiled_2x2`` for gates on ``targets``: the traits'
-    ``tile_bits`` (the whole vector if smaller); None where a target lies above them (then
-    the gates run one by one)."""
-    tile_bits = min(traits.tile_bits, state.shape[1].bit_length() - 1)
-    return tile_bits if max(targets, default=0) < tile_bits else None
-
-
-class _PermutationGroups(NamedTuple):
-    """How ``apply_bit_permutation`` walks a state for one map (see the kernel)."""
-
-    group_bits: np.ndarray
-    outside_bits: np.ndarray
-    chunk_bits: int
-    run_bits: int
-    """The lowest bits that the map neither moves nor reads: runs of 2**run_bits
-    amplitudes keep their order and are copied whole."""
-
-
-@functools.lru_cache(maxsize=256)
-def _permutation_groups(sources: tuple[int, ...], n_bits: int) -> _PermutationGroups:
-    """The group bits of the map ``sources`` on ``n_bits``-bit indices: the bits it moves,
-    then the lowest bits (contiguous chunks) up to ``_PERMUTATION_GROUP_BITS``."""
-    moved = sources[n_bits]
-    for j in range(n_bits):
-        moved |= sources[j] ^ (1 << j)
-    group = {j for j in range(n_bits) if (moved >> j) & 1}
-    if len(group | set(range(_PERMUTATION_CHUNK_BITS))) > _PERMUTATION_GROUP_BITS:
-        raise ValueError(
-            f"apply_bit_permutation moves {len(group)} bits; the CPU backend takes at most "
-            f"{_PERMUTATION_GROUP_BITS - _PERMUTATION_CHUNK_BITS} per call "
-            "(FusionTraits.permutation_bits plans runs within that)"
-        )
-    low = 0  # the chunk: bits below ``low``, all in the group
-    while low < n_bits and (low in group or low < _PERMUTATION_CHUNK_BITS):
-        group.add(low)
-        low += 1
-    outside = [j for j in range(n_bits) if j not in group]
-    touched = moved | _reads(sources)  # bits the map moves or reads
-    run = 0  # bit j < run: neither moved nor read, so runs of 2**run amplitudes stay whole
-    while run < low and not (touched >> run) & 1:
-        run += 1
-    return _PermutationGroups(_bits(sorted(group)), _bits(outside), low, run)
-
-
-def _reads(sources: tuple[int, ...]) -> int:
-    """The bits whose value changes another bit's source (controls of the run)."""
-    reads = 0
-    for j, column in enumerate(sources[:-1]):
-        if column != 1 << j:
-            reads |= 1 << j
-    return reads
-
-
-class _PreparedSequence(NamedTuple):
-    """A ``GateSequence`` as ``_cpu_kernels.run_sequence`` takes it (see there)."""
-
-    ops: np.ndarray
-    bits: np.ndarray
-    matrices: np.ndarray
-    """The constant matrices; the call's are written into a copy at ``slot_starts``."""
-    slot_starts: tuple[int, ...]
-    slot_sizes: tuple[int, ...]
-
-
-def _prepared_sequence(sequence: GateSequence) -> _PreparedSequence:
-    ops = np.zeros((len(sequence.entries), kernels.SEQ_FIELDS), dtype=np.int64)
-    bits: list[int] = []
-    pool: list[np.ndarray] = []
-    pool_size = 0
-    slot_starts = [0] * sequence.n_matrices
-    slot_sizes = [0] * sequence.n_matrices
-
-    def dense(row: np.ndarray, entry: DenseEntry) -> None:
-        nonlocal pool_size
-        if len(entry.bits) > _SEQUENCE_MAX_BITS:
-            raise ValueError(
-                f"a gate sequence's dense gates act on at most {_SEQUENCE_MAX_BITS} bits; "
-                f"got {len(entry.bits)}"
-            )
-        size = 1 << (2 * len(entry.bits))
-        row[kernels.SEQ_BITS_START] = len(bits)
-        row[kernels.SEQ_N_BITS] = len(entry.bits)
-        row[kernels.SEQ_MATRIX_START] = pool_size
-        bits.extend(entry.bits)
-        if entry.matrix is None:
-            slot_starts[entry.slot], slot_sizes[entry.slot] = pool_size, size
-            pool.append(np.zeros(size, dtype=np.complex128))
-        else:
-            pool.append(np.asarray(entry.matrix, dtype=np.complex128).reshape(size))
-        pool_size += size
-
-    def rotation(row: np.ndarray, entry: RotationEntry) -> None:
-        x_mask, z_mask, i_power = _pauli_masks(entry.paulis, entry.targets)
-        row[kernels.SEQ_X_MASK] = x_mask
-        row[kernels.SEQ_Z_MASK] = z_mask
-        row[kernels.SEQ_I_POWER] = _I_POWERS.index(i_power)
-        row[kernels.SEQ_CONTROL_MASK] = _control_mask(entry.controls, (1,) * len(entry.controls))
-        row[kernels.SEQ_CONTROL_VALUE] = _control_mask(entry.controls, entry.control_values)
-        row[kernels.SEQ_SLOT] = entry.slot
-
-    for row, entry in zip(ops, sequence.entries, strict=True):
-        if isinstance(entry, DerivativeEntry):  # encoded as its generator, under its own codes
-            row[kernels.SEQ_COLUMN] = entry.column
-            gate, codes = (
-                entry.generator,
-                (kernels.SEQ_ROTATION_DERIVATIVE, kernels.SEQ_DENSE_DERIVATIVE),
-            )
-        else:
-            gate, codes = entry, (kernels.SEQ_ROTATION, kernels.SEQ_DENSE)
-        if isinstance(gate, RotationEntry):
-            row[kernels.SEQ_OPCODE] = codes[0]
-            rotation(row, gate)
-        else:
-            row[kernels.SEQ_OPCODE] = codes[1]
-            dense(row, gate)
-    matrices = np.concatenate(pool) if pool else np.zeros(1, dtype=np.complex128)
-    return _PreparedSequence(
-        ops, _bits(bits or [0]), matrices, tuple(slot_starts), tuple(slot_sizes)
-    )
-
-
-@functools.lru_cache(maxsize=1024)
-def _word_rows(words: tuple) -> np.ndarray:
-    """Pauli words (paulis, targets) as rows of a sequence table (``_cpu_kernels``: x and
-    z masks, i power), for the kernels that measure or build bras from them."""
-    rows = np.zeros((len(words), kernels.SEQ_FIELDS), dtype=np.int64)
-    for row, (paulis, targets) in zip(rows, words, strict=True):
-        x_mask, z_mask, i_power = _pauli_masks(paulis, targets)
-        row[kernels.SEQ_X_MASK] = x_mask
-        row[kernels.SEQ_Z_MASK] = z_mask
-        row[kernels.SEQ_I_POWER] = _I_POWERS.index(i_power)
-    rows.setflags(write=False)
-    return rows
-
-
-_SEQUENCE_MAX_BITS = 6
-"""The widest dense gate of a gate sequence (the kernels' scratch holds 64 amplitudes)."""
-
-
-_THREADED_SEQUENCES = threading.Lock()
-"""Held while a threaded sequence kernel runs: numba's workqueue threading layer (the one
-it falls back to without OpenMP or TBB) is not safe for parallel launches from several
-Python threads at once, and small circuits are the likeliest to be run from threads (a
-fresh-clone CI run hung with unguarded threaded sequences)."""
-
-
-_THREADED_SEQUENCE_AMPLITUDES = 1 << 11
-"""Below the per-gate kernels' threshold (``_cpu_kernels._PARALLEL_THRESHOLD``): a sequence
-call wakes the threads once for all its gates. Measured on the step of
-``CPUBackend.sequence_amplitudes`` (``benchmarks/sequence_sizes.py`` with the threshold
-edited; interleaved, best of 7), threads from 2**11 against
-from 2**14 amplitudes: 0.62 against 0.38 ms on 8 vectors of 8 qubits, 1.05 against 0.55 ms
-on 16, 1.98 against 0.95 ms on 32, 3.6 against 1.2 ms on 256 vectors of 4 qubits."""
-
-
-def _launch_sequence(kernel: kernels.Kernel, state: np.ndarray, *arguments) -> None:
-    """``kernel`` on ``state`` (a batch of vectors first): threaded, a thread taking whole
-    vectors, for batches of several vectors of ``_THREADED_SEQUENCE_AMPLITUDES`` amplitudes
-    in all, launched under ``_THREADED_SEQUENCES``; else serial."""
-    if state.shape[0] > 1 and state.size >= _THREADED_SEQUENCE_AMPLITUDES:
-        with _THREADED_SEQUENCES:
-            kernel.threaded(state, *arguments)
-    else:
-        kernel.serial(state, *arguments)
 
 
 class CPUBackend(Backend):
@@ -402,16 +147,16 @@ class CPUBackend(Backend):
     """Per vector. Measured (``benchmarks/sequence_sizes.py``) on a compiled AngleEmbedding +
     StronglyEntanglingLayers step
     (2 layers, 2 cores, interleaved, best of 7; sequences with one-bit runs fused and
-    threads over the vectors from ``_THREADED_SEQUENCE_AMPLITUDES``): the sequence path
+    threads over the vectors from ``THREADED_SEQUENCE_AMPLITUDES``): the sequence path
     took 0.20-0.37x the gate-by-gate time on one vector of 9-12 qubits, 0.47x at 13 and
     0.94x at 14; on batches of 8 qubits 0.14x at 8 vectors, 0.34x at 32, 0.49x at 64 (W3),
     0.79x at 1024; 0.38-0.43x on 256-1024 vectors of 4 qubits, 0.85-0.92x on 65536
     amplitudes of 10-13-qubit vectors."""
 
-    def prepare_sequence(self, sequence: GateSequence) -> _PreparedSequence:
-        return _prepared_sequence(sequence)
+    def prepare_sequence(self, sequence: GateSequence) -> PreparedSequence:
+        return prepared_sequence_of(sequence)
 
-    def _sequence_matrices(self, prepared: _PreparedSequence, matrices: Sequence) -> np.ndarray:
+    def _sequence_matrices(self, prepared: PreparedSequence, matrices: Sequence) -> np.ndarray:
         if not prepared.slot_starts:
             return prepared.matrices
         pool = prepared.matrices.copy()
@@ -423,7 +168,7 @@ class CPUBackend(Backend):
 
     def run_sequence(self, state, prepared, angles, matrices) -> None:
         """One kernel call for the whole sequence."""
-        _launch_sequence(
+        launch_sequence(
             run_sequence,
             state,
             prepared.ops,
@@ -434,7 +179,7 @@ class CPUBackend(Backend):
 
     def sweep_sequence(self, phi, bras, prepared, angles, matrices, n_columns) -> np.ndarray:
         out = np.zeros((phi.shape[0], bras.shape[0] // phi.shape[0], n_columns))
-        _launch_sequence(
+        launch_sequence(
             sweep_sequence,
             phi,
             bras,
@@ -450,7 +195,7 @@ class CPUBackend(Backend):
         """One kernel call: the sequence and the words' expectation values."""
         values = np.empty((state.shape[0], len(words)))
         arguments = self._measured_sequence(prepared, angles, matrices, words)
-        _launch_sequence(run_sequence_measured, state, *arguments, values)
+        launch_sequence(run_sequence_measured, state, *arguments, values)
         return values
 
     def sweep_sequence_from_words(
@@ -459,7 +204,7 @@ class CPUBackend(Backend):
         """One kernel call: the bras built from the words, and the sweep."""
         batch, rows, _ = coefficients.shape
         out = np.zeros((batch, rows, n_columns))
-        _launch_sequence(
+        launch_sequence(
             sweep_sequence_from_words,
             phi,
             *self._measured_sequence(prepared, angles, matrices, words),
@@ -478,7 +223,7 @@ class CPUBackend(Backend):
         ops, bits, pool, angles, word_rows = self._measured_sequence(
             prepared, angles, matrices, words
         )
-        _launch_sequence(
+        launch_sequence(
             run_sequence_jacobian,
             state,
             ops,
@@ -500,7 +245,7 @@ class CPUBackend(Backend):
     ) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]:
         """The kernel's arguments converted once (the tables, the words' rows, the
         coefficients); a call allocates the vector and the outputs and runs the serial
-        kernel (one vector: what ``_launch_sequence`` runs for it)."""
+        kernel (one vector: what ``launch_sequence`` runs for it)."""
         if prepared.slot_starts or sweep.slot_starts:
             raise ValueError("bind_sequence_jacobian: the sequence has matrix slots")
         kernel = run_sequence_jacobian.serial
@@ -512,7 +257,7 @@ class CPUBackend(Backend):
             sweep.bits,
             sweep.matrices,
         )
-        word_rows = _word_rows(tuple(words))
+        word_rows = pauli_word_rows(tuple(words))
         coefficients = np.ascontiguousarray(coefficients, dtype=np.complex128)
         rows = coefficients.shape[1]
         size, dtype = 1 << n_qubits, self.dtype
@@ -528,7 +273,7 @@ class CPUBackend(Backend):
 
         return run
 
-    def _measured_sequence(self, prepared: _PreparedSequence, angles, matrices, words) -> tuple:
+    def _measured_sequence(self, prepared: PreparedSequence, angles, matrices, words) -> tuple:
         """The arguments that ``run_sequence_measured`` and ``sweep_sequence_from_words``
         take after their state: the sequence with the call's matrices, the angles, the
         words as table rows."""
@@ -537,7 +282,7 @@ class CPUBackend(Backend):
             prepared.bits,
             self._sequence_matrices(prepared, matrices),
             np.ascontiguousarray(angles, dtype=np.float64),
-            _word_rows(tuple(words)),
+            pauli_word_rows(tuple(words)),
         )
 
     def available_bytes(self) -> int:
@@ -562,9 +307,9 @@ class CPUBackend(Backend):
         batch, k = factors.shape[0], factors.shape[1]
         state = np.zeros((batch, 1 << n_qubits), dtype=self.dtype)
         low_count = k // 2
-        low = _product_table(factors[:, :low_count]).astype(self.dtype)
-        high = _product_table(factors[:, low_count:]).astype(self.dtype)
-        zero_bits = _bits(sorted(set(range(n_qubits)) - set(bits)))
+        low = product_table(factors[:, :low_count]).astype(self.dtype)
+        high = product_table(factors[:, low_count:]).astype(self.dtype)
+        zero_bits = int64_bits(sorted(set(range(n_qubits)) - set(bits)))
         product_state.for_size(state)(state, low, high, low_count, zero_bits)
         return state
 
@@ -576,7 +321,7 @@ class CPUBackend(Backend):
 
     def apply_matrix(self, state, matrices, targets, controls=(), control_values=()) -> None:
         matrices = np.ascontiguousarray(matrices, dtype=self.dtype)
-        where = _placement(targets, controls, control_values)
+        where = placement_of(targets, controls, control_values)
         if len(targets) == 1:
             apply = apply_1q.for_size(state)
             apply(state, matrices, int(targets[0]), where.fixed_bits, where.control_mask)
@@ -589,7 +334,7 @@ class CPUBackend(Backend):
 
     def apply_diagonal(self, state, diagonals, targets, controls=(), control_values=()) -> None:
         diagonals = np.ascontiguousarray(diagonals, dtype=self.dtype)
-        where = _placement(targets, controls, control_values)
+        where = placement_of(targets, controls, control_values)
         apply = apply_diagonal.for_size(state)
         apply(state, diagonals, where.targets, where.fixed_bits, where.control_mask)
 
@@ -598,40 +343,40 @@ class CPUBackend(Backend):
     ) -> None:
         angles = np.ascontiguousarray(angles, dtype=np.float64).reshape(-1)
         if len(paulis) == 1:
-            where = _placement(targets, controls, control_values)
+            where = placement_of(targets, controls, control_values)
             letter = "IXYZ".index(paulis)
             apply = apply_1q_rotation.for_size(state)
             apply(state, angles, letter, int(targets[0]), where.fixed_bits, where.control_mask)
             return
-        x_mask, z_mask, i_power = _pauli_masks(paulis, targets)
-        if x_mask == 0 and len(paulis) <= _DIAGONAL_WORD_LETTERS:
-            diagonals = _z_rotation_diagonals(angles, paulis)
+        x_mask, z_mask, i_power = pauli_masks_of(paulis, targets)
+        if x_mask == 0 and len(paulis) <= DIAGONAL_WORD_LETTERS:
+            diagonals = z_rotation_diagonals(angles, paulis)
             self.apply_diagonal(state, diagonals, targets, controls, control_values)
             return
-        where = _placement(_pivot(x_mask), controls, control_values)
+        where = placement_of(pivot_bits(x_mask), controls, control_values)
         apply = apply_pauli_rotation.for_size(state)
         apply(state, angles, x_mask, z_mask, i_power, where.fixed_bits, where.control_mask)
 
     def apply_one_qubit_rotations(self, state, angles, paulis, targets) -> None:
-        angles, letters = _rotation_pair(angles, paulis)
-        where = _placement(targets)
+        angles, letters = rotation_pair_arguments(angles, paulis)
+        where = placement_of(targets)
         apply = apply_rotation_pair.for_size(state)
         apply(state, angles, letters, where.targets, where.fixed_bits)
 
     def apply_pauli(self, state, paulis, targets, controls=(), control_values=()) -> None:
-        x_mask, z_mask, i_power = _pauli_masks(paulis, targets)
-        if x_mask == 0 and 0 < len(paulis) <= _DIAGONAL_WORD_LETTERS:
-            signs = _z_word_signs(paulis)[None]
+        x_mask, z_mask, i_power = pauli_masks_of(paulis, targets)
+        if x_mask == 0 and 0 < len(paulis) <= DIAGONAL_WORD_LETTERS:
+            signs = z_word_signs(paulis)[None]
             self.apply_diagonal(state, signs, targets, controls, control_values)
             return
-        where = _placement(_pivot(x_mask), controls, control_values)
+        where = placement_of(pivot_bits(x_mask), controls, control_values)
         apply = apply_pauli.for_size(state)
         apply(state, x_mask, z_mask, i_power, where.fixed_bits, where.control_mask)
 
     def apply_bit_permutation(self, state, sources) -> None:
         n_bits = state.shape[1].bit_length() - 1
         sources = np.array(sources, dtype=np.int64)  # a writeable copy: one compilation
-        groups = _permutation_groups(tuple(int(s) for s in sources), n_bits)
+        groups = permutation_groups_of(tuple(int(s) for s in sources), n_bits)
         kernel = apply_bit_permutation.for_size(state)
         workers = numba.get_num_threads() if kernel is apply_bit_permutation.threaded else 1
         buffers = self._buffers(workers, 1 << len(groups.group_bits))
@@ -641,15 +386,15 @@ class CPUBackend(Backend):
         )  # fmt: skip
 
     def apply_tiled_matrices(self, state, matrices, targets) -> None:
-        tile_bits = _tile_bits(state, targets, self.fusion_traits)
+        tile_bits = tile_bits_for(state, targets, self.fusion_traits)
         if tile_bits is None:
             super().apply_tiled_matrices(state, matrices, targets)
             return
         matrices = np.ascontiguousarray(matrices, dtype=self.dtype)
-        apply_tiled_2x2.for_size(state)(state, matrices, _bits(targets), tile_bits)
+        apply_tiled_2x2.for_size(state)(state, matrices, int64_bits(targets), tile_bits)
 
     def adjoint_tiled_matrices_step(self, phi, bras, matrices, targets) -> np.ndarray:
-        tile_bits = _tile_bits(phi, targets, self.fusion_traits)
+        tile_bits = tile_bits_for(phi, targets, self.fusion_traits)
         if tile_bits is None:
             return super().adjoint_tiled_matrices_step(phi, bras, matrices, targets)
         adjoints = np.ascontiguousarray(np.conj(np.swapaxes(matrices, -1, -2)), dtype=self.dtype)
@@ -657,7 +402,7 @@ class CPUBackend(Backend):
         rows = bras.shape[0] // batch
         per = chunks_per_vector(batch, dim >> tile_bits)
         out = np.empty((batch * per, rows, len(targets), 4), dtype=np.complex128)
-        tiled_2x2_step.for_size(bras)(phi, bras, adjoints, _bits(targets), tile_bits, out)
+        tiled_2x2_step.for_size(bras)(phi, bras, adjoints, int64_bits(targets), tile_bits, out)
         return out.reshape(batch, per, rows, len(targets), 2, 2).sum(axis=1)
 
     def _buffers(self, rows: int, amplitudes: int) -> np.ndarray:
@@ -675,8 +420,8 @@ class CPUBackend(Backend):
         state *= np.asarray(factors, dtype=self.dtype).reshape(-1, 1)
 
     def expval_pauli_words(self, state, words) -> np.ndarray:
-        z_masks = _z_masks(words)
-        if z_masks is not None and len(words) >= _MANY_WORDS:
+        z_masks = z_masks_of(words)
+        if z_masks is not None and len(words) >= MANY_WORDS:
             return _z_word_expectations(state, z_masks)
         return super().expval_pauli_words(state, words)
 
@@ -684,51 +429,51 @@ class CPUBackend(Backend):
         return self.inner_pauli(bra, kets, "", ())  # the empty word: the inner product
 
     def inner_pauli(self, bra, ket, paulis, targets) -> np.ndarray:
-        x_mask, z_mask, i_power = _pauli_masks(paulis, targets)
+        x_mask, z_mask, i_power = pauli_masks_of(paulis, targets)
         out = np.empty(bra.shape[0], dtype=np.complex128)
-        if x_mask == 0 and 0 < len(paulis) <= _DIAGONAL_WORD_LETTERS:
-            where = _placement(targets)
+        if x_mask == 0 and 0 < len(paulis) <= DIAGONAL_WORD_LETTERS:
+            where = placement_of(targets)
             inner = inner_diagonal.for_size(bra)
-            inner(bra, ket, _z_word_signs(paulis), where.targets, where.fixed_bits, out)
+            inner(bra, ket, z_word_signs(paulis), where.targets, where.fixed_bits, out)
             return out
-        where = _placement(_pivot(x_mask))
+        where = placement_of(pivot_bits(x_mask))
         inner_pauli.for_size(bra)(bra, ket, x_mask, z_mask, i_power, where.fixed_bits, out)
         return out
 
     def inner_matrix(self, bra, ket, matrix, targets) -> np.ndarray:
         matrix = np.ascontiguousarray(matrix, dtype=np.complex128)
         out = np.empty(bra.shape[0], dtype=np.complex128)
-        where = _placement(targets)
+        where = placement_of(targets)
         inner_matrix.for_size(bra)(bra, ket, matrix, where.targets, where.fixed_bits, out)
         return out
 
     def adjoint_pauli_rotation_step(self, phi, bras, angles, paulis, targets) -> np.ndarray:
         angles = np.ascontiguousarray(angles, dtype=np.float64).reshape(-1)
         out = np.empty(bras.shape[0], dtype=np.complex128)
-        x_mask, _, _ = _pauli_masks(paulis, targets)
-        where = _placement(targets)
+        x_mask, _, _ = pauli_masks_of(paulis, targets)
+        where = placement_of(targets)
         if len(paulis) == 1 and paulis != "I":
             letter = "IXYZ".index(paulis)
             step = rotation_step_1q.for_size(bras)
             step(phi, bras, angles, letter, int(targets[0]), where.fixed_bits, out)
             return out
-        if x_mask == 0 and 0 < len(paulis) <= _DIAGONAL_WORD_LETTERS:
-            signs = _z_word_signs(paulis)
-            diagonal = _z_rotation_diagonals(angles, paulis)[0]
+        if x_mask == 0 and 0 < len(paulis) <= DIAGONAL_WORD_LETTERS:
+            signs = z_word_signs(paulis)
+            diagonal = z_rotation_diagonals(angles, paulis)[0]
             step = diagonal_step.for_size(bras)
             step(phi, bras, diagonal, signs, where.targets, where.fixed_bits, out)
             return out
         return super().adjoint_pauli_rotation_step(phi, bras, angles, paulis, targets)
 
     def apply_z_rotations(self, state, angles, z_masks) -> None:
-        plan = _z_rotation_plan(np.asarray(angles, dtype=np.float64), z_masks, state.shape[1])
+        plan = z_rotation_plan(np.asarray(angles, dtype=np.float64), z_masks, state.shape[1])
         apply = apply_z_phases.for_size(state)
         apply(state, plan.counts, plan.low_signs, plan.tables, plan.low)
 
     def adjoint_z_rotations_step(self, phi, bras, angles, z_masks) -> np.ndarray:
         batch, dim = phi.shape
         rows = bras.shape[0] // batch
-        plan = _z_rotation_plan(np.asarray(angles, dtype=np.float64), z_masks, dim)
+        plan = z_rotation_plan(np.asarray(angles, dtype=np.float64), z_masks, dim)
         blocks = dim >> plan.low
         out = np.empty((batch * blocks, rows, plan.low_signs.shape[0]), dtype=np.complex128)
         step = z_rotations_step.for_size(bras)
@@ -737,12 +482,12 @@ class CPUBackend(Backend):
         return np.einsum("bhrj,jh->brj", sums, plan.high_signs)
 
     def adjoint_one_qubit_rotations_step(self, phi, bras, angles, paulis, targets) -> np.ndarray:
-        angles, letters = _rotation_pair(angles, paulis)
+        angles, letters = rotation_pair_arguments(angles, paulis)
         batch, dim = phi.shape
         rows = bras.shape[0] // batch
         per = chunks_per_vector(batch, dim >> 2)
         partial = np.empty((batch * per, rows, 2), dtype=np.complex128)
-        where = _placement(targets)
+        where = placement_of(targets)
         step = rotation_pair_step.for_size(bras)
         step(phi, bras, angles, letters, where.targets, where.fixed_bits, partial)
         return partial.reshape(batch, per, rows, 2).sum(axis=1)
@@ -758,7 +503,7 @@ class CPUBackend(Backend):
             )
         per = chunks_per_vector(batch, dim >> len(targets))
         partial = np.empty((batch * per, rows, d, d), dtype=np.complex128)
-        where = _placement(targets)
+        where = placement_of(targets)
         if len(targets) == 1:
             step = block_step_1q.for_size(bras)
             step(phi, bras, adjoints, int(targets[0]), partial)
@@ -772,9 +517,9 @@ class CPUBackend(Backend):
 
     def add_pauli_sum(self, dst, src, words, coefficients) -> None:
         coefficients = np.asarray(coefficients, dtype=np.complex128).reshape(-1)
-        z_masks = _z_masks(words)
-        if z_masks is not None and len(words) >= _MANY_WORDS:
-            block_coefficients, low_signs, low = _z_sum_blocks(z_masks, coefficients, dst.shape[1])
+        z_masks = z_masks_of(words)
+        if z_masks is not None and len(words) >= MANY_WORDS:
+            block_coefficients, low_signs, low = z_sum_blocks(z_masks, coefficients, dst.shape[1])
             add = add_z_sum_by_blocks.for_size(dst)
             add(dst, src, block_coefficients, low_signs, low)
             return
@@ -792,137 +537,17 @@ class CPUBackend(Backend):
 
     def probabilities(self, state, bits) -> np.ndarray:
         out = np.empty((state.shape[0], 1 << len(bits)))
-        marginal_probs.for_size(state)(state, _bits(bits), out)
+        marginal_probs.for_size(state)(state, int64_bits(bits), out)
         return out
-
-
-class _ZRotationPlan(NamedTuple):
-    """How the CPU kernels apply commuting Z-word rotations (see _z_rotation_plan)."""
-
-    low: int
-    low_signs: np.ndarray  # (G, 2**low): the signs of the G distinct low parts of the words
-    low_group: np.ndarray  # (J,): each word's low part among them
-    high_signs: np.ndarray  # (J, 2**high): each word's sign on the high bits
-    counts: np.ndarray  # (V, G, 2**high): per angle group and low part, the summed high signs
-    tables: np.ndarray  # (1 or B, V, 2J + 1): exp(-i theta_v/2 n) for n = -J .. J
-
-
-def _z_rotation_plan(angles: np.ndarray, z_masks, dim: int) -> _ZRotationPlan:
-    """Rotations that share an angle (in every vector) form an angle group v: their phase
-    is exp(-i theta_v/2 n_v) with n_v the sum of their signs, an integer looked up in a
-    table. A sign factors over the high and low index bits, so n_v at x = h * 2**low + l
-    is sum_g counts[v, g, h] low_signs[g, l] over the distinct low parts g of the words."""
-    z_masks = tuple(z_masks)
-    low, low_signs, low_group, high_signs = _z_word_split(z_masks, dim)
-    if angles.shape[0] == 1 and np.all(angles == angles[0, 0]):  # one angle (QAOA)
-        shared_angles, angle_group = angles[:, :1], (0,) * len(z_masks)
-    else:
-        shared_angles, angle_group = np.unique(angles, axis=1, return_inverse=True)
-        angle_group = tuple(angle_group.reshape(-1).tolist())
-    counts = _sign_counts(z_masks, dim, angle_group)
-    n = np.arange(-len(z_masks), len(z_masks) + 1)
-    tables = np.exp(-0.5j * shared_angles[:, :, None] * n[None, None, :])
-    return _ZRotationPlan(low, low_signs, low_group, high_signs, counts, tables)
-
-
-@functools.lru_cache(maxsize=64)
-def _sign_counts(z_masks: tuple, dim: int, angle_group: tuple) -> np.ndarray:
-    """counts[v, g, h]: the high signs summed over the words of angle group v and low part
-    g; built once per run of words and grouping of their angles (a QAOA layer's words
-    share one angle every step)."""
-    _, low_signs, low_group, high_signs = _z_word_split(z_masks, dim)
-    counts = np.zeros((max(angle_group) + 1, low_signs.shape[0], high_signs.shape[1]))
-    for j, (v, g) in enumerate(zip(angle_group, low_group, strict=True)):
-        counts[v, g] += high_signs[j]
-    counts.flags.writeable = False
-    return counts
-
-
-@functools.lru_cache(maxsize=64)
-def _z_word_split(z_masks: tuple, dim: int) -> tuple:
-    """(low, low sign rows, each word's row, each word's high signs): what depends on the
-    words only, built once per run of words."""
-    masks = np.array(z_masks, dtype=np.int64)
-    low, low_masks, low_group = _split_masks(masks, dim)
-    high_signs = _sign_table(masks >> low, dim.bit_length() - 1 - low)
-    return low, _sign_table(low_masks, low), low_group, high_signs
-
-
-_DIAGONAL_WORD_LETTERS = 4
-"""Words of Z and I up to this length run as diagonals: a constant factor per inner loop
-instead of a parity per amplitude."""
-
-
-_MANY_WORDS = 4
-"""From this many Z words on, their expectation values come from one pass over the state
-(see _z_word_expectations) and a weighted sum of them is one diagonal (_z_sum_blocks),
-instead of a parity per word and amplitude."""
-
-
-def _z_masks(words: Sequence[tuple[str, Sequence[int]]]) -> np.ndarray | None:
-    """The Z masks of the words if every word is made of Z and I letters, else None."""
-    masks = [_pauli_masks(paulis, targets) for paulis, targets in words]
-    if any(x_mask for x_mask, _, _ in masks):
-        return None
-    return np.array([z_mask for _, z_mask, _ in masks], dtype=np.int64)
-
-
-def _sign_table(masks: np.ndarray, bits: int) -> np.ndarray:
-    """table[k, x] = (-1)**popcount(x & masks[k]) for x < 2**bits, float64."""
-    x = np.arange(1 << bits, dtype=np.int64)
-    return 1.0 - 2.0 * (np.bitwise_count(masks[:, None] & x[None, :]) & 1)
-
-
-def _split_masks(z_masks: np.ndarray, dim: int) -> tuple[int, np.ndarray, np.ndarray]:
-    """(low, low masks, group): the index split into its ``low`` lowest bits and the rest,
-    and the distinct low parts of the masks with each mask's position among them. A Z-word
-    sign factors over the split: (-1)**|x & m| = (-1)**|x_hi & m_hi| (-1)**|x_lo & m_lo|."""
-    low = (dim.bit_length() - 1) // 2
-    low_masks, group = np.unique(z_masks & ((1 << low) - 1), return_inverse=True)
-    return low, low_masks, group
-
-
-def _z_sum_blocks(
-    z_masks: np.ndarray, coefficients: np.ndarray, dim: int
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """The diagonal d[x] = sum_k c_k (-1)**popcount(x & z_masks[k]) of sum_k c_k Z-word_k,
-    factored over the split of x into high and low bits: d[h * 2**low + l] =
-    sum_g block_coefficients[h, g] low_signs[g, l], g over the distinct low masks. Returns
-    (block_coefficients, low_signs, low)."""
-    low, low_masks, group = _split_masks(z_masks, dim)
-    high_signs = _sign_table(z_masks >> low, dim.bit_length() - 1 - low)
-    block_coefficients = np.zeros((high_signs.shape[1], len(low_masks)), dtype=np.complex128)
-    for k, g in enumerate(group):  # no BLAS: its idle threads spin against the kernels'
-        block_coefficients[:, g] += coefficients[k] * high_signs[k]
-    return block_coefficients, _sign_table(low_masks, low), low
 
 
 def _z_word_expectations(state: np.ndarray, z_masks: np.ndarray) -> np.ndarray:
     """<psi_b|Z-word_k|psi_b>, (B, K): one pass sums each block of low bits against the low
     signs of the distinct low masks; the high signs then combine the blocks."""
     batch, dim = state.shape
-    low, low_masks, group = _split_masks(z_masks, dim)
+    low, low_masks, group = split_masks(z_masks, dim)
     high = dim.bit_length() - 1 - low
     sums = np.empty((batch, 1 << high, len(low_masks)))
-    low_sign_sums.for_size(state)(state, _sign_table(low_masks, low), low, sums)
-    high_signs = _sign_table(z_masks >> low, high)
+    low_sign_sums.for_size(state)(state, sign_table(low_masks, low), low, sums)
+    high_signs = sign_table(z_masks >> low, high)
     return (sums[:, :, group] * high_signs.T[None]).sum(axis=1)
-
-
-@functools.cache
-def _z_word_signs(paulis: str) -> np.ndarray:
-    """The diagonal of a word of Z and I letters: (-1)**(number of Z letters whose bit is 1
-    in a), for a in 0 .. 2**len(paulis) - 1 (letter j on bit j of a). Complex, read-only."""
-    a = np.arange(1 << len(paulis))
-    parity = np.zeros_like(a)
-    for j, letter in enumerate(paulis):
-        if letter == "Z":
-            parity ^= (a >> j) & 1
-    signs = (1.0 - 2.0 * parity).astype(np.complex128)
-    signs.flags.writeable = False
-    return signs
-
-
-def _pivot(x_mask: int) -> tuple[int, ...]:
-    """The bit whose zero half enumerates the amplitude pairs (i, i ^ x_mask)."""
-    return (x_mask.bit_length() - 1,) if x_mask else ()

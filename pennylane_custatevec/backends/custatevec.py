@@ -23,7 +23,7 @@ import numpy as np
 
 from ..pauli import pauli_word_matrix
 from . import gpu
-from .base import Backend, FusionTraits, StateBatch, bra_rows
+from .base import Backend, bra_rows
 from .custatevec_args import (
     NULL,
     SMALL_BATCHED_TARGETS,
@@ -42,6 +42,7 @@ from .custatevec_args import (
 from .custatevec_calls import LibraryCalls
 from .gpu import Libraries, resolve_device_id
 from .host import free_host_bytes
+from .primitives import FusionTraits, StateBatch
 
 BATCHED_SAMPLING_BITS = 20
 """A batch samples up to this many bits from their marginal on the device, in one pass

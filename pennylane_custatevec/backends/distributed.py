@@ -26,6 +26,10 @@ Vectors too small to be worth splitting (fewer than ``min_local_qubits`` local b
 operation on more bits than a rank holds (a Hermitian observable wider than ``L``) runs on
 the gathered vectors (every rank computes it whole; only small vectors have so few local
 bits).
+
+The layouts, the bit swaps that change them and the sums over ranks are ``rank_layouts``'
+(``RankLayouts``, this backend's base class); this module forwards each operation to the
+rank-local backend on the slices.
 """
 
 from __future__ import annotations
@@ -36,11 +40,17 @@ from typing import Any
 
 import numpy as np
 
-from .base import Backend, StateBatch
+from .base import Backend
 from .messages import RankMessages
-
-Layout = tuple[int, ...]
-"""``layout[q]``: the physical bit that holds state bit ``q`` (a permutation of 0..n-1)."""
+from .primitives import StateBatch
+from .rank_layouts import (
+    DistributedState,
+    RankLayouts,
+    flipped_bits,
+    identity_layout,
+    mask_mapper,
+    moved_bits,
+)
 
 MIN_LOCAL_QUBITS = 10
 """Vectors with fewer local bits than this run replicated on every rank. Measured with
@@ -60,44 +70,6 @@ class ResultTooLargeError(MemoryError):
     """Whole results gathered on every rank would not fit in a rank's host memory."""
 
 
-@dataclasses.dataclass(eq=False)
-class DistributedState:
-    """A batch of vectors split over the ranks: this rank's slices (a local backend's
-    batch of ``rows`` vectors of ``2**(n - global_bits)`` amplitudes) and each vector's
-    layout. Views (``Backend.vectors``) share the slices and the list of layouts of the
-    batch they come from (their rows start at ``offset``)."""
-
-    local: StateBatch
-    layouts: list[Layout]
-    offset: int
-    rows: int
-    num_qubits: int
-    global_bits: int
-    """g, the physical bits spelled by the rank index; 0: replicated on every rank."""
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(vectors, amplitudes of the whole vector), as the algorithms see a batch."""
-        return (self.rows, 1 << self.num_qubits)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.local.dtype
-
-    @property
-    def flags(self):
-        """The local slices' array flags (contiguity)."""
-        return self.local.flags
-
-    @property
-    def local_bits(self) -> int:
-        """L, the bits a rank's slice spans."""
-        return self.num_qubits - self.global_bits
-
-    def own_layouts(self) -> list[Layout]:
-        return self.layouts[self.offset : self.offset + self.rows]
-
-
 @dataclasses.dataclass(frozen=True)
 class RankPartial:
     """A deferred sweep's reduction as one rank holds it: its slice's share of the sum
@@ -106,11 +78,7 @@ class RankPartial:
     value: Any
 
 
-def identity_layout(num_qubits: int) -> Layout:
-    return tuple(range(num_qubits))
-
-
-class DistributedBackend(Backend):
+class DistributedBackend(RankLayouts):
     """One state vector over the ranks of an MPI communicator (see the module's text);
     each rank's slice lives in ``local``, a backend of any kind."""
 
@@ -205,9 +173,9 @@ class DistributedBackend(Backend):
         weight = np.ones(factors.shape[0], dtype=np.complex128)
         for j, bit in enumerate(bits):
             if bit >= low:
-                weight = weight * factors[:, j, self._rank_bit(bit, low)]
+                weight = weight * factors[:, j, self.bit_on_rank(bit, low)]
         prepared = set(bits)
-        if any(self._rank_bit(p, low) for p in range(low, n_qubits) if p not in prepared):
+        if any(self.bit_on_rank(p, low) for p in range(low, n_qubits) if p not in prepared):
             weight = weight * 0  # a bit left |0> reads 1 on this rank
         if local_js:
             local = self.local.product_state(low, factors[:, local_js], [bits[j] for j in local_js])
@@ -222,7 +190,7 @@ class DistributedBackend(Backend):
         n, rows = state.num_qubits, state.rows
         # the gathered slices and their reordered copy, complex128
         self._require_host(2 * rows * 16 << n, f"gathering {rows} whole vector(s) of {n} qubits")
-        layout = self._uniform_layout(state)
+        layout = self.uniform_layout(state)
         slices = self.messages.gather_slices(self.local.to_host(state.local))  # (P, B, 2**L)
         physical = np.moveaxis(slices, 0, 1).reshape((rows,) + (2,) * n)
         # axis 1 + (n - 1 - p) holds physical bit p; logical bit q is at p = layout[q]
@@ -261,15 +229,15 @@ class DistributedBackend(Backend):
                 state,
                 lambda b, s: b.apply_matrix(s, matrices, targets, controls, control_values),
             )
-        layout = self._make_local(state, targets)
-        where = self._controls(state, layout, controls, control_values)
+        layout = self.make_local(state, targets)
+        where = self.local_controls(state, layout, controls, control_values)
         if where is None:
             return None
         return self.local.apply_matrix(state.local, matrices, [layout[t] for t in targets], *where)
 
     def apply_diagonal(self, state, diagonals, targets, controls=(), control_values=()) -> None:
-        layout = self._uniform_layout(state)
-        where = self._controls(state, layout, controls, control_values)
+        layout = self.uniform_layout(state)
+        where = self.local_controls(state, layout, controls, control_values)
         if where is None:
             return None
         low = state.local_bits
@@ -281,36 +249,36 @@ class DistributedBackend(Backend):
         for j in reversed(range(k)):  # axis 1 holds the diagonal index's bit k-1
             position = layout[targets[j]]
             if position >= low:
-                index.append(self._rank_bit(position, low))
+                index.append(self.bit_on_rank(position, low))
             else:
                 index.append(slice(None))
                 local_targets.append(position)
         restricted = diagonals.reshape((diagonals.shape[0],) + (2,) * k)[tuple(index)]
         restricted = restricted.reshape(diagonals.shape[0], -1)
         if not local_targets:
-            return self._scale_where(state, restricted[:, 0], *where)
+            return self.scale_where(state, restricted[:, 0], *where)
         return self.local.apply_diagonal(state.local, restricted, local_targets[::-1], *where)
 
     def apply_pauli(self, state, paulis, targets, controls=(), control_values=()) -> None:
-        moved = _moved_bits(paulis, targets, state)
+        moved = moved_bits(paulis, targets, state)
         if moved is None:
             return self._on_whole_vectors(
                 state, lambda b, s: b.apply_pauli(s, paulis, targets, controls, control_values)
             )
-        on_slice = self._pauli_on_slice(state, moved, paulis, targets, controls, control_values)
+        on_slice = self.pauli_on_slice(state, moved, paulis, targets, controls, control_values)
         if on_slice is None:
             return None
         where, sign, word, bits = on_slice
         if word:
             self.local.apply_pauli(state.local, word, bits, *where)
         if sign < 0:
-            self._scale_where(state, np.array([-1.0]), *where)
+            self.scale_where(state, np.array([-1.0]), *where)
         return None
 
     def apply_pauli_rotation(
         self, state, angles, paulis, targets, controls=(), control_values=()
     ) -> None:
-        moved = _moved_bits(paulis, targets, state)
+        moved = moved_bits(paulis, targets, state)
         if moved is None:
             return self._on_whole_vectors(
                 state,
@@ -318,19 +286,19 @@ class DistributedBackend(Backend):
                     s, angles, paulis, targets, controls, control_values
                 ),
             )
-        on_slice = self._pauli_on_slice(state, moved, paulis, targets, controls, control_values)
+        on_slice = self.pauli_on_slice(state, moved, paulis, targets, controls, control_values)
         if on_slice is None:
             return None
         where, sign, word, bits = on_slice
         angles = sign * np.asarray(angles, dtype=np.float64)
         if not word:  # exp(-i s angle/2) on this rank: a phase
-            return self._scale_where(state, np.exp(-0.5j * angles), *where)
+            return self.scale_where(state, np.exp(-0.5j * angles), *where)
         return self.local.apply_pauli_rotation(state.local, angles, word, bits, *where)
 
     def apply_z_rotations(self, state, angles, z_masks) -> None:
         if not state.global_bits:
             return self.local.apply_z_rotations(state.local, angles, z_masks)
-        words = self._local_z_words(state, self._uniform_layout(state), z_masks)
+        words = self.local_z_words(state, self.uniform_layout(state), z_masks)
         angles = np.asarray(angles, dtype=np.float64) * words.signs
         if words.kept:
             self.local.apply_z_rotations(state.local, angles[:, words.kept], words.masks)
@@ -344,14 +312,14 @@ class DistributedBackend(Backend):
         which undoing the rotations leaves unchanged."""
         if not phi.global_bits:
             return self.local.adjoint_z_rotations_step(phi.local, bras.local, angles, z_masks)
-        layout = self._uniform_layout(phi)
-        self._align(bras, layout)
-        words = self._local_z_words(phi, layout, z_masks)
+        layout = self.uniform_layout(phi)
+        self.align(bras, layout)
+        words = self.local_z_words(phi, layout, z_masks)
         angles = np.asarray(angles, dtype=np.float64) * words.signs
         rows = bras.rows // phi.rows
         products = np.empty((phi.rows, rows, len(z_masks)), dtype=np.complex128)
         if words.phases:
-            overlaps = self.local._bra_products(bras.local, self.local.copy(phi.local), rows)
+            overlaps = self.local.bra_products(bras.local, self.local.copy(phi.local), rows)
             products[:, :, words.phases] = overlaps[:, :, None] * words.signs[words.phases]
             undo = np.exp(0.5j * angles[:, words.phases].sum(axis=1))
             self.local.scale(phi.local, undo)
@@ -367,7 +335,7 @@ class DistributedBackend(Backend):
     def apply_one_qubit_rotations(self, state, angles, paulis, targets) -> None:
         if len(targets) > state.local_bits:
             return super().apply_one_qubit_rotations(state, angles, paulis, targets)
-        layout = self._make_local(state, targets)
+        layout = self.make_local(state, targets)
         return self.local.apply_one_qubit_rotations(
             state.local, angles, paulis, [layout[t] for t in targets]
         )
@@ -390,13 +358,13 @@ class DistributedBackend(Backend):
             return self._on_whole_vectors(
                 state, lambda b, s: b.apply_bit_permutation(s, np.asarray(sources))
             )
-        layout = self._make_local(state, moved)
+        layout = self.make_local(state, moved)
         low = state.local_bits
-        physical = _mask_mapper(layout)
+        physical = mask_mapper(layout)
         holder = {p: q for q, p in enumerate(layout)}
         constant = physical(sources[n])
         for p in range(low, n):  # a global input bit set on this rank adds its column
-            if self._rank_bit(p, low):
+            if self.bit_on_rank(p, low):
                 constant ^= physical(sources[holder[p]]) & ((1 << low) - 1)
         local_sources = [physical(sources[holder[p]]) for p in range(low)] + [constant]
         return self.local.apply_bit_permutation(
@@ -409,23 +377,23 @@ class DistributedBackend(Backend):
         self.local.scale(state.local, factors)
 
     def add_scaled(self, dst, src, factors) -> None:
-        self._align(src, self._uniform_layout(dst))
+        self.align(src, self.uniform_layout(dst))
         self.local.add_scaled(dst.local, src.local, factors)
 
     def braket(self, bra, kets) -> np.ndarray:
-        self._align(kets, self._uniform_layout(bra))
-        return self._summed(bra, self.local.braket(bra.local, kets.local))
+        self.align(kets, self.uniform_layout(bra))
+        return self.summed_over_ranks(bra, self.local.braket(bra.local, kets.local))
 
     def probabilities(self, state, bits) -> np.ndarray:
         if not state.global_bits:
             return self.local.probabilities(state.local, bits)
-        layout = self._uniform_layout(state)
+        layout = self.uniform_layout(state)
         low = state.local_bits
         local_js = [j for j, bit in enumerate(bits) if layout[bit] < low]
         local = self.local.probabilities(state.local, [layout[bits[j]] for j in local_js])
         # this rank's outcomes: its global bits fixed, the local ones free
         fixed = sum(
-            self._rank_bit(layout[bit], low) << j
+            self.bit_on_rank(layout[bit], low) << j
             for j, bit in enumerate(bits)
             if layout[bit] >= low
         )
@@ -446,7 +414,7 @@ class DistributedBackend(Backend):
             return self.to_host(state)
         if not state.global_bits:  # replicated: every rank cuts its share of the whole
             return self._share(self.local.to_host(state.local))
-        self._align(state, identity_layout(state.num_qubits))
+        self.align(state, identity_layout(state.num_qubits))
         return self.local.to_host(state.local)
 
     def probabilities_result(self, state, bits) -> np.ndarray:
@@ -460,7 +428,7 @@ class DistributedBackend(Backend):
             return self.probabilities(state, bits)
         if not state.global_bits:
             return self._share(self.local.probabilities(state.local, bits))
-        self._align(state, identity_layout(state.num_qubits))
+        self.align(state, identity_layout(state.num_qubits))
         return self.local.probabilities(state.local, identity_layout(state.local_bits))
 
     def _require_host(self, needed: int, what: str) -> None:
@@ -489,24 +457,24 @@ class DistributedBackend(Backend):
             return self.local.expval_pauli_words(state.local, words)
         partial = np.zeros((state.rows, len(words)))
         whole = np.zeros((state.rows, len(words)))
-        layout = self._uniform_layout(state)
+        layout = self.uniform_layout(state)
         # the words whose X and Y letters are local now, in one local call; then the
         # others one by one, each after its swaps
         ready = [
             k
             for k, (paulis, targets) in enumerate(words)
-            if all(layout[t] < state.local_bits for t in _flipped_bits(paulis, targets))
+            if all(layout[t] < state.local_bits for t in flipped_bits(paulis, targets))
         ]
         if ready:
-            self._local_expvals(state, layout, words, ready, partial)
+            self.local_expvals(state, layout, words, ready, partial)
         for k in sorted(set(range(len(words))) - set(ready)):
-            moved = _moved_bits(*words[k], state)
+            moved = moved_bits(*words[k], state)
             if moved is None:
                 full = self.local.from_host(self.to_host(state))
                 whole[:, k] = self.local.expval_pauli_words(full, [words[k]])[:, 0]
                 continue
-            layout = self._make_local(state, moved)
-            self._local_expvals(state, layout, words, [k], partial)
+            layout = self.make_local(state, moved)
+            self.local_expvals(state, layout, words, [k], partial)
         return self.messages.sum(partial) + whole
 
     # --- the adjoint sweeps' steps -------------------------------------------------------
@@ -566,8 +534,8 @@ class DistributedBackend(Backend):
             return step(self.local, phi.local, bras.local, list(targets))
         if len(targets) > phi.local_bits:
             return on_whole()
-        layout = self._make_local(phi, targets)
-        self._align(bras, layout)
+        layout = self.make_local(phi, targets)
+        self.align(bras, layout)
         return RankPartial(step(self.local, phi.local, bras.local, [layout[t] for t in targets]))
 
     def gather(self, arrays: Sequence[Any]) -> list[np.ndarray]:
@@ -596,182 +564,6 @@ class DistributedBackend(Backend):
 
     # --- layouts and swaps ---------------------------------------------------------------
 
-    def _rank_bit(self, position: int, low: int) -> int:
-        """This rank's value of the global physical bit ``position`` (>= ``low``)."""
-        return (self.rank >> (position - low)) & 1
-
-    def _uniform_layout(self, state: DistributedState) -> Layout:
-        """The layout of every vector of ``state`` (first brought to that of its first
-        vector, where a view's swaps left them different)."""
-        layouts = state.own_layouts()
-        first = layouts[0] if layouts else identity_layout(state.num_qubits)
-        if any(layout != first for layout in layouts):
-            for row, layout in enumerate(layouts):
-                if layout != first:
-                    self._align(self.vectors(state, row, row + 1), first)
-        return first
-
-    def _set_layout(self, state: DistributedState, layout: Layout) -> None:
-        for row in range(state.offset, state.offset + state.rows):
-            state.layouts[row] = layout
-
-    def _make_local(self, state: DistributedState, bits: Sequence[int]) -> Layout:
-        """Swap each of ``bits`` that sits on a global physical bit with a local bit that
-        holds none of ``bits`` (the highest such), and return the layout."""
-        layout = self._uniform_layout(state)
-        low = state.local_bits
-        wanted = set(bits)
-        for bit in bits:
-            if layout[bit] < low:
-                continue
-            holder = {p: q for q, p in enumerate(layout)}
-            free = next(p for p in reversed(range(low)) if holder[p] not in wanted)
-            layout = self._swap_physical(state, layout, layout[bit], free)
-        return layout
-
-    def _align(self, state: DistributedState, target: Layout) -> None:
-        """Bring every vector of ``state`` to the layout ``target``."""
-        layout = self._uniform_layout(state)
-        for position in range(state.num_qubits):
-            current = layout[target.index(position)]  # where target's bit for it is now
-            if current != position:
-                layout = self._swap_physical(state, layout, position, current)
-
-    def _swap_physical(
-        self, state: DistributedState, layout: Layout, first: int, second: int
-    ) -> Layout:
-        """Exchange the physical bits ``first`` and ``second`` of every vector of ``state``
-        and return (and record) the layout after it."""
-        low = state.local_bits
-        local_bits = sorted(p for p in (first, second) if p < low)
-        if len(local_bits) == 2:
-            self.local.apply_matrix(state.local, _SWAP[None], local_bits)
-        elif len(local_bits) == 1:
-            self._swap_global_with_local(state, max(first, second), local_bits[0])
-        else:
-            self._swap_two_global(state, first, second)
-        swapped = tuple(second if p == first else first if p == second else p for p in layout)
-        self._set_layout(state, swapped)
-        return swapped
-
-    def _swap_global_with_local(
-        self, state: DistributedState, global_position: int, local_position: int
-    ) -> None:
-        """A bit swap between ranks: the half of the slice whose local bit differs from
-        this rank's global bit goes to the partner rank (which differs in that bit), and
-        the partner's matching half comes back in its place."""
-        low = state.local_bits
-        value = self._rank_bit(global_position, low)
-        partner = self.rank ^ (1 << (global_position - low))
-        outer = 1 << (low - 1 - local_position)
-        inner = 1 << local_position
-        halves = _view(state.local, (state.rows, outer, 2, inner))[:, :, 1 - value, :]
-        self.messages.exchange(halves, partner)
-
-    def _swap_two_global(self, state: DistributedState, first: int, second: int) -> None:
-        """Two global bits swapped: ranks whose two bits differ trade whole slices."""
-        low = state.local_bits
-        if self._rank_bit(first, low) == self._rank_bit(second, low):
-            return
-        partner = self.rank ^ (1 << (first - low)) ^ (1 << (second - low))
-        self.messages.exchange(state.local, partner)
-
-    def _controls(
-        self,
-        state: DistributedState,
-        layout: Layout,
-        controls: Sequence[int],
-        control_values: Sequence[int],
-    ) -> tuple[list[int], list[int]] | None:
-        """The local controls (physical bits, values) of a gate, or None where a control
-        on a global bit does not hold on this rank (the rank skips the gate)."""
-        low = state.local_bits
-        bits, values = [], []
-        for control, value in zip(controls, control_values, strict=True):
-            position = layout[control]
-            if position < low:
-                bits.append(position)
-                values.append(int(value))
-            elif self._rank_bit(position, low) != int(value):
-                return None
-        return bits, values
-
-    def _scale_where(
-        self, state: DistributedState, factors: np.ndarray, bits: list[int], values: list[int]
-    ) -> None:
-        """psi <- factor psi where the local controls ``bits`` hold ``values``."""
-        factors = np.asarray(factors, dtype=np.complex128).reshape(-1)
-        if not bits:
-            return self.local.scale(state.local, factors)
-        diagonal = np.ones((factors.size, 1 << len(bits)), dtype=np.complex128)
-        diagonal[:, sum(v << i for i, v in enumerate(values))] = factors
-        return self.local.apply_diagonal(state.local, diagonal, bits)
-
-    def _pauli_on_slice(self, state, moved, paulis, targets, controls, control_values):
-        """A controlled Pauli word made ready for this rank's slice: its ``moved`` bits
-        made local, then (local controls, the sign of its Z letters on global bits, its
-        local letters, their physical bits), or None where a global control does not hold
-        on this rank (it skips the gate)."""
-        layout = self._make_local(state, moved)
-        where = self._controls(state, layout, controls, control_values)
-        if where is None:
-            return None
-        return (where, *self._local_word(state, layout, paulis, targets))
-
-    def _local_word(
-        self, state: DistributedState, layout: Layout, paulis: str, targets: Sequence[int]
-    ) -> tuple[int, str, list[int]]:
-        """A Pauli word as it acts on this rank's slice: the sign of its Z letters on
-        global bits, and its other letters on their physical bits (I letters dropped)."""
-        low = state.local_bits
-        sign, word, bits = 1, [], []
-        for letter, target in zip(paulis, targets, strict=True):
-            position = layout[target]
-            if letter == "I":
-                continue
-            if position >= low:  # only Z letters stay global (see _moved_bits)
-                sign = -sign if self._rank_bit(position, low) else sign
-            else:
-                word.append(letter)
-                bits.append(position)
-        return sign, "".join(word), bits
-
-    def _local_z_words(
-        self, state: DistributedState, layout: Layout, z_masks: Sequence[int]
-    ) -> _LocalZWords:
-        """Z words (masks of state bits) as they act on this rank's slice."""
-        low = state.local_bits
-        signs = np.ones(len(z_masks))
-        kept, masks, phases = [], [], []
-        for j, mask in enumerate(z_masks):
-            local_mask = 0
-            for bit in range(int(mask).bit_length()):
-                if mask >> bit & 1:
-                    position = layout[bit]
-                    if position < low:
-                        local_mask |= 1 << position
-                    elif self._rank_bit(position, low):
-                        signs[j] = -signs[j]
-            if local_mask:
-                kept.append(j)
-                masks.append(local_mask)
-            else:
-                phases.append(j)
-        return _LocalZWords(signs, kept, masks, phases)
-
-    def _local_expvals(self, state, layout, words, which, partial) -> None:
-        local_words, signs = [], []
-        for k in which:
-            sign, word, bits = self._local_word(state, layout, *words[k])
-            local_words.append((word, bits))
-            signs.append(sign)
-        values = self.local.expval_pauli_words(state.local, local_words)
-        partial[:, which] = values * np.asarray(signs, dtype=np.float64)
-
-    def _summed(self, state: DistributedState, values) -> np.ndarray:
-        values = np.asarray(values, dtype=np.complex128)
-        return self.messages.sum(values) if state.global_bits else values
-
     def _on_whole_vectors(
         self, state: DistributedState, apply: Callable[[Backend, StateBatch], None]
     ) -> None:
@@ -782,52 +574,4 @@ class DistributedBackend(Backend):
         own = self.from_host(self.local.to_host(whole))  # this rank's slices, identity layout
         self.local.scale(state.local, np.zeros(1))
         self.local.add_scaled(state.local, own.local, np.ones(1))
-        self._set_layout(state, identity_layout(state.num_qubits))
-
-
-@dataclasses.dataclass(frozen=True)
-class _LocalZWords:
-    """Z words on a rank's slice: word j is ``signs[j]`` (its Z letters on global bits)
-    times the Z word on the physical bits ``masks[kept.index(j)]`` or, for j in
-    ``phases`` (no local letter), the constant ``signs[j]``."""
-
-    signs: np.ndarray
-    kept: list[int]
-    masks: list[int]
-    phases: list[int]
-
-
-def _mask_mapper(layout: Layout) -> Callable[[int], int]:
-    """A mask of state bits -> the mask of their physical bits under ``layout``."""
-
-    def physical(mask: int) -> int:
-        out = 0
-        for bit in range(int(mask).bit_length()):
-            if mask >> bit & 1:
-                out |= 1 << layout[bit]
-        return out
-
-    return physical
-
-
-def _view(array, shape: tuple[int, ...]):
-    """``array`` reshaped without a copy (a copy would lose the writes of a swap): numpy
-    refuses where a view cannot be made."""
-    if isinstance(array, np.ndarray):
-        return np.reshape(array, shape, copy=False)
-    return array.reshape(shape)  # cupy: a vector's slices split its contiguous last axis
-
-
-def _flipped_bits(paulis: str, targets: Sequence[int]) -> list[int]:
-    """The bits of a Pauli word's X and Y letters (Z letters on global bits are signs)."""
-    return [t for letter, t in zip(paulis, targets, strict=True) if letter in "XY"]
-
-
-def _moved_bits(paulis: str, targets: Sequence[int], state: DistributedState) -> list | None:
-    """The bits of a Pauli word that must be local (``_flipped_bits``), or None where they
-    outnumber the local bits."""
-    bits = _flipped_bits(paulis, targets)
-    return bits if len(bits) <= state.local_bits else None
-
-
-_SWAP = np.array([[1, 0, 0, 0], [0, 0, 1, 0], [0, 1, 0, 0], [0, 0, 0, 1]], dtype=np.complex128)
+        self.set_layout(state, identity_layout(state.num_qubits))

@@ -60,18 +60,10 @@ from ..device import CuStateVecDevice
 from ..queuing import without_queuing
 from ..settings import VERIFY_EVERY
 from ..structures import Structure, StructureKey
-from .function import (
-    CircuitCall,
-    Circuits,
-    CircuitsPlan,
-    DirectLane,
-    LaneJacobian,
-    ResultsLayout,
-    apply,
-    as_numpy,
-    unflatten,
-)
+from .function import Circuits, LaneJacobian, apply
 from .keys import NamedReads, argument_key, torch_leaves, with_tracers
+from .lanes import CircuitCall, DirectLane
+from .plans import CircuitsPlan, ResultsLayout, as_numpy, unflatten
 from .randomness import restore
 from .recording import Unserved, numeric_tape, record_call
 from .replay import (

@@ -15,7 +15,7 @@ from pennylane.tape import QuantumScript
 from torch._C import _functorch
 
 from ..queuing import without_queuing
-from .function import as_numpy
+from .plans import as_numpy
 
 
 class Unserved(Exception):
@@ -49,7 +49,7 @@ def numeric_tape(tape: QuantumScript) -> QuantumScript:
     """``tape`` with numpy parameters. Rebinding builds operators (a product observable's
     factors): ``without_queuing``, never into another thread's recording. Parameters that
     torch.func's transforms wrap (a first call under ``jacrev``: PennyLane's conversion
-    cannot read them) are read below the transforms (``function.as_numpy``, which refuses
+    cannot read them) are read below the transforms (``plans.as_numpy``, which refuses
     a vmap-batched one)."""
     with without_queuing():
         values = tape.get_parameters(trainable_only=False)

@@ -28,7 +28,8 @@ from pennylane.workflow.qnode import _to_qfunc_output_type
 from ..exact import value_key
 from ..preprocess.common import first_result
 from ..structures import Structure, StructureKey
-from .function import CircuitsPlan, DirectLane, as_numpy
+from .lanes import DirectLane
+from .plans import CircuitsPlan, as_numpy
 from .trace import Slot, Trace, Tracer, TraceRefused, constant_key
 
 
@@ -223,7 +224,7 @@ def function_inputs(sources: tuple, structures, views: dict) -> tuple[tuple, tup
     that are integer-indexed views of an argument (``x[i]``, ``views``): their argument is
     one input, once, and each of them its view. The replay then indexes nothing in torch
     and autograd keeps one node for the call (the backward scatters the views' gradients
-    into the argument's, ``function._input_gradients``)."""
+    into the argument's, ``plans.input_gradients``)."""
     inputs, plan_sources, argument_inputs = [], [], {}
     for row, structure in zip(sources, structures, strict=True):
         for position in structure.template.trainable_params:

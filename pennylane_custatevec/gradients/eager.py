@@ -19,7 +19,7 @@ one sweep serves every output. The Jacobian of a state output is computed forwar
 instead: d psi/d theta_j = U_N ... U_{j+1} i G_j phi_j, one vector per parameter.
 
 The bras that encode what is differentiated, and the derivatives of trainable observable
-data, are shared with the deferred sweep: see ``common``.
+data, are shared with the deferred sweep: see ``bras`` and ``observables``.
 """
 
 from __future__ import annotations
@@ -34,29 +34,24 @@ from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
 from .. import measure, simulate
-from ..backends.base import Backend, StateBatch
+from ..backends.base import Backend
+from ..backends.primitives import StateBatch
 from ..instructions import Instruction, Kind, apply_instruction, inverse
 from ..kept import KeptState
-from ..program import (
-    Program,
-    plain_rotation,
-)
+from ..program import Program, plain_rotation
 from ..queuing import generator_of
-from .common import (
-    DifferentiatedTape,
-    add_cotangent_terms,
+from .bras import add_cotangent_terms
+from .cotangents import (
     checked_cotangents,
     cotangent_batch,
-    eager_sweep_memory,
     format_jacobian,
-    is_zero,
     one_hot_rows,
-    output_shape,
-    output_size,
-    require_sweep_memory,
     stacked_gradients,
-    state_derivatives,
 )
+from .differentiated import DifferentiatedTape
+from .forward import state_derivatives
+from .memory import eager_sweep_memory, require_sweep_memory
+from .results import is_zero, output_shape, output_size
 
 
 def _require_eager_memory(

@@ -36,9 +36,10 @@ from pennylane.measurements import StateMP
 from pennylane.tape import QuantumScript
 from pennylane.wires import Wires
 
+from ..compile_tapes import compile_steps
 from ..kept import KeptState
-from ..program import Compilation, compile_steps
-from .common import is_zero, output_shape
+from ..program import Compilation
+from .results import is_zero, output_shape
 
 
 @dataclasses.dataclass

@@ -26,7 +26,7 @@ from ..entrywise import (
     left_whole_under_jit,
     too_wide,
 )
-from ..gradients.common import require_adjoint_serves
+from ..gradients.validation import require_adjoint_serves
 from ..program import tape_batch_size
 from .common import first_result
 from .through_state import measured_through_state

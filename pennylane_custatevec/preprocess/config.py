@@ -35,7 +35,7 @@ in a config for the adjoint method: the preprocessing of that config
 derivative entry points given it (``compute_derivatives``, ``compute_vjp``,
 ``compute_jvp``, ``execute_and_compute_*``) take its tapes as validated. Without it (a
 direct call with a config of one's own, or none) they validate each tape themselves
-(``gradients.common.require_adjoint_serves``): a clear DeviceError, never a wrong number."""
+(``gradients.validation.require_adjoint_serves``): a clear DeviceError, never a wrong number."""
 MAX_SERVE_ANSWERS = 256
 """How many ``adjoint_serve_key`` answers a device keeps (least recently used out)."""
 _SERVE_LOCK = threading.Lock()

@@ -11,7 +11,7 @@ from pennylane import math
 from pennylane.devices.capabilities import DeviceCapabilities
 
 from ..entrywise import EntrywiseUnitary
-from ..gradients.common import has_a_generator
+from ..gradients.validation import has_a_generator
 from ..measure import measurable
 from ..program import compiles_by_gate
 from ..rotations import PauliRotations

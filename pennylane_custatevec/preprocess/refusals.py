@@ -203,7 +203,7 @@ def refuse_purity_under_gradient_transforms(
       ``AttributeError``).
 
     Finite differences and SPSA difference values and are right. The adjoint method
-    differentiates the purity exactly (``gradients.common``). A tape that also returns
+    differentiates the purity exactly (``gradients.observables``). A tape that also returns
     what PennyLane's transforms refuse (``_REFUSED_BY_PENNYLANE``) gets PennyLane's error.
     Only parameters whose derivative may be taken count (``_may_be_differentiated``): a
     forward evaluation runs.

@@ -22,7 +22,8 @@ from pennylane.tape import QuantumScript
 from pennylane.transforms.core import transform
 from pennylane.wires import Wires
 
-from ..gradients.common import MatrixDerivative, is_swept, observable_derivatives
+from ..gradients.observables import MatrixDerivative, observable_derivatives
+from ..gradients.validation import is_swept
 from ..measure import DENSE_OBSERVABLE_WIRES, measured_on_positions
 from .common import first_result
 
