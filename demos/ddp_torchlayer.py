@@ -21,7 +21,7 @@ ranks, so every rank holds the *average* of the ranks' gradients, and the optimi
 from the same parameters with the same gradients, take the same step on every rank. With a
 mean loss and minibatches of equal size, that average is the gradient of the mean loss over
 the union of the minibatches: a step under DDP on ``R`` ranks equals one step of a single
-process on a batch ``R`` times as large (tests/test_data_parallel.py checks it to 1e-10).
+process on a batch ``R`` times as large (tests/device/test_data_parallel.py checks it to 1e-10).
 
 The process group uses gloo (CPU tensors; it works whatever backend the device simulates on).
 With the GPU backend, each rank's device takes GPU ``$LOCAL_RANK`` (the device's

@@ -16,7 +16,7 @@ dataclass naming an enum member) that the kernel key compares exactly, and each 
 reads as one short function per kind beside the others of its table. Every table lists
 every member of ``Kind``; where an operation does not exist for a kind, its entry is an
 ``Unsupported`` that says why, and the lookup raises that reason (a ``ValueError``)
-instead of a bare ``KeyError``. ``tests/test_instructions.py`` fails when a member of
+instead of a bare ``KeyError``. ``tests/circuits/test_instructions.py`` fails when a member of
 ``Kind`` is missing from a table. Adding a kind is one member of ``Kind`` and one entry
 per table, in this module; the algorithm modules (simulate, fusion, the sweeps) call the
 four functions below and never branch on kinds for these operations.

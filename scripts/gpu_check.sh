@@ -17,7 +17,7 @@
 #          bindings     the live binding check: the installed cuquantum-python against the snapshot
 #          peers        (e)'s peers: W1/W3/W5/W6 on default.qubit with torch CUDA tensors and on our
 #                       CPU backend, their values and gradients kept for (e)
-#   run    contract     (a) the backend contract and tests/test_custatevec_backend.py on the real
+#   run    contract     (a) the backend contract and tests/backends/test_custatevec.py on the real
 #                       library, complex128 and complex64; fails unless every one of them ran
 #          suite        (b) PennyLane's device suite, backend=custatevec, analytic
 #          suite_shots  (b) the same, --shots=20000
@@ -201,7 +201,7 @@ bench() {  # bench PART [ARG...]: BENCH = benchmarks/gpu_bench.py at the check's
 first_parts() {
     part environment cpu "environment" "$PYTHON" scripts/gpu_site.py report
     part bindings cpu "live binding check (installed cuquantum-python)" \
-        "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_custatevec_double.py \
+        "$PYTHON" -m pytest -q -p no:cacheprovider tests/backends/test_custatevec_double.py \
         -k "snapshot_matches_the_installed or installed_binding_has_every_name"
     bench workloads --columns peers --save "$WORK/peers.pkl" --out "$WORK/peers.md"
     part peers bench "(e) workload peers (default.qubit on torch CUDA, our CPU backend)" \
@@ -215,8 +215,8 @@ run_parts() {
     local quiet=(-q -p no:cacheprovider --no-flaky-report)
     suite="$("$PYTHON" -c 'import pennylane.devices.tests as t, os; print(os.path.dirname(t.__file__))')"
     part contract gpu "(a) backend contract and backend tests (real library)" \
-        "${real[@]}" 600 "${quiet[@]}" "${workers[@]}" tests/test_backend_contract.py \
-        tests/test_custatevec_backend.py -k gpu
+        "${real[@]}" 600 "${quiet[@]}" "${workers[@]}" tests/backends/test_backend_contract.py \
+        tests/backends/test_custatevec.py -k gpu
     part suite gpu "(b) PennyLane device suite (analytic, backend=custatevec)" \
         "${single_threads[@]}" "$PYTHON" -m pytest "${quiet[@]}" "${workers[@]}" "$suite" \
         "${on_gpu[@]}"
@@ -236,14 +236,14 @@ run_parts() {
     part sanitizer gpu "(g) compute-sanitizer memcheck, contract subset (real library)" \
         "$(sanitizer)" --tool memcheck --target-processes all --error-exitcode 99 \
         --log-file "$WORK/sanitizer.log" "${real[@]}" 15 "${quiet[@]}" \
-        tests/test_backend_contract.py -k "$SUBSET"
+        tests/backends/test_backend_contract.py -k "$SUBSET"
     part log gpu "(h) contract subset with CUSTATEVEC_LOG_LEVEL=3 (log kept)" \
         env CUSTATEVEC_LOG_LEVEL=3 CUSTATEVEC_LOG_FILE="$WORK/custatevec.log" \
-        "${real[@]}" 15 "${quiet[@]}" tests/test_backend_contract.py -k "$SUBSET"
+        "${real[@]}" 15 "${quiet[@]}" tests/backends/test_backend_contract.py -k "$SUBSET"
     part mpi gpu "(i) split backend's contract (complex128), mpiexec -n 2 on one GPU" \
         env CUSTATEVEC_TEST_MPI=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
         PYTHONPATH="$(mpi_site)${PYTHONPATH:+:$PYTHONPATH}" "$(mpiexec_path)" --oversubscribe \
-        -n 2 "${real[@]}" 300 "${quiet[@]}" tests/test_backend_contract.py -k "mpi-gpu and c128"
+        -n 2 "${real[@]}" 300 "${quiet[@]}" tests/backends/test_backend_contract.py -k "mpi-gpu and c128"
 }
 
 sanitizer() {  # compute-sanitizer: on PATH, else in CUDA's folder

@@ -33,7 +33,7 @@ run_part "project tests" "$PY" -m pytest tests -n 2 -q --no-flaky-report "${HANG
 # over the CPU backend). mpiexec as root needs the OMPI_ALLOW_RUN_AS_ROOT pair.
 MPI_RUN=(env CUSTATEVEC_TEST_MPI=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     "$ROOT/.venv/bin/mpiexec" --oversubscribe)
-MPI_TESTS=(-m pytest tests/mpi tests/test_backend_contract.py -q -p no:cacheprovider --no-flaky-report)
+MPI_TESTS=(-m pytest tests/mpi tests/backends/test_backend_contract.py -q -p no:cacheprovider --no-flaky-report)
 run_part_within 1500 "MPI tests (mpiexec -n 2)" "${MPI_RUN[@]}" -n 2 "$PY" "${MPI_TESTS[@]}"
 run_part_within 1500 "MPI tests (mpiexec -n 4)" "${MPI_RUN[@]}" -n 4 "$PY" "${MPI_TESTS[@]}" \
     -k "not mpi-double"

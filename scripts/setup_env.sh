@@ -45,7 +45,7 @@ fi
 echo "==> installing pennylane-custatevec (editable) with extras test,bench,docs,mpi"
 "$VPY" -m pip install -e ".[test,bench,docs,mpi]"
 
-# The real library without a GPU: tests/test_custatevec_double.py checks the backend's calls
+# The real library without a GPU: tests/backends/test_custatevec_double.py checks the backend's calls
 # against its bindings, and that its create() fails the way the backend's fallback expects.
 # --no-deps: the cuquantum-python wheel asks for cuQuantum's other libraries (not needed to
 # import the custatevec bindings), and nothing here may move numpy, pennylane, jax or torch.

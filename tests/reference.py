@@ -2,7 +2,7 @@
 Hermitian matrices; dense numpy references of the backend operations (``dense_operator``,
 ``ref_apply``, ``ref_probs``, the block-step references); and the cases and ``check_*``
 functions of the backend contract, which ``test_backend_contract.py`` runs on every backend
-and ``test_cpu_backend.py`` and the double's tests use for what is particular to one; and
+and ``test_cpu.py`` and the double's tests use for what is particular to one; and
 the device-level pieces that test files in ``tests/`` and ``tests/conformance/`` share
 (a parameter-shift Hessian through PennyLane's cache, the refusal of a state too large for
 the free memory, a lock that tells when a thread waited for a recording).

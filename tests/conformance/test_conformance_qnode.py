@@ -433,7 +433,7 @@ def test_shift_rules_are_wrong_where_a_parameter_reaches_the_postselection():
 def test_postselection_differentiated_by_the_adjoint_method(interface_name, config, mode):
     """The adjoint method (and "best", which takes it) steps back through the
     postselecting projector: default.qubit's backprop derivatives, where parameter-shift
-    is wrong (tests/test_postselection_adjoint.py)."""
+    is wrong (tests/preprocess/test_postselection_adjoint.py)."""
     iface = interface(interface_name)
     ours, ref = qnodes(postselecting_circuit, interface_name, config, mode, wires=2)
     values = [X, Y]

@@ -17,9 +17,9 @@ import pennylane as qml
 import pytest
 import torch
 from conftest import DEVICE, TOL, assert_allclose_nested, generic_layer, stable_seed
+from gate_cases import GATE_WIRES, GATES, gate_forms, make_gate
 from mpi4py import MPI
 from reference import random_hermitian, random_state, random_unitary
-from test_gates import GATE_WIRES, GATES, gate_forms, make_gate
 
 from pennylane_custatevec.backends.distributed import DistributedBackend
 

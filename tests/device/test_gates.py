@@ -1,14 +1,11 @@
 """Every gate of capabilities.toml, its adjoint and its controlled form, against default.qubit.
 
 The list of gates is read from ``pennylane_custatevec/capabilities.toml`` so that these
-tests follow the file: a gate added there without a factory below fails
+tests follow the file: a gate added there without a factory in tests/gate_cases.py fails
 ``test_every_toml_gate_has_a_factory``.
 """
 
 from __future__ import annotations
-
-import tomllib
-from pathlib import Path
 
 import numpy as np
 import pennylane as qml
@@ -21,97 +18,16 @@ from conftest import (
     make_devices,
     stable_seed,
 )
+from gate_cases import GATE_WIRES, GATES, NON_UNITARY, make_gate
 from reference import random_state, random_unitary
 from scipy.stats import unitary_group
-
-import pennylane_custatevec
-
-TOML_PATH = Path(pennylane_custatevec.__file__).parent / "capabilities.toml"
-with TOML_PATH.open("rb") as _f:
-    GATES: dict = tomllib.load(_f)["operators"]["gates"]
 
 INVERTIBLE = [name for name, spec in GATES.items() if "invertible" in spec.get("properties", [])]
 CONTROLLABLE = [
     name for name, spec in GATES.items() if "controllable" in spec.get("properties", [])
 ]
 
-# Seven wires with mixed labels, non-contiguous ints, not sorted: room for a 4-wire gate
-# plus two controls plus a spectator.
-GATE_WIRES = [*MIXED_WIRES, 11, "anc"]
 DTYPES = [np.complex128, np.complex64]
-
-
-def _angles(rng, n):
-    return rng.uniform(-2 * np.pi, 2 * np.pi, size=n)
-
-
-def _block_encode(rng, w):
-    a = rng.normal(size=(2, 2)) + 1j * rng.normal(size=(2, 2))
-    a /= 1.2 * np.linalg.norm(a, 2)  # spectral norm < 1
-    return qml.BlockEncode(a, wires=w)
-
-
-def _controlled_qubit_unitary(rng, w):
-    u = unitary_group.rvs(4, random_state=int(rng.integers(2**31)))
-    values = [int(v) for v in rng.permutation([0, 1])]
-    return qml.ControlledQubitUnitary(u, wires=w, control_values=values)
-
-
-# name -> (number of wires, factory(rng, wires) -> operator) for gates whose shape is not
-# given by the class's num_params / num_wires.
-SPECIAL = {
-    "Identity": (2, lambda r, w: qml.Identity(w)),
-    "GlobalPhase": (2, lambda r, w: qml.GlobalPhase(_angles(r, 1)[0], wires=w)),
-    "MultiControlledX": (
-        4,
-        lambda r, w: qml.MultiControlledX(wires=w, control_values=[0, 1, 0]),
-    ),
-    "PauliRot": (4, lambda r, w: qml.PauliRot(_angles(r, 1)[0], "XIYZ", wires=w)),
-    "MultiRZ": (3, lambda r, w: qml.MultiRZ(_angles(r, 1)[0], wires=w)),
-    "PCPhase": (3, lambda r, w: qml.PCPhase(_angles(r, 1)[0], dim=3, wires=w)),
-    "QubitUnitary": (3, lambda r, w: qml.QubitUnitary(random_unitary(8, r), wires=w)),
-    "ControlledQubitUnitary": (4, _controlled_qubit_unitary),
-    "DiagonalQubitUnitary": (
-        3,
-        lambda r, w: qml.DiagonalQubitUnitary(np.exp(1j * _angles(r, 8)), wires=w),
-    ),
-    "BlockEncode": (2, _block_encode),
-    "StatePrep": (2, lambda r, w: qml.StatePrep(random_state(2, r), wires=w)),
-    "BasisState": (3, lambda r, w: qml.BasisState(np.array([1, 0, 1]), wires=w)),
-    # A projector in a circuit postselects (both devices renormalise the state after it).
-    "Projector": (2, lambda r, w: qml.Projector(np.array([1, 0]), wires=w)),
-}
-NON_UNITARY = {"StatePrep", "BasisState", "Projector"}
-
-
-def gate_spec(name):
-    """(number of wires, factory) for the TOML gate ``name``."""
-    if name in SPECIAL:
-        return SPECIAL[name]
-    cls = getattr(qml, name)
-    n_params, n_wires = cls.num_params, cls.num_wires
-    assert isinstance(n_params, int) and isinstance(n_wires, int), name
-    return n_wires, lambda r, w: cls(*_angles(r, n_params), wires=w)
-
-
-def gate_forms(name: str) -> list[str]:
-    """The forms a gate is tested in: plain, and controlled and adjoint where its
-    capabilities.toml entry says it is controllable, invertible."""
-    properties = GATES[name].get("properties", [])
-    forms = ["plain"]
-    if "controllable" in properties:
-        forms.append("controlled")
-    if "invertible" in properties:
-        forms.append("adjoint")
-    return forms
-
-
-def make_gate(name, rng, available=GATE_WIRES, extra=0):
-    """The gate on a random choice (and order) of wires, and ``extra`` further wires."""
-    n_wires, factory = gate_spec(name)
-    chosen = list(rng.permutation(np.array(available, dtype=object)))
-    wires, rest = chosen[:n_wires], chosen[n_wires:]
-    return factory(rng, wires), rest[:extra]
 
 
 def compare_states(op_fn, rng, dtype=np.complex128, wires=GATE_WIRES):

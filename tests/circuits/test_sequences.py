@@ -10,11 +10,13 @@ import numpy as np
 import pennylane as qml
 import pytest
 import torch
-from test_gates import GATES, NON_UNITARY, gate_forms
-from test_structures import (
+from gate_cases import (
     _SAME_HYPERPARAMETERS_EXPECTED_DIFFERENT,
+    GATES,
+    NON_UNITARY,
     _gate_pair,
     _tape_around,
+    gate_forms,
 )
 
 import pennylane_custatevec

@@ -17,13 +17,7 @@ import numpy as np
 import pennylane as qml
 import pytest
 import torch
-from conftest import DEVICE, MIXED_WIRES, TOL, assert_allclose_nested, stable_seed
-from pennylane.devices import ExecutionConfig
-from pennylane.ops.functions import bind_new_parameters
-from pennylane.tape import QuantumScript
-from reference import random_hermitian, random_state
-from spies import swept_batches
-from test_adjoint import (
+from adjoint_cases import (
     COMPOSITE,
     PARAMETRIZED,
     _t,
@@ -36,6 +30,12 @@ from test_adjoint import (
     surrounding_circuit,
     torch_run,
 )
+from conftest import DEVICE, MIXED_WIRES, TOL, assert_allclose_nested, stable_seed
+from pennylane.devices import ExecutionConfig
+from pennylane.ops.functions import bind_new_parameters
+from pennylane.tape import QuantumScript
+from reference import random_hermitian, random_state
+from spies import swept_batches
 
 import pennylane_custatevec
 import pennylane_custatevec.direct

@@ -116,38 +116,17 @@ def test_structures_refuse_shots_and_trainable_observables():
 
 # --- Structure.compile: a tape's compilation from its parameter values alone ------------
 
-from test_gates import GATES, NON_UNITARY, gate_forms, gate_spec  # noqa: E402
+from gate_cases import (  # noqa: E402
+    _SAME_HYPERPARAMETERS_EXPECTED_DIFFERENT,
+    GATES,
+    NON_UNITARY,
+    _gate_pair,
+    _tape_around,
+    gate_forms,
+)
 
 from pennylane_custatevec.compile_tapes import compile_steps  # noqa: E402
 from pennylane_custatevec.structures import Structure  # noqa: E402
-
-_WIRES = [0, "a", 2, 5, "b", 7, 8]
-_SAME_HYPERPARAMETERS_EXPECTED_DIFFERENT = {"ControlledQubitUnitary", "BlockEncode"}
-"""Gates whose hyperparameters differ between two draws: the factory draws the control
-values; BlockEncode's ``norm`` is computed from its matrix. Two structures, exactly."""
-
-
-def _gate_pair(name: str, form: str, seed: int):
-    """The gate ``name`` twice on the same wires, with two draws of its parameters, in
-    ``form``: plain, controlled (on a spectator wire) or adjoint."""
-    n_wires, factory = gate_spec(name)
-    wires = _WIRES[:n_wires]
-    pair = []
-    for draw in range(2):
-        op = factory(np.random.default_rng([seed, draw]), wires)
-        if form == "controlled":
-            op = qml.ctrl(op, control=_WIRES[-1], control_values=0)
-        elif form == "adjoint":
-            op = qml.adjoint(op)
-        pair.append(op)
-    return pair
-
-
-def _tape_around(op) -> qml.tape.QuantumScript:
-    """``op`` after a layer of rotations (a state preparation stays first)."""
-    layer = [qml.RY(0.1 + 0.2 * i, wires=w) for i, w in enumerate(_WIRES)]
-    ops = [op, *layer] if isinstance(op, qml.operation.StatePrepBase) else [*layer, op]
-    return qml.tape.QuantumScript(ops, [qml.expval(qml.Z(0))])
 
 
 def assert_same_compilation(got, expected):

@@ -931,7 +931,7 @@ def test_still_refused_with_the_reason(kind, device_vjp):
 
 
 def test_mid_circuit_measurement_values_differentiated_up_to_ten_measurements():
-    """A measured value is measured on its deferred wires (tests/test_mcm.py); a value of
+    """A measured value is measured on its deferred wires (tests/preprocess/test_mcm.py); a value of
     more than MAX_MEASURED_VALUE_WIRES measurements (2**k Z words) is still refused."""
 
     def circuit(x, n):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pennylane as qml
 import pytest
+from gate_cases import GATES, NON_UNITARY, gate_forms, gate_spec
 from pennylane.devices import ExecutionConfig
-from test_gates import GATES, NON_UNITARY, gate_forms, gate_spec
 
 from pennylane_custatevec import direct, options
 from pennylane_custatevec.backends.base import Backend

@@ -314,7 +314,7 @@ def test_trainable_diagonal_unitary_by_adjoint_as_default_qubit(interface, broad
 
 def test_trainable_general_unitary_taken_by_its_entries():
     """A QubitUnitary of a trainable angle's matrix: the adjoint method takes it by its
-    entries (tests/test_entrywise.py), and the chain rule through RX's matrix gives RX's
+    entries (tests/gradients/test_entrywise.py), and the chain rule through RX's matrix gives RX's
     derivative, -sin(x), also at x = 0, where the matrix is the identity."""
     dev = _ours(1)
 

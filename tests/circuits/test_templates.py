@@ -15,6 +15,7 @@ import numpy as np
 import pennylane as qml
 import pytest
 import torch
+from adjoint_cases import assert_same_run, torch_run
 from conftest import (
     DEVICE,
     MIXED_WIRES,
@@ -23,7 +24,6 @@ from conftest import (
 )
 from pennylane.devices import ExecutionConfig
 from pennylane.tape import QuantumScript
-from test_adjoint import assert_same_run, torch_run
 
 from pennylane_custatevec.templates import NATIVE_TEMPLATES, template_gates
 

@@ -35,7 +35,7 @@ if not dist.is_available() or not dist.is_gloo_available():
         allow_module_level=True,
     )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "demos" / "ddp_torchlayer.py"
 
 WORLD_SIZE = 2

@@ -13,6 +13,7 @@ import numpy as np
 import pennylane as qml
 import pytest
 import torch
+from adjoint_cases import assert_same_run, torch_run
 from conftest import (
     DEVICE,
     MIXED_WIRES,
@@ -22,7 +23,6 @@ from conftest import (
 from pennylane.exceptions import DeviceError
 from pennylane.ops.functions import bind_new_parameters
 from pennylane.tape import QuantumScript
-from test_adjoint import assert_same_run, torch_run
 
 from pennylane_custatevec.preprocess.decompose import gather_rotations
 from pennylane_custatevec.rotations import PauliRotations

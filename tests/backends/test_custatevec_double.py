@@ -30,7 +30,7 @@ from reference import dense_operator, random_state, random_unitary, word_matrix
 
 from pennylane_custatevec.backends import custatevec, custatevec_calls, gpu
 
-SNAPSHOT = json.loads((Path(__file__).parent / "data" / "custatevec_bindings.json").read_text())
+SNAPSHOT = json.loads((Path(__file__).parents[1] / "data" / "custatevec_bindings.json").read_text())
 C64F, R64F = cudaDataType.CUDA_C_64F, cudaDataType.CUDA_C_32F
 ROW, COMPUTE_64F = MatrixLayout.ROW, ComputeType.COMPUTE_64F
 

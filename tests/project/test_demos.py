@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-DEMOS = Path(__file__).resolve().parent.parent / "demos"
+DEMOS = Path(__file__).resolve().parents[2] / "demos"
 
 H2_FCI_ENERGY = -1.137270174660904
 """PySCF's full-CI energy of H2 in STO-3G at 0.7414 Angstrom, in Hartree."""

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -274,7 +274,7 @@ def test_pytest_real_needs_the_real_library_to_run(tmp_path, monkeypatch):
     import gpu_report
 
     code = gpu_report.main(
-        ["pytest-real", "1", "-q", "-p", "no:cacheprovider", "tests/test_custatevec_backend.py",
+        ["pytest-real", "1", "-q", "-p", "no:cacheprovider", "tests/backends/test_custatevec.py",
          "-k", "random_gate_sequence"]
     )  # fmt: skip
     assert code == 1

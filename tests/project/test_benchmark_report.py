@@ -16,7 +16,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import plots  # noqa: E402
 import run_workloads  # noqa: E402
@@ -242,7 +242,7 @@ def test_workloads_script_writes_the_deferred_vs_eager_plot(tmp_path, mocker):
 def test_w2_profile_runs():
     """benchmarks/w2_profile.py at 6 wires, in its own process (it wraps device methods
     with timers): both devices' steps, and our device's parts, with positive times."""
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "w2_profile.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "w2_profile.py"
     done = subprocess.run(
         [sys.executable, str(script), "--quick", "--repeat", "1"],
         capture_output=True,
@@ -501,7 +501,7 @@ def test_w7s_step_holds_the_jacobian_of_its_losses_then_their_upgrad_aggregate()
 def test_device_part_times_execute_and_compute_vjp():
     """benchmarks/device_part.py at small counts, in its own process: one line naming the
     device and a positive time per call."""
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "device_part.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "device_part.py"
     done = subprocess.run(
         [sys.executable, str(script), "--calls", "3", "--rounds", "1"],
         capture_output=True,
@@ -515,7 +515,7 @@ def test_device_part_times_execute_and_compute_vjp():
 
 
 def _run_script(name: str, *arguments: str) -> list[str]:
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / name
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / name
     done = subprocess.run(
         [sys.executable, str(script), *arguments],
         capture_output=True,

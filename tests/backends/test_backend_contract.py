@@ -5,8 +5,8 @@ Parametrized over the CPU backend, the cuStateVec backend on its NumPy double, t
 cuStateVec backend where a GPU is usable (skipped otherwise) and a toy backend that
 implements only the abstract primitives (tests/toy_backend.py), so that the base class's
 default compositions are checked on their own. Backend-specific behaviour (kernels,
-threads, library calls, resources) stays in test_cpu_backend.py and
-test_custatevec_backend.py.
+threads, library calls, resources) stays in test_cpu.py and
+test_custatevec.py.
 """
 
 from __future__ import annotations

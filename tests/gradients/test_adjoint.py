@@ -11,14 +11,30 @@ import numpy as np
 import pennylane as qml
 import pytest
 import torch
-from conftest import MIXED_WIRES, assert_allclose_nested, generic_layer, make_devices, stable_seed
+from adjoint_cases import (
+    COMPOSITE,
+    MATRIX_DEFINED,
+    PARAMETRIZED,
+    WIRES,
+    _angles,
+    _numpy,
+    _t,
+    api_tape,
+    assert_same_run,
+    gate_case,
+    measurements_for,
+    random_loss,
+    real_vector,
+    surrounding_circuit,
+    torch_run,
+)
+from conftest import assert_allclose_nested, generic_layer, make_devices, stable_seed
 from pennylane import numpy as pnp
 from pennylane.devices import ExecutionConfig
 from pennylane.exceptions import DeviceError
 from pennylane.ops.functions import bind_new_parameters
 from pennylane.tape import QuantumScript
 from reference import random_hermitian
-from test_gates import GATES, gate_spec
 
 import pennylane_custatevec
 import pennylane_custatevec.gradients.differentiated
@@ -26,26 +42,9 @@ import pennylane_custatevec.gradients.validation
 import pennylane_custatevec.simulate
 
 ATOL = 1e-8
-WIRES = MIXED_WIRES  # ["a", 3, "q1", 0, "z"]
 W4 = WIRES[:4]
 VJP = pytest.mark.parametrize("device_vjp", [False, True], ids=["jacobian", "vjp"])
 ERROR_PREFIX = "custatevec.qubit cannot differentiate this circuit by adjoint"
-
-# Gates whose parameter is a matrix or a state: not differentiable by the adjoint method.
-MATRIX_DEFINED = {
-    "QubitUnitary",
-    "ControlledQubitUnitary",
-    "DiagonalQubitUnitary",
-    "BlockEncode",
-    "StatePrep",
-    "BasisState",
-    "Projector",
-}
-PARAMETRIZED = [
-    name
-    for name in GATES
-    if name not in MATRIX_DEFINED and getattr(qml, name).num_params not in (0, None)
-]
 
 
 @pytest.fixture(autouse=True, params=["deferred", "eager"])
@@ -53,60 +52,6 @@ def grad_accumulation(request):
     """Every test in both modes, through the context-local option override."""
     with pennylane_custatevec.options(grad_accumulation=request.param):
         yield request.param
-
-
-def _t(value, requires_grad=True):
-    return torch.tensor(value, dtype=torch.float64, requires_grad=requires_grad)
-
-
-def _angles(rng, n):
-    return list(rng.uniform(-np.pi, np.pi, size=n))
-
-
-def _real_parts(out) -> list:
-    """Every output flattened to real 1-d tensors (complex ones as real and imaginary)."""
-    parts = out if isinstance(out, (tuple, list)) else [out]
-    flat = []
-    for part in parts:
-        if isinstance(part, (tuple, list)):
-            flat.extend(_real_parts(part))
-            continue
-        t = torch.as_tensor(part)
-        if t.is_complex():
-            flat += [t.real.reshape(-1), t.imag.reshape(-1)]
-        else:
-            flat.append(t.reshape(-1).to(torch.float64))
-    return flat
-
-
-def real_vector(out) -> torch.Tensor:
-    return torch.cat(_real_parts(out))
-
-
-def random_loss(out, seed) -> torch.Tensor:
-    """A fixed random linear combination of every (real) output."""
-    vector = real_vector(out)
-    weights = np.random.default_rng(seed).normal(size=vector.shape[0])
-    return vector @ torch.tensor(weights, dtype=torch.float64)
-
-
-def _numpy(out):
-    if isinstance(out, (tuple, list)):
-        return type(out)(_numpy(o) for o in out)
-    return out.detach().numpy() if isinstance(out, torch.Tensor) else np.asarray(out)
-
-
-def torch_run(circuit, device, values, seed, trainable=None, **qnode_kwargs):
-    """Values and torch gradients of ``random_loss`` of ``circuit(*params)`` on ``device``.
-
-    ``values`` are turned into float64 tensors, requiring grad where ``trainable`` says
-    (default: all). Returns (numpy outputs, [grad or None per parameter])."""
-    trainable = [True] * len(values) if trainable is None else trainable
-    params = [_t(v, requires_grad=bool(tr)) for v, tr in zip(values, trainable, strict=True)]
-    qnode = qml.QNode(circuit, device, interface="torch", **qnode_kwargs)
-    out = qnode(*params)
-    random_loss(out, seed).backward()
-    return _numpy(out), [None if p.grad is None else p.grad.numpy() for p in params]
 
 
 def compare_torch(
@@ -123,90 +68,8 @@ def compare_torch(
     return out, grads, ref_grads
 
 
-def assert_same_run(run, reference, atol):
-    """Two torch_run results (outputs, gradients) agree."""
-    (out, grads), (ref_out, ref_grads) = run, reference
-    assert_allclose_nested(out, ref_out, atol=atol)
-    assert len(grads) == len(ref_grads)
-    for i, (g, r) in enumerate(zip(grads, ref_grads, strict=True)):
-        if r is None:
-            assert g is None, f"parameter {i} is not trainable but got a gradient"
-        else:
-            assert g is not None, f"parameter {i} got no gradient"
-            np.testing.assert_allclose(g, r, atol=atol, rtol=0, err_msg=f"parameter {i}")
-
-
 # ---------------------------------------------------------------------------------------
 # 1. Every differentiable gate
-
-
-def _ctrl(base, n_controls, values):
-    def factory(rng, wires):
-        return qml.ctrl(
-            base(rng, wires[n_controls:]), control=wires[:n_controls], control_values=values
-        )
-
-    return factory
-
-
-def _toml(name):
-    return gate_spec(name)[1]
-
-
-# name -> (number of wires, factory(rng, wires) -> operator with numpy parameters)
-COMPOSITE = {
-    "ctrl_RX_values01": (3, _ctrl(_toml("RX"), 2, [0, 1])),
-    "ctrl_RY_value0": (2, _ctrl(_toml("RY"), 1, [0])),
-    "ctrl_PhaseShift": (2, _ctrl(_toml("PhaseShift"), 1, [1])),
-    "ctrl_Rot_values10": (3, _ctrl(_toml("Rot"), 2, [1, 0])),
-    "ctrl_IsingXX_value0": (3, _ctrl(_toml("IsingXX"), 1, [0])),
-    "ctrl_CRZ_value0": (3, _ctrl(_toml("CRZ"), 1, [0])),
-    "ctrl_GlobalPhase_value0": (2, _ctrl(_toml("GlobalPhase"), 1, [0])),
-    "ctrl_PauliRot": (3, _ctrl(lambda r, w: qml.PauliRot(_angles(r, 1)[0], "XY", wires=w), 1, [1])),
-    "adjoint_RX": (1, lambda r, w: qml.adjoint(_toml("RX")(r, w))),
-    "adjoint_Rot": (1, lambda r, w: qml.adjoint(_toml("Rot")(r, w))),
-    "adjoint_U3": (1, lambda r, w: qml.adjoint(_toml("U3")(r, w))),
-    "adjoint_CRY": (2, lambda r, w: qml.adjoint(_toml("CRY")(r, w))),
-    "adjoint_DoubleExcitation": (4, lambda r, w: qml.adjoint(_toml("DoubleExcitation")(r, w))),
-    "adjoint_ctrl_RZ": (2, lambda r, w: qml.adjoint(_ctrl(_toml("RZ"), 1, [0])(r, w))),
-    "ctrl_adjoint_RY": (
-        3,
-        lambda r, w: qml.ctrl(qml.adjoint(_toml("RY")(r, w[2:])), w[:2], control_values=[1, 0]),
-    ),
-    "pow_RX": (1, lambda r, w: qml.pow(_toml("RX")(r, w), 3)),
-}
-
-
-def gate_case(name, rng):
-    """(number of wires, operator with numpy parameters) for a gate name or a composite."""
-    n_wires, factory = COMPOSITE[name] if name in COMPOSITE else gate_spec(name)
-    wires = [WIRES[i] for i in rng.permutation(len(WIRES))[:n_wires]]
-    return factory(rng, wires)
-
-
-def surrounding_circuit(rng, wires=WIRES):
-    """Random non-trainable layers (Hadamards, RYs, CNOTs) to put before and after a gate."""
-
-    def layer():
-        ops = [qml.RY(a, wires=w) for w, a in zip(wires, _angles(rng, len(wires)), strict=True)]
-        for _ in range(2):
-            w0, w1 = (wires[i] for i in rng.permutation(len(wires))[:2])
-            ops += [qml.Hadamard(w0), qml.CNOT([w0, w1])]
-        return ops
-
-    return layer(), layer()
-
-
-def measurements_for(outputs, rng, wires=WIRES):
-    w = [wires[i] for i in rng.permutation(len(wires))]
-    if outputs == "state":
-        return [qml.state()]
-    return [
-        qml.expval(qml.Z(w[0])),
-        qml.expval(qml.X(w[1]) @ qml.Y(w[2])),
-        qml.expval(qml.Y(w[3])),
-        qml.probs(wires=[w[4], w[0]]),
-    ]
 
 
 @VJP
@@ -687,7 +550,7 @@ ERRORS = {
     "shots": (100, ["shots"]),
     "sample": (100, ["sample"]),
     "counts": (100, ["counts"]),
-}  # postselection is differentiated: tests/test_postselection_adjoint.py
+}  # postselection is differentiated: tests/preprocess/test_postselection_adjoint.py
 
 
 @VJP
@@ -979,34 +842,6 @@ def test_backward_twice():
 # 10. The device API
 
 
-def api_tape(case):
-    ops = [
-        qml.RX(0.3, "a"),
-        qml.CNOT(["a", 3]),
-        qml.RY(0.5, 3),
-        qml.IsingXX(0.2, [3, "q1"]),
-        qml.RZ(0.7, "q1"),
-        qml.CRY(0.4, ["q1", "a"]),
-        qml.Hadamard(0),
-        qml.PhaseShift(-0.9, 0),
-        qml.CNOT([0, "q1"]),
-    ]
-    two = [qml.expval(qml.Z("a")), qml.expval(qml.Y(3) @ qml.X("q1") + qml.Z(0))]
-    ham = [qml.expval(qml.Hamiltonian([0.2, -1.5], [qml.X(0) @ qml.Z("a"), qml.Y("q1")]))]
-    tapes = {
-        "two_expvals_three_params": (two, [0, 2, 4]),
-        "one_expval_one_param": (two[:1], [0]),
-        "one_expval_all_params": (two[1:], None),
-        "hamiltonian_two_params": (ham, [3, 5]),  # 6, 7: its coefficients
-        "three_expvals_one_param": ([*two, *ham], [1]),
-    }
-    measurements, trainable = tapes[case]
-    tape = QuantumScript(ops, measurements)
-    if trainable is not None:
-        tape.trainable_params = trainable
-    return tape
-
-
 API_CASES = [
     "two_expvals_three_params",
     "one_expval_one_param",
@@ -1103,7 +938,7 @@ def test_supports_derivatives():
 
 def test_cotangents_of_a_wrong_shape_are_refused_with_a_clear_error():
     """A cotangent of neither its result's shape nor a batch of it is refused naming the
-    shapes, never misread (batches of cotangents: tests/test_jvp.py)."""
+    shapes, never misread (batches of cotangents: tests/gradients/test_jvp.py)."""
     dev = qml.device("custatevec.qubit", wires=2)
     tape = qml.tape.QuantumScript(
         [qml.RX(0.3, wires=0), qml.CNOT([0, 1])], [qml.expval(qml.Z(1)), qml.probs(wires=[0])]

@@ -743,7 +743,7 @@ def test_jax_best_with_a_trainable_qubit_unitary():
     """diff_method="best" (a QNode's default) with jax and a trainable QubitUnitary after
     constant gates: the device's answer whether the adjoint method serves it raised
     IndexError (the same operation lookup by the wrong count); "best" and the adjoint
-    method take the matrix by its entries (tests/test_entrywise.py) and give
+    method take the matrix by its entries (tests/gradients/test_entrywise.py) and give
     default.qubit's gradient."""
     t = jnp.array([0.3, 1.1, -0.4])
     dev = qml.device("custatevec.qubit", wires=2, backend="cpu")

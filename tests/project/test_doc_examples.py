@@ -25,7 +25,7 @@ import pytest
 
 from pennylane_custatevec import CuStateVecDevice
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "doc").glob("*.md"))]
 FENCE = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 MARKER = re.compile(r"<!-- docs-test: (skip|long) \((.+?)\) -->\s*$")

@@ -291,7 +291,7 @@ def test_one_shot_conditional_on_several_measurements_exactly():
 
 def test_unsupported_mcm_method_is_refused_naming_the_supported_ones():
     """mcm_method="device" (a device's own method) is refused naming the three this
-    device runs (tree-traversal: tests/test_tree_traversal.py)."""
+    device runs (tree-traversal: tests/preprocess/test_tree_traversal.py)."""
     dev = qml.device("custatevec.qubit", wires=W)
 
     @qml.set_shots(shots=10)
@@ -425,7 +425,7 @@ def test_wrong_gradient_transforms_of_a_postselecting_circuit_are_refused(
         )
         if shots and diff_method == "parameter-shift" and circuit is _postselecting:
             # its conditional RY has no shift rule: with shots, the finite-difference
-            # fallback is refused first (tests/test_mcm_bases.py)
+            # fallback is refused first (tests/preprocess/test_mcm_bases.py)
             match = r"would differentiate Conditional\(RY\) by finite differences"
         with pytest.raises(DeviceError, match=match):
             qml.jacobian(qnode)(trainable)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "doc"
 EXT = DOC / "_ext"
 TOML = ROOT / "pennylane_custatevec" / "capabilities.toml"

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "pennylane_custatevec"
 ARCHITECTURE = ROOT / "doc" / "architecture.md"
 MEMORY_LIBRARIES = frozenset({"cupy", "cuquantum", "numba"})

@@ -11,9 +11,9 @@ import numpy as np
 import pennylane as qml
 import pytest
 import torch
+from adjoint_cases import COMPOSITE, PARAMETRIZED, gate_case
 from compiled_support import assert_same_call, assert_same_result
 from pennylane.queuing import AnnotatedQueue
-from test_adjoint import COMPOSITE, PARAMETRIZED, gate_case
 
 import pennylane_custatevec
 from pennylane_custatevec import options
@@ -177,7 +177,7 @@ def _circuit_of(ops, device):
 
 @pytest.mark.parametrize("accumulation", ["deferred", "eager"])
 def test_random_circuits_over_every_differentiable_gate(accumulation):
-    from test_adjoint import WIRES
+    from adjoint_cases import WIRES
 
     rng = np.random.default_rng(2024)
     covered = 0

@@ -147,9 +147,9 @@ def test_the_generator_is_deterministic():
         assert generate(seed) == generate(seed)
         assert plan_calls(generate(seed), CALLS) == plan_calls(generate(seed), CALLS)
     assert len({generate(seed).source for seed in range(50)}) == 50
-    tests = Path(__file__).resolve().parent
+    tests = Path(__file__).resolve().parents[1]
     script = (
-        f"import sys; sys.path.insert(0, {str(tests)!r}); "
+        f"import sys; sys.path[:0] = [{str(tests / 'compiled')!r}, {str(tests)!r}]; "
         "from test_compiled_generator import _fingerprint; print(_fingerprint(0, 40))"
     )
     environment = dict(os.environ, PYTHONHASHSEED="12345")
