@@ -42,7 +42,7 @@ def test_mpi_option_rejects_what_is_not_a_communicator(value):
 
 def test_mpi_without_mpi4py_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "mpi4py", None)
-    with pytest.raises(ImportError, match=r"pennylane-custatevec\[mpi\]"):
+    with pytest.raises(ImportError, match=r"pip install '\.\[mpi\]'"):
         qml.device(DEVICE, wires=2, backend="cpu", mpi=True)
 
 
