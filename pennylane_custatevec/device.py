@@ -224,7 +224,18 @@ class CuStateVecDevice(Device):
         config = execution_config or ExecutionConfig()
         if qml.capture.enabled():  # captured programs become tapes in eval_jaxpr
             return capture.program_transforms(self, config)
-        target = pipeline.Target(
+        return pipeline.preprocessing(config, self._target())
+
+    def adjoint_serving_transforms(self, config: ExecutionConfig):
+        """The stages of the adjoint method's preprocessing whose refusals decide whether it
+        serves a circuit (``preprocess.pipeline.adjoint_serving``): what
+        ``supports_derivatives`` and ``"best"`` run."""
+        if qml.capture.enabled():
+            return capture.program_transforms(self, config)
+        return pipeline.adjoint_serving(config, self._target())
+
+    def _target(self) -> pipeline.Target:
+        return pipeline.Target(
             name=self.name,
             wires=self.wires,
             gate_set=self._gate_set,
@@ -232,7 +243,6 @@ class CuStateVecDevice(Device):
             gather_results=self._backend.gather_results,
             options_in_force=self.options_in_force,
         )
-        return pipeline.preprocessing(config, target)
 
     @functools.cached_property
     def _gate_set(self) -> GateSet:

@@ -60,7 +60,7 @@ class ConfiguredDevice(Protocol):
         self, config: ExecutionConfig | None = None, circuit: QuantumScript | None = None
     ) -> ExecutionConfig: ...
 
-    def preprocess_transforms(self, execution_config: ExecutionConfig | None = None): ...
+    def adjoint_serving_transforms(self, config: ExecutionConfig): ...
 
 
 def adjoint_serves(
@@ -70,13 +70,15 @@ def adjoint_serves(
     answers: collections.OrderedDict,
 ) -> bool:
     """Whether the adjoint method serves ``circuit``: the device's preprocessing for it
-    (its ``setup_execution_config`` and ``preprocess_transforms`` with
-    ``gradient_method="adjoint"``) runs without a refusal. Answered once per
+    (its ``setup_execution_config`` with ``gradient_method="adjoint"``, then the stages
+    whose refusals decide, ``adjoint_serving_transforms``: ``pipeline.adjoint_serving``)
+    runs without a refusal. Answered once per
     ``adjoint_serve_key`` and kept in ``answers`` (the device's; least recently used out
     past ``MAX_SERVE_ANSWERS``): the preprocessing ran on every call with "best"
     (``benchmarks/best_resolution.py``, W4: "best" over "adjoint" about 300 us per call
-    before, 70 us after). The whole preprocessing runs, not its adjoint stage alone: the
-    decomposition and PennyLane's validation before that stage refuse circuits too."""
+    before, 70 us after). The adjoint stage runs with the stages before it, as
+    default.qubit's adjoint answer runs its decomposition and validation: they refuse
+    circuits too."""
     key = adjoint_serve_key(circuit, config, device.options_in_force(config))
     if key is not None:
         with _SERVE_LOCK:  # threads may share a device
@@ -88,7 +90,7 @@ def adjoint_serves(
         config = device.setup_execution_config(
             dataclasses.replace(config, gradient_method="adjoint"), circuit
         )
-        device.preprocess_transforms(config)((circuit,))
+        device.adjoint_serving_transforms(config)((circuit,))
         answer = True
     except (SecondDerivativesError, TracedDecompositionError):
         raise  # every method but backpropagation would give zeros or fail: say so

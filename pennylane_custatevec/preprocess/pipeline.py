@@ -95,6 +95,16 @@ def preprocessing(config: ExecutionConfig, target: Target) -> PipelineWithoutQue
     return pipeline
 
 
+def adjoint_serving(config: ExecutionConfig, target: Target) -> PipelineWithoutQueuing:
+    """The stages whose refusals decide whether the adjoint method serves a circuit
+    (``ADJOINT_SERVING_STAGES``, for ``config.adjoint_serves``: what ``"best"`` and
+    ``supports_derivatives`` ask), ``config`` being an adjoint one."""
+    pipeline = PipelineWithoutQueuing()
+    for stage in ADJOINT_SERVING_STAGES:
+        stage(pipeline, config, target)
+    return pipeline
+
+
 def boundary(pipeline: PipelineWithoutQueuing, config: ExecutionConfig, target: Target) -> None:
     """What wraps the whole run: under jax, results leave jax.jit's program through an
     identity (first: its post-processing comes last); under ``qml.snapshots``, each
@@ -240,6 +250,18 @@ def adjoint(pipeline: PipelineWithoutQueuing, config: ExecutionConfig, target: T
         if config.interface in JAX_INTERFACES:
             pipeline.add_transform(split_state_from_real_results)
         pipeline.add_transform(complex_parameters_for_state)
+
+
+ADJOINT_SERVING_STAGES: tuple[Stage, ...] = (
+    refusals,
+    measurement_bases,
+    decomposition,
+    validation,
+    adjoint,
+)
+"""The adjoint method's preprocessing without its ``boundary``, which refuses nothing
+(an identity under jax.jit; snapshots split into circuits while ``qml.snapshots`` is
+active, which ``adjoint_serve_key`` does not hold: without it the answer is one per key)."""
 
 
 def sampling(pipeline: PipelineWithoutQueuing, config: ExecutionConfig, target: Target) -> None:

@@ -151,3 +151,24 @@ def test_threads_sharing_a_device_and_copies(monkeypatch):
     assert errors == []
     assert 0 < len(device._serve_answers) <= 2
     assert copy.deepcopy(device)._serve_answers == device._serve_answers
+
+
+def test_the_adjoint_answer_runs_the_adjoint_preprocessing_without_its_boundary():
+    """``supports_derivatives`` and "best" run the adjoint method's named stages
+    (``pipeline.ADJOINT_SERVING_STAGES``): the whole preprocessing of an adjoint config but
+    its boundary, which refuses nothing and depends on the snapshot debugger, a state that
+    the answer's key does not hold."""
+    import types
+
+    from pennylane.devices import ExecutionConfig
+
+    device = qml.device("custatevec.qubit", wires=2, backend="cpu")
+    device._debugger = types.SimpleNamespace(active=True)  # noqa: SLF001 (qml.snapshots')
+    config = device.setup_execution_config(
+        ExecutionConfig(gradient_method="adjoint", interface="jax")
+    )
+    full = [t.tape_transform.__name__ for t in device.preprocess_transforms(config)]
+    serving = [t.tape_transform.__name__ for t in device.adjoint_serving_transforms(config)]
+    assert full[:2] == ["results_off_the_jit_root", "snapshots_as_circuits"]
+    assert serving == full[2:]
+    assert serving[-1] == "validate_adjoint_differentiation"
