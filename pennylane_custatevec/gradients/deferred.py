@@ -264,7 +264,7 @@ def _circuit(
         raise TypeError(
             "custatevec.qubit internal error: a tape differentiated by the entries of a "
             "matrix or a state reached the deferred sweep; the eager sweep takes it "
-            "(device._swept_eagerly)"
+            "(runs.swept_eagerly)"
         )
     return circuit
 
