@@ -8,9 +8,9 @@ benchmarks/results/ (no timing is run here):
 - plots/peers_speedup.png: per workload, how many times faster this device is than each
   peer, each in its fastest configuration measured (ours: QNode or compile; lightning.qubit:
   adjoint with VJPs or Jacobians, or Catalyst; default.qubit: backprop, or under jax.jit)
-  (workloads.md; cells that did not run are left out);
-- plots/peers_memory.png: peak resident memory of W6 (24 qubits), the one size at which
-  memory was measured (workloads.md).
+  (workloads.md; cells that did not run are left out).
+
+Memory against the number of qubits is measured and drawn by ``memory_scaling.py``.
 """
 
 from __future__ import annotations
@@ -60,11 +60,6 @@ def seconds(cell: str) -> float | None:
     cell that did not run (n/a, ERROR, skipped, unavailable)."""
     match = re.match(r"([\d.]+)\s*(s|ms|us|µs)\b", cell)
     return float(match.group(1)) * _UNITS[match.group(2)] if match else None
-
-
-def peak_mib(cell: str) -> float | None:
-    match = re.search(r"peak (\d+) MiB", cell)
-    return float(match.group(1)) if match else None
 
 
 def time_vs_qubits(results: Path, out: Path) -> Figure:
@@ -125,22 +120,6 @@ def speedup(results: Path, out: Path) -> Figure:
     return figure
 
 
-def memory(results: Path, out: Path) -> Figure:
-    row = next(r for r in _workload_cells(results) if r["workload"].startswith("W6"))
-    labels = {OURS: "custatevec.qubit", "lightning.qubit adjoint + device_vjp": "lightning.qubit"}
-    bars = {label: peak_mib(row.get(column, "")) for column, label in labels.items()}
-    bars = {label: value for label, value in bars.items() if value is not None}
-    figure = Figure(figsize=(6, 4), layout="constrained")
-    axes = figure.add_subplot()
-    axes.bar(list(bars), list(bars.values()))
-    for k, value in enumerate(bars.values()):
-        axes.annotate(f"{value:.0f} MiB", (k, value), ha="center", va="bottom")
-    axes.set_ylabel("peak resident memory (MiB)")
-    axes.set_title("W6 (24 qubits, one VJP step): peak memory")
-    _save(figure, out / "peers_memory.png")
-    return figure
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=Path(__file__).parent / "results")
@@ -148,7 +127,6 @@ def main() -> None:
     out = args.results / "plots"
     time_vs_qubits(args.results, out)
     speedup(args.results, out)
-    memory(args.results, out)
     print(f"peer_plots.py: wrote {out}/peers_*.png")
 
 
