@@ -6,8 +6,8 @@ small structure of Pauli expectation values runs directly (``direct``: a few bac
 calls), any other tape on the general path (``execution.run_tapes``). With the adjoint
 method the forward pass keeps, per tape, a ``Kept``: the tape's final state and its
 compilation, either a ``kept.KeptState`` (general path) or a ``direct.DirectKept``. Both
-answer the same three questions (``Kept``), so that the backward pass routes without
-asking which path ran:
+answer the same questions (``Kept``: broadcast, general, direct_vjp, spent), so that the
+backward pass routes without asking which path ran:
 
 - the VJP: the direct one where the tape ran directly and the deferred mode is in
   force (its sweep is one gate sequence), else the eager sweep (eager mode, or a tape
