@@ -38,7 +38,7 @@ from .preprocess.config import adjoint_serves, execution_config
 from .preprocess.gate_set import GateSet
 from .preprocess.sampled import sampled_apart
 from .rebroadcast import broadcast_entries, broadcast_vjp, each_rebound_expanded, stacked
-from .runs import Runs, require_served
+from .runs import RunOptions, Runs, require_served
 from .structures import Structure, StructureCache, StructureRun
 
 
@@ -292,19 +292,19 @@ class CuStateVecDevice(Device):
     def _execute(self, circuits: Sequence[QuantumScript], config: ExecutionConfig):
         """Results; with adjoint differentiation, the final states are kept for the
         derivatives that usually follow (``runs.Runs.execute``)."""
-        return self._runs.execute(
-            circuits,
+        return self._runs.execute(circuits, self._run_options(config))
+
+    def _run_options(self, config: ExecutionConfig) -> RunOptions:
+        """How an execution of ``config`` runs: its states kept with the adjoint method; the
+        device's generator, or one made afresh from the seed's jax key (the same samples on
+        every call)."""
+        key = self._execution_key
+        return RunOptions(
             keep=config.gradient_method == "adjoint",
-            rng=self._execution_rng(),
+            rng=self._rng if key is None else np.random.default_rng(key),
             postselect_mode=config.mcm_config.postselect_mode,
             fusion_qubits=self.options_in_force(config).fusion_qubits,
         )
-
-    def _execution_rng(self) -> np.random.Generator:
-        """The device's generator, or one made afresh from the seed's jax key (the same
-        samples on every call)."""
-        key = self._execution_key
-        return self._rng if key is None else np.random.default_rng(key)
 
     # The public entry points are counted by ``simulator_tracking`` (wrapped at class
     # creation). Each one that executes as well calls the untracked implementations
@@ -475,13 +475,7 @@ class CuStateVecDevice(Device):
         gives them for the tapes; with the adjoint method, the final states are kept in
         the returned run (not on the device: two runs never take each other's states)."""
         config = execution_config or ExecutionConfig()
-        run = self._runs.execute_structures(
-            structures,
-            parameters,
-            keep=config.gradient_method == "adjoint",
-            rng=self._execution_rng(),
-            fusion_qubits=self.options_in_force(config).fusion_qubits,
-        )
+        run = self._runs.execute_structures(structures, parameters, self._run_options(config))
         self._track_structures(run.tapes)
         return run
 

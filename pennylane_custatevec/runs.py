@@ -93,6 +93,19 @@ class Preparation:
         return Preparation(PreparedTape(compilation, structure.batch_key), self.kept_key)
 
 
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """How one execution runs (the device's part of its config)."""
+
+    keep: bool
+    """Whether the final states are kept for the derivatives (the adjoint method)."""
+    rng: np.random.Generator
+    """The generator of the execution's samples and mid-circuit measurements."""
+    postselect_mode: str | None
+    fusion_qubits: int
+    """The fusion width in force."""
+
+
 class Runs:
     """One device's forward runs and what they keep for the derivatives that follow: the
     kept states of the last batch executed with the adjoint method (replaced, and so
@@ -110,21 +123,15 @@ class Runs:
 
     # --- forward ---------------------------------------------------------------------
 
-    def execute(
-        self,
-        circuits: Sequence[QuantumScript],
-        keep: bool,
-        rng: np.random.Generator,
-        postselect_mode: str | None,
-        fusion_qubits: int,
-    ) -> tuple:
-        """The results of ``circuits``; where ``keep`` (the adjoint method), their final
-        states are kept for the derivatives that usually follow."""
+    def execute(self, circuits: Sequence[QuantumScript], options: RunOptions) -> tuple:
+        """The results of ``circuits``; where ``options.keep`` (the adjoint method), their
+        final states are kept for the derivatives that usually follow."""
         # the previous batch's states go first: the new ones would replace them anyway,
         # and the memory checks of this run see the memory they held as free
         self.kept.clear()
         preparations = [self._preparation(tape) for tape in circuits]
         ran_directly = [i for i, p in enumerate(preparations) if p.plan is not None]
+        keep = options.keep
         if (
             ran_directly
             and keep
@@ -136,13 +143,9 @@ class Runs:
             for i in ran_directly:
                 preparations[i] = preparations[i].general(circuits[i])
             ran_directly = []
-        run = functools.partial(
-            self.run_tapes, keep=keep, rng=rng, postselect_mode=postselect_mode,
-            fusion_qubits=fusion_qubits,
-        )  # fmt: skip
         kept_keys = [p.kept_key for p in preparations]
         if not ran_directly:
-            ran = run(circuits, prepared=[p.prepared for p in preparations])
+            ran = self.run_tapes(circuits, options, [p.prepared for p in preparations])
             self.kept.replace(kept_keys, ran.kept, circuits)
             return ran.results
         # small structures of Pauli expvals (``direct``): a few backend calls each
@@ -160,8 +163,8 @@ class Runs:
                 kept[i] = direct.DirectKept(direct_run, position)
         others = [i for i, p in enumerate(preparations) if p.plan is None]
         if others:
-            ran = run(
-                [circuits[i] for i in others], prepared=[preparations[i].prepared for i in others]
+            ran = self.run_tapes(
+                [circuits[i] for i in others], options, [preparations[i].prepared for i in others]
             )
             for position, i in enumerate(others):
                 results[i] = ran.results[position]
@@ -173,10 +176,7 @@ class Runs:
     def run_tapes(
         self,
         circuits: Sequence[QuantumScript],
-        keep: bool,
-        rng: np.random.Generator,
-        postselect_mode: str | None,
-        fusion_qubits: int,
+        options: RunOptions,
         prepared: Sequence[PreparedTape | None] | None = None,
     ) -> RunResult:
         """``execution.run_tapes`` on this device's backend and wires."""
@@ -184,10 +184,10 @@ class Runs:
             self.backend,
             circuits,
             self.wires,
-            rng,
-            postselect_mode,
-            keep=keep,
-            fusion_qubits=fusion_qubits,
+            options.rng,
+            options.postselect_mode,
+            keep=options.keep,
+            fusion_qubits=options.fusion_qubits,
             prepared=prepared,
         )
 
@@ -195,9 +195,7 @@ class Runs:
         self,
         structures_run: Sequence[Structure],
         parameters: Sequence[Sequence],
-        keep: bool,
-        rng: np.random.Generator,
-        fusion_qubits: int,
+        options: RunOptions,
     ) -> StructureRun:
         """The compiled path's forward pass (``CuStateVecDevice.execute_structures``): the
         results of ``structures_run`` with ``parameters`` and, in the returned run, what it
@@ -217,7 +215,7 @@ class Runs:
             PreparedTape(structure.compile(values), structure.batch_key)
             for structure, values in zip(structures_run, parameters, strict=True)
         ]
-        ran = self.run_tapes(tapes, keep, rng, None, fusion_qubits, prepared)
+        ran = self.run_tapes(tapes, options, prepared)
         kept = [ran.kept.get(i) or KeptState(None, p.compilation) for i, p in enumerate(prepared)]
         return StructureRun(ran.results, tapes, kept)
 

@@ -32,11 +32,11 @@ PARAMETRIZED = [
 ]
 
 
-def _t(value, requires_grad=True):
+def float64_tensor(value, requires_grad=True):
     return torch.tensor(value, dtype=torch.float64, requires_grad=requires_grad)
 
 
-def _angles(rng, n):
+def random_angles(rng, n):
     return list(rng.uniform(-np.pi, np.pi, size=n))
 
 
@@ -67,9 +67,9 @@ def random_loss(out, seed) -> torch.Tensor:
     return vector @ torch.tensor(weights, dtype=torch.float64)
 
 
-def _numpy(out):
+def as_numpy(out):
     if isinstance(out, (tuple, list)):
-        return type(out)(_numpy(o) for o in out)
+        return type(out)(as_numpy(o) for o in out)
     return out.detach().numpy() if isinstance(out, torch.Tensor) else np.asarray(out)
 
 
@@ -79,11 +79,13 @@ def torch_run(circuit, device, values, seed, trainable=None, **qnode_kwargs):
     ``values`` are turned into float64 tensors, requiring grad where ``trainable`` says
     (default: all). Returns (numpy outputs, [grad or None per parameter])."""
     trainable = [True] * len(values) if trainable is None else trainable
-    params = [_t(v, requires_grad=bool(tr)) for v, tr in zip(values, trainable, strict=True)]
+    params = [
+        float64_tensor(v, requires_grad=bool(tr)) for v, tr in zip(values, trainable, strict=True)
+    ]
     qnode = qml.QNode(circuit, device, interface="torch", **qnode_kwargs)
     out = qnode(*params)
     random_loss(out, seed).backward()
-    return _numpy(out), [None if p.grad is None else p.grad.numpy() for p in params]
+    return as_numpy(out), [None if p.grad is None else p.grad.numpy() for p in params]
 
 
 def assert_same_run(run, reference, atol):
@@ -121,7 +123,10 @@ COMPOSITE = {
     "ctrl_IsingXX_value0": (3, _ctrl(_toml("IsingXX"), 1, [0])),
     "ctrl_CRZ_value0": (3, _ctrl(_toml("CRZ"), 1, [0])),
     "ctrl_GlobalPhase_value0": (2, _ctrl(_toml("GlobalPhase"), 1, [0])),
-    "ctrl_PauliRot": (3, _ctrl(lambda r, w: qml.PauliRot(_angles(r, 1)[0], "XY", wires=w), 1, [1])),
+    "ctrl_PauliRot": (
+        3,
+        _ctrl(lambda r, w: qml.PauliRot(random_angles(r, 1)[0], "XY", wires=w), 1, [1]),
+    ),
     "adjoint_RX": (1, lambda r, w: qml.adjoint(_toml("RX")(r, w))),
     "adjoint_Rot": (1, lambda r, w: qml.adjoint(_toml("Rot")(r, w))),
     "adjoint_U3": (1, lambda r, w: qml.adjoint(_toml("U3")(r, w))),
@@ -147,7 +152,9 @@ def surrounding_circuit(rng, wires=WIRES):
     """Random non-trainable layers (Hadamards, RYs, CNOTs) to put before and after a gate."""
 
     def layer():
-        ops = [qml.RY(a, wires=w) for w, a in zip(wires, _angles(rng, len(wires)), strict=True)]
+        ops = [
+            qml.RY(a, wires=w) for w, a in zip(wires, random_angles(rng, len(wires)), strict=True)
+        ]
         for _ in range(2):
             w0, w1 = (wires[i] for i in rng.permutation(len(wires))[:2])
             ops += [qml.Hadamard(w0), qml.CNOT([w0, w1])]

@@ -1,7 +1,7 @@
 """The gates of capabilities.toml as test cases, shared by the tests of every area: the
 gate list (``GATES``), a factory per gate (``gate_spec``), the forms each gate is tested in
 (``gate_forms``), a gate on random wires (``make_gate``); and pairs of one gate with two
-draws of its parameters, on a tape (``_gate_pair``, ``_tape_around``), for the structure
+draws of its parameters, on a tape (``gate_pair``, ``tape_around``), for the structure
 tests."""
 
 from __future__ import annotations
@@ -102,12 +102,12 @@ def make_gate(name, rng, available=GATE_WIRES, extra=0):
 # --- Pairs of one gate (two draws of its parameters) for the structure tests ------------
 
 _WIRES = [0, "a", 2, 5, "b", 7, 8]
-_SAME_HYPERPARAMETERS_EXPECTED_DIFFERENT = {"ControlledQubitUnitary", "BlockEncode"}
+SAME_HYPERPARAMETERS_EXPECTED_DIFFERENT = {"ControlledQubitUnitary", "BlockEncode"}
 """Gates whose hyperparameters differ between two draws: the factory draws the control
 values; BlockEncode's ``norm`` is computed from its matrix. Two structures, exactly."""
 
 
-def _gate_pair(name: str, form: str, seed: int):
+def gate_pair(name: str, form: str, seed: int):
     """The gate ``name`` twice on the same wires, with two draws of its parameters, in
     ``form``: plain, controlled (on a spectator wire) or adjoint."""
     n_wires, factory = gate_spec(name)
@@ -123,7 +123,7 @@ def _gate_pair(name: str, form: str, seed: int):
     return pair
 
 
-def _tape_around(op) -> qml.tape.QuantumScript:
+def tape_around(op) -> qml.tape.QuantumScript:
     """``op`` after a layer of rotations (a state preparation stays first)."""
     layer = [qml.RY(0.1 + 0.2 * i, wires=w) for i, w in enumerate(_WIRES)]
     ops = [op, *layer] if isinstance(op, qml.operation.StatePrepBase) else [*layer, op]

@@ -11,12 +11,12 @@ import pennylane as qml
 import pytest
 import torch
 from gate_cases import (
-    _SAME_HYPERPARAMETERS_EXPECTED_DIFFERENT,
     GATES,
     NON_UNITARY,
-    _gate_pair,
-    _tape_around,
+    SAME_HYPERPARAMETERS_EXPECTED_DIFFERENT,
     gate_forms,
+    gate_pair,
+    tape_around,
 )
 
 import pennylane_custatevec
@@ -288,11 +288,11 @@ def test_runs_of_one_bit_gates_run_and_sweep_as_entry_by_entry(seed, batch):
 
 
 def _compiled(name: str, form: str):
-    first, second = _gate_pair(name, form, seed=sum(map(ord, name + form)))
-    template, tape = _tape_around(first), _tape_around(second)
+    first, second = gate_pair(name, form, seed=sum(map(ord, name + form)))
+    template, tape = tape_around(first), tape_around(second)
     key = StructureKey.of(template)
     if key != StructureKey.of(tape):
-        assert name in _SAME_HYPERPARAMETERS_EXPECTED_DIFFERENT
+        assert name in SAME_HYPERPARAMETERS_EXPECTED_DIFFERENT
         tape = template
     structure = Structure(key, template, None)
     return tape, structure.compile(structure.parameters_of(tape), tape)

@@ -117,12 +117,12 @@ def test_structures_refuse_shots_and_trainable_observables():
 # --- Structure.compile: a tape's compilation from its parameter values alone ------------
 
 from gate_cases import (  # noqa: E402
-    _SAME_HYPERPARAMETERS_EXPECTED_DIFFERENT,
     GATES,
     NON_UNITARY,
-    _gate_pair,
-    _tape_around,
+    SAME_HYPERPARAMETERS_EXPECTED_DIFFERENT,
     gate_forms,
+    gate_pair,
+    tape_around,
 )
 
 from pennylane_custatevec.compile_tapes import compile_steps  # noqa: E402
@@ -156,10 +156,10 @@ def assert_same_compilation(got, expected):
     ("name", "form"), [(name, form) for name in sorted(GATES) for form in gate_forms(name)]
 )
 def test_a_structure_compiles_every_gate_as_compile_steps(name, form):
-    first, second = _gate_pair(name, form, seed=sum(map(ord, name + form)))
-    template, tape = _tape_around(first), _tape_around(second)
+    first, second = gate_pair(name, form, seed=sum(map(ord, name + form)))
+    template, tape = tape_around(first), tape_around(second)
     key = StructureKey.of(template)
-    if name in _SAME_HYPERPARAMETERS_EXPECTED_DIFFERENT and key != StructureKey.of(tape):
+    if name in SAME_HYPERPARAMETERS_EXPECTED_DIFFERENT and key != StructureKey.of(tape):
         pytest.skip("the two draws have other hyperparameters: two structures")
     assert key == StructureKey.of(tape)
     structure = Structure(key, template, None)

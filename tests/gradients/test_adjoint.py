@@ -16,13 +16,13 @@ from adjoint_cases import (
     MATRIX_DEFINED,
     PARAMETRIZED,
     WIRES,
-    _angles,
-    _numpy,
-    _t,
     api_tape,
+    as_numpy,
     assert_same_run,
+    float64_tensor,
     gate_case,
     measurements_for,
+    random_angles,
     random_loss,
     real_vector,
     surrounding_circuit,
@@ -80,7 +80,7 @@ def test_gate_gradient(name, outputs, device_vjp):
     op = gate_case(name, rng)
     before, after = surrounding_circuit(rng)
     measurements = measurements_for(outputs, rng)
-    values = _angles(rng, len(op.data))
+    values = random_angles(rng, len(op.data))
 
     def circuit(*params):
         for o in before:
@@ -124,13 +124,13 @@ def test_trainable_mix(case, device_vjp):
     kinds[rng.integers(7)] = "grad"  # at least one trainable
     if case == 0:
         kinds = ["float", "grad", "tensor", "grad", "float", "grad", "tensor"]
-    values = _angles(rng, 7)
+    values = random_angles(rng, 7)
     params = [
-        v if k == "float" else _t(v, requires_grad=(k == "grad"))
+        v if k == "float" else float64_tensor(v, requires_grad=(k == "grad"))
         for v, k in zip(values, kinds, strict=True)
     ]
     ref_params = [
-        v if k == "float" else _t(v, requires_grad=(k == "grad"))
+        v if k == "float" else float64_tensor(v, requires_grad=(k == "grad"))
         for v, k in zip(values, kinds, strict=True)
     ]
 
@@ -148,7 +148,7 @@ def test_trainable_mix(case, device_vjp):
     dev, ref = make_devices(W4)
     out = qml.QNode(circuit, dev, diff_method="adjoint", device_vjp=device_vjp)(params)
     ref_out = qml.QNode(circuit, ref, diff_method="backprop")(ref_params)
-    assert_allclose_nested(_numpy(out), _numpy(ref_out), atol=ATOL)
+    assert_allclose_nested(as_numpy(out), as_numpy(ref_out), atol=ATOL)
     random_loss(out, case).backward()
     random_loss(ref_out, case).backward()
     for i, (p, r, k) in enumerate(zip(params, ref_params, kinds, strict=True)):
@@ -170,7 +170,7 @@ def test_no_trainable_parameter(device_vjp):
         return qml.expval(qml.Z(0))
 
     out = qml.QNode(circuit, dev, diff_method="adjoint", device_vjp=device_vjp)(
-        _t(0.4, requires_grad=False)
+        float64_tensor(0.4, requires_grad=False)
     )
     assert not out.requires_grad
     np.testing.assert_allclose(out.numpy(), np.cos(0.4), atol=ATOL)
@@ -266,7 +266,7 @@ def measured_circuit(measure, reference=False):
 
 def _measurement_values(name):
     rng = np.random.default_rng(stable_seed("measurements", name))
-    return [_angles(rng, 8), _angles(rng, 5)]
+    return [random_angles(rng, 8), random_angles(rng, 5)]
 
 
 @VJP
@@ -289,7 +289,7 @@ def test_measurements_full_jacobian(name):
     """torch.autograd.functional.jacobian of every output, on the Jacobian path."""
     weights, extra = _measurement_values(name)
     dev, ref = make_devices(W4)
-    inputs = (_t(np.reshape(weights, (4, 2))), _t(extra))
+    inputs = (float64_tensor(np.reshape(weights, (4, 2))), float64_tensor(extra))
     jacobians = []
     for device, reference, kwargs in (
         (dev, False, {"diff_method": "adjoint"}),
@@ -336,10 +336,10 @@ def _execute_against_backprop(make_tapes, values, device_vjp: bool, loss_seed: i
         (dev, {"diff_method": "adjoint", "device_vjp": device_vjp}),
         (ref, {"diff_method": "backprop"}),
     ):
-        params = [_t(v) for v in values]
+        params = [float64_tensor(v) for v in values]
         results = qml.execute(make_tapes(params), device, interface="torch", **kwargs)
         random_loss(results, loss_seed).backward()
-        runs.append((_numpy(results), [p.grad.numpy() for p in params]))
+        runs.append((as_numpy(results), [p.grad.numpy() for p in params]))
     assert_allclose_nested(runs[0][0], runs[1][0], atol=ATOL)
     np.testing.assert_allclose(runs[0][1], runs[1][1], atol=ATOL, rtol=0)
     return [grads for _, grads in runs]
@@ -348,7 +348,7 @@ def _execute_against_backprop(make_tapes, values, device_vjp: bool, loss_seed: i
 @VJP
 def test_execute_several_tapes(device_vjp):
     rng = np.random.default_rng(stable_seed("several-tapes"))
-    _execute_against_backprop(_tapes, _angles(rng, 7), device_vjp, loss_seed=7)
+    _execute_against_backprop(_tapes, random_angles(rng, 7), device_vjp, loss_seed=7)
 
 
 @VJP
@@ -447,7 +447,7 @@ def _autograd_probs(weights, x):
 def test_autograd_grad_and_jacobian(device_vjp):
     rng = np.random.default_rng(stable_seed("autograd"))
     weights = pnp.array(rng.uniform(-np.pi, np.pi, size=(4, 2)), requires_grad=True)
-    x = pnp.array(_angles(rng, 3), requires_grad=True)
+    x = pnp.array(random_angles(rng, 3), requires_grad=True)
     dev, ref = make_devices(W4)
     kwargs = {"diff_method": "adjoint", "device_vjp": device_vjp}
     grad = qml.grad(qml.QNode(_autograd_circuit, dev, **kwargs))(weights, x)
@@ -465,7 +465,7 @@ def test_jax(device_vjp):
     jax.config.update("jax_enable_x64", True)
     rng = np.random.default_rng(stable_seed("jax"))
     weights = jax.numpy.array(rng.uniform(-np.pi, np.pi, size=(4, 2)))
-    x = jax.numpy.array(_angles(rng, 3))
+    x = jax.numpy.array(random_angles(rng, 3))
     dev, ref = make_devices(W4)
     kwargs = {"diff_method": "adjoint", "device_vjp": device_vjp}
     grad = jax.grad(qml.QNode(_autograd_circuit, dev, **kwargs), argnums=(0, 1))(weights, x)
@@ -566,7 +566,7 @@ def test_adjoint_errors(kind, device_vjp):
     )
     if shots:
         qnode = qml.set_shots(qnode, shots)
-    x = _t(0.4)
+    x = float64_tensor(0.4)
     with pytest.raises(DeviceError) as info:
         out = qnode(x)
         torch.as_tensor(out, dtype=torch.float64).sum().backward()
@@ -585,10 +585,10 @@ def test_trainable_matrices_and_states_are_taken_by_their_entries(kind, diff_met
     dev, ref = make_devices(2)
     circuit = _error_circuit(kind)
     qnode = qml.QNode(circuit, dev, diff_method=diff_method)
-    config = qml.workflow.construct_execution_config(qnode)(_t(0.4))
+    config = qml.workflow.construct_execution_config(qnode)(float64_tensor(0.4))
     assert config.gradient_method == "adjoint"
     for value in (0.4, 0.0):
-        x, ref_x = _t(value), _t(value)
+        x, ref_x = float64_tensor(value), float64_tensor(value)
         qnode(x).backward()
         qml.QNode(circuit, ref, diff_method="backprop")(ref_x).backward()
         np.testing.assert_allclose(x.grad, ref_x.grad, atol=ATOL, rtol=0)
@@ -603,9 +603,9 @@ def test_best_falls_back_to_parameter_shift(kind):
     qnode = qml.QNode(circuit, dev, diff_method="best")
     if shots:
         qnode = qml.set_shots(qnode, shots)
-    config = qml.workflow.construct_execution_config(qnode)(_t(0.4))
+    config = qml.workflow.construct_execution_config(qnode)(float64_tensor(0.4))
     assert config.gradient_method is qml.gradients.param_shift
-    x, ref_x = _t(0.4), _t(0.4)
+    x, ref_x = float64_tensor(0.4), float64_tensor(0.4)
     qnode(x).backward()
     qml.QNode(circuit, ref, diff_method="backprop")(ref_x).backward()
     atol = 0.05 if shots else ATOL
@@ -616,7 +616,7 @@ def test_best_falls_back_to_parameter_shift(kind):
 def test_best_takes_adjoint_when_it_can():
     dev = qml.device("custatevec.qubit", wires=2)
     qnode = qml.QNode(_error_circuit("expval"), dev, diff_method="best")
-    config = qml.workflow.construct_execution_config(qnode)(_t(0.4))
+    config = qml.workflow.construct_execution_config(qnode)(float64_tensor(0.4))
     assert config.gradient_method == "adjoint"
 
 
@@ -662,10 +662,10 @@ def test_deferred_measurement_without_postselection(device_vjp):
         (dev, {"diff_method": "adjoint", "device_vjp": device_vjp}),
         (ref, {"diff_method": "backprop"}),
     ):
-        params = [_t(0.7), _t(-1.2)]
+        params = [float64_tensor(0.7), float64_tensor(-1.2)]
         out = qml.QNode(circuit, device, mcm_method="deferred", **kwargs)(*params)
         random_loss(out, 3).backward()
-        runs.append((_numpy(out), [p.grad.numpy() for p in params]))
+        runs.append((as_numpy(out), [p.grad.numpy() for p in params]))
     assert_allclose_nested(runs[0][0], runs[1][0], atol=ATOL)
     np.testing.assert_allclose(runs[0][1], runs[1][1], atol=ATOL, rtol=0)
 
@@ -691,7 +691,7 @@ def _cache_reference(values):
 
 def _check(params, out, values):
     ref_out, ref_grads = _cache_reference(values)
-    assert_allclose_nested(_numpy(out), ref_out, atol=ATOL)
+    assert_allclose_nested(as_numpy(out), ref_out, atol=ATOL)
     for p, r in zip(params, ref_grads, strict=True):
         np.testing.assert_allclose(p.grad.numpy(), r, atol=ATOL, rtol=0)
 
@@ -721,7 +721,7 @@ def test_vjp_backward_does_not_simulate_again(simulations):
     dev = qml.device("custatevec.qubit", wires=W4)
     qnode = qml.QNode(_cache_circuit, dev, diff_method="adjoint", device_vjp=True)
     values = [0.3, [0.1, -0.5, 1.2]]
-    params = [_t(v) for v in values]
+    params = [float64_tensor(v) for v in values]
     out = qnode(*params)
     assert simulations.call_count == 1
     random_loss(out, 21).backward()
@@ -744,7 +744,7 @@ def test_broadcast_backward_does_not_simulate_again(simulations, mocker):
 
     grads = []
     for device, kwargs in ((dev, {"diff_method": "adjoint", "device_vjp": True}), (ref, {})):
-        x, y = _t([0.1, 0.7, -1.3, 2.0]), _t(0.4)
+        x, y = float64_tensor([0.1, 0.7, -1.3, 2.0]), float64_tensor(0.4)
         qml.QNode(circuit, device, **kwargs)(x, y).sum().backward()
         grads.append((x.grad.numpy(), y.grad.numpy()))
         if device is dev:
@@ -758,7 +758,7 @@ def test_jacobian_path_simulates_once(simulations):
     dev = qml.device("custatevec.qubit", wires=W4)
     qnode = qml.QNode(_cache_circuit, dev, diff_method="adjoint")
     values = [0.3, [0.1, -0.5, 1.2]]
-    params = [_t(v) for v in values]
+    params = [float64_tensor(v) for v in values]
     out = qnode(*params)
     random_loss(out, 21).backward()
     assert simulations.call_count == 1
@@ -769,7 +769,7 @@ def test_second_forward_with_new_parameters(simulations):
     dev = qml.device("custatevec.qubit", wires=W4)
     qnode = qml.QNode(_cache_circuit, dev, diff_method="adjoint", device_vjp=True)
     for values in ([0.3, [0.1, -0.5, 1.2]], [-1.4, [2.0, 0.6, -0.2]]):
-        params = [_t(v) for v in values]
+        params = [float64_tensor(v) for v in values]
         out = qnode(*params)
         random_loss(out, 21).backward()
         _check(params, out, values)
@@ -790,12 +790,12 @@ def test_backward_after_another_circuit_ran():
         return qml.expval(qml.Z(3) @ qml.X("q1")), qml.probs(wires=[0, "a"])
 
     values = [0.3, [0.1, -0.5, 1.2]]
-    params = [_t(v) for v in values]
+    params = [float64_tensor(v) for v in values]
     out = qnode(*params)
     for kwargs in ({"diff_method": "adjoint", "device_vjp": True}, {"diff_method": None}):
-        qml.QNode(other, dev, **kwargs)(_t(1.1))  # a near-identical circuit
+        qml.QNode(other, dev, **kwargs)(float64_tensor(1.1))  # a near-identical circuit
     qml.QNode(_cache_circuit, dev, diff_method="adjoint", device_vjp=True)(
-        _t(2.5), _t([0.1, -0.5, 1.2])
+        float64_tensor(2.5), float64_tensor([0.1, -0.5, 1.2])
     )  # the same circuit, another parameter
     random_loss(out, 21).backward()
     _check(params, out, values)
@@ -816,7 +816,7 @@ def test_two_forwards_then_one_backward():
         (dev, {"diff_method": "adjoint", "device_vjp": True}),
         (ref, {"diff_method": "backprop"}),
     ):
-        params = [_t(0.3), _t([0.1, -0.5, 1.2])]
+        params = [float64_tensor(0.3), float64_tensor([0.1, -0.5, 1.2])]
         out1 = qml.QNode(_cache_circuit, device, **kwargs)(*params)
         out2 = qml.QNode(second, device, **kwargs)(params[0])
         (random_loss(out1, 21) + 0.7 * out2).backward()
@@ -829,7 +829,7 @@ def test_backward_twice():
     dev = qml.device("custatevec.qubit", wires=W4)
     qnode = qml.QNode(_cache_circuit, dev, diff_method="adjoint", device_vjp=True)
     values = [0.3, [0.1, -0.5, 1.2]]
-    params = [_t(v) for v in values]
+    params = [float64_tensor(v) for v in values]
     loss = random_loss(qnode(*params), 21)
     loss.backward(retain_graph=True)
     loss.backward()
@@ -920,7 +920,7 @@ def test_device_api_probs_and_state():
         bound = state.bind_new_parameters([p[0], p[1]], [1, 2])
         return real_vector(qml.execute([bound], ref, diff_method="backprop")[0])
 
-    expected = torch.autograd.functional.jacobian(psi, _t([0.5, 1.1])).numpy()
+    expected = torch.autograd.functional.jacobian(psi, float64_tensor([0.5, 1.1])).numpy()
     for column in range(2):
         np.testing.assert_allclose(
             real_vector(torch.tensor(jac[column])), expected[:, column], atol=ATOL
@@ -1000,11 +1000,11 @@ def test_a_differentiated_qnode_validates_each_tape_once(device_vjp, x, tapes, m
     reasons = mocker.spy(pennylane_custatevec.gradients.validation, "unsupported_reason")
     dev = qml.device("custatevec.qubit", wires=2)
     qnode = qml.QNode(_validation_circuit, dev, diff_method="adjoint", device_vjp=device_vjp)
-    x, w = _t(x), _t(0.9)
+    x, w = float64_tensor(x), float64_tensor(0.9)
     real_vector(qnode(x, w)).sum().backward()
     assert reasons.call_count == tapes
     reference = qml.QNode(_validation_circuit, qml.device("default.qubit", wires=2))
-    x_ref, w_ref = _t(x.detach().numpy()), _t(0.9)
+    x_ref, w_ref = float64_tensor(x.detach().numpy()), float64_tensor(0.9)
     real_vector(reference(x_ref, w_ref)).sum().backward()
     np.testing.assert_allclose(w.grad, w_ref.grad, atol=1e-10)
 

@@ -20,9 +20,9 @@ import torch
 from adjoint_cases import (
     COMPOSITE,
     PARAMETRIZED,
-    _t,
     api_tape,
     assert_same_run,
+    float64_tensor,
     gate_case,
     measurements_for,
     random_loss,
@@ -398,7 +398,7 @@ def mixed_tapes(p):
 
 
 def execute_run(make_tapes, values, dev, device_vjp, loss_seed, **kwargs):
-    params = [_t(v) for v in values]
+    params = [float64_tensor(v) for v in values]
     results = qml.execute(
         make_tapes(params), dev, diff_method="adjoint", device_vjp=device_vjp, **kwargs
     )
@@ -427,7 +427,7 @@ def test_mixed_batch(k, device_vjp, paths):
     sizes = sorted(batch for batch, _ in swept_batches(paths.deferred))
     assert sizes == ([1, 1, 1, 3, 4] if device_vjp else [1, 1, 3, 4])
     ref = qml.device("default.qubit", wires=W4)
-    params = [_t(v) for v in values]
+    params = [float64_tensor(v) for v in values]
     results = qml.execute(mixed_tapes(params), ref, diff_method="backprop")
     random_loss(results, 23).backward()
     reference = (_numpy(results), [p.grad.numpy() for p in params])
@@ -473,7 +473,10 @@ N_OUTPUTS = 5 + 4
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_full_jacobian_several_observables(k, device_vjp, paths):
     rng = np.random.default_rng(stable_seed("deferred-observables"))
-    inputs = (_t(rng.uniform(-np.pi, np.pi, size=(4, 2))), _t(rng.uniform(-np.pi, np.pi, 5)))
+    inputs = (
+        float64_tensor(rng.uniform(-np.pi, np.pi, size=(4, 2))),
+        float64_tensor(rng.uniform(-np.pi, np.pi, 5)),
+    )
     jacobians = {}
     for mode in MODES:
         qnode = qml.QNode(
@@ -821,8 +824,8 @@ def test_one_transfer_per_sweep(k, device_vjp, gpu_double, monkeypatch):
     its reductions to the host in one transfer and synchronises nowhere else."""
     counts = _counting_sweeps(monkeypatch, gpu_double.cupy)
     rng = np.random.default_rng(stable_seed("sync"))
-    weights = _t(rng.uniform(-np.pi, np.pi, size=8))
-    x = _t([0.3, -1.2], requires_grad=False)
+    weights = float64_tensor(rng.uniform(-np.pi, np.pi, size=8))
+    x = float64_tensor([0.3, -1.2], requires_grad=False)
     dev = device("deferred", k, W4, backend="custatevec")
     qnode = qml.QNode(
         sync_circuit, dev, interface="torch", diff_method="adjoint", device_vjp=device_vjp
@@ -836,7 +839,7 @@ def test_wide_gate_synchronises_in_its_own_step(gpu_double, monkeypatch):
     """A trainable gate wider than the blocks takes the eager step: its inner product comes
     to the host at once (one more transfer than the gather)."""
     counts = _counting_sweeps(monkeypatch, gpu_double.cupy)
-    weights = _t([0.3, -0.8, 1.1])
+    weights = float64_tensor([0.3, -0.8, 1.1])
     dev = device("deferred", 2, W4, backend="custatevec")
 
     def circuit(w):
