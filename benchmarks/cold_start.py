@@ -1,24 +1,33 @@
-"""A fresh install's first calls: how long each takes on this device (numba's kernel cache
-empty) against the peers, and which kernels compile on which call.
+"""A fresh install's first calls: how long each takes on this device against the peers,
+and which kernels compile on which call.
 
-Each configuration runs in its own Python process with its own empty ``NUMBA_CACHE_DIR``
-(numba's on-disk cache is what a fresh install lacks); ``--warm`` runs this device a
-second time on the cache the first run left (a warm install). The steps, in order, in one
-process:
+Each configuration runs in its own Python process with its own empty ``NUMBA_CACHE_DIR``:
+
+- *fresh install*: ``pip install --no-deps --target`` of this checkout into a new
+  directory (which compiles the CPU kernels into the package, ``backends/kernel_build.py``;
+  the table gives its time), then the steps with that directory first on the path;
+- *warm*: the same installed copy a second time;
+- *kernels compiled at the call*: this checkout with numba's own cache locator only
+  (``NUMBA_CACHE_LOCATOR_CLASSES=UserProvidedCacheLocator``), which is how every install
+  ran before the kernels were compiled ahead;
+- the peers.
+
+The steps, in order, in one process:
 
 - import pennylane and torch; import pennylane_custatevec;
 - a 4-qubit AngleEmbedding + StronglyEntanglingLayers circuit, ``expval``, torch, adjoint,
   value and backward: calls 1, 2, 3 (other values each call);
 - Hadamard, CRX, IsingXX, PhaseShift, Toffoli, ``probs``, backward: calls 1, 2;
 - the quick-start demo (``demos/torchlayer_classifier.py``'s model, compiled): its first
-  three training batches.
+  three training batches; and, in a process of its own, the demo alone (its first batch
+  is a new user's first wait).
 
     python benchmarks/cold_start.py                # the table, this device and the peers
     python benchmarks/cold_start.py --kernels      # and the kernels compiled per step
 
-Prints a markdown table (seconds per step) and, with ``--kernels``, per step the numba
-functions compiled (top-level compilations: a kernel's callees compile inside it) with
-their signatures and seconds.
+Prints a markdown table (seconds per step) and, with ``--kernels``, per step and
+configuration of this device the numba functions compiled (top-level compilations: a
+kernel's callees compile inside it) with their signatures and seconds.
 """
 
 from __future__ import annotations
@@ -30,12 +39,14 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 CHILD = r"""
 import json, sys, time
 device_name, record_kernels, mixed_method = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
+demo_only = sys.argv[4] == "demo"
 steps, kernels, current = [], [], ["import pennylane + torch"]
 start = time.perf_counter()
 if record_kernels:
@@ -69,6 +80,7 @@ def step(name, function):
 steps.append(("import pennylane + torch", time.perf_counter() - start))
 if device_name == "custatevec.qubit":
     step("import pennylane_custatevec", lambda: __import__("pennylane_custatevec"))
+    print("MODULE" + sys.modules["pennylane_custatevec"].__file__)
 torch.manual_seed(0)
 dev = qml.device(device_name, wires=4)
 
@@ -96,9 +108,9 @@ def mixed_call():
     a = torch.rand(3, dtype=torch.float64, requires_grad=True)
     (mixed(a) * torch.arange(8.0, dtype=torch.float64)).sum().backward()
 
-for call in (1, 2, 3):
+for call in () if demo_only else (1, 2, 3):
     step(f"AngleEmbedding + StronglyEntanglingLayers, expval, backward: call {call}", layered_call)
-for call in (1, 2):
+for call in () if demo_only else (1, 2):
     step(f"Hadamard, CRX, IsingXX, PhaseShift, Toffoli, probs, backward: call {call}", mixed_call)
 if device_name == "custatevec.qubit":
     sys.path.insert(0, "demos")
@@ -117,7 +129,8 @@ if device_name == "custatevec.qubit":
         optimizer.step()
 
     for i in range(3):
-        step(f"quick-start demo: batch {i + 1}", lambda: batch(i))
+        demo = "quick-start demo alone" if demo_only else "quick-start demo"
+        step(f"{demo}: batch {i + 1}", lambda: batch(i))
 print("RESULT" + json.dumps({"steps": steps, "kernels": kernels}))
 """
 
@@ -127,11 +140,21 @@ MIXED_METHOD = {"lightning.qubit": "best"}
 adjoint differentiates expectation values only); else ``"adjoint"``."""
 
 
-def run(device_name: str, cache: str, record_kernels: bool) -> dict:
-    env = {**os.environ, "NUMBA_CACHE_DIR": cache, "PYTHONWARNINGS": "ignore"}
+def run(
+    device_name: str, cache: str, record_kernels: bool, demo_only: bool = False, **environment: str
+) -> dict:
+    env = {**os.environ, "NUMBA_CACHE_DIR": cache, "PYTHONWARNINGS": "ignore", **environment}
     method = MIXED_METHOD.get(device_name, "adjoint")
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, device_name, "1" if record_kernels else "0", method],
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            device_name,
+            "1" if record_kernels else "0",
+            method,
+            "demo" if demo_only else "all",
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -141,7 +164,24 @@ def run(device_name: str, cache: str, record_kernels: bool) -> dict:
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"{device_name} failed:\n{done.stdout}\n{done.stderr}")
-    return json.loads(lines[-1][len("RESULT") :])
+    result = json.loads(lines[-1][len("RESULT") :])
+    result["module"] = next(
+        (line[len("MODULE") :] for line in done.stdout.splitlines() if line.startswith("MODULE")),
+        None,
+    )
+    return result
+
+
+def install(target: pathlib.Path) -> float:
+    """``pip install --no-deps --target target`` of this checkout (the package build
+    compiles the CPU kernels); its seconds."""
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), "."],
+        cwd=ROOT,
+        check=True,
+    )
+    return time.perf_counter() - start
 
 
 def _seconds(value: float | None) -> str:
@@ -161,9 +201,26 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     columns: dict[str, dict] = {}
+    fresh, warm = "custatevec.qubit, fresh install", "custatevec.qubit, warm"
+    at_call = "custatevec.qubit, kernels compiled at the call"
+    with tempfile.TemporaryDirectory() as scratch:
+        site = pathlib.Path(scratch) / "site"
+        seconds = install(site)
+        paths = [str(site), os.environ.get("PYTHONPATH")]
+        path = {"PYTHONPATH": os.pathsep.join(filter(None, paths))}
+        columns[fresh] = run("custatevec.qubit", f"{scratch}/fresh", args.kernels, **path)
+        columns[fresh]["steps"].insert(0, ("pip install . (the kernels compiled)", seconds))
+        columns[warm] = run("custatevec.qubit", f"{scratch}/warm", False, **path)
+        demo = run("custatevec.qubit", f"{scratch}/demo", False, demo_only=True, **path)
+        columns[fresh]["steps"] += demo["steps"][2:]
+        for name in (fresh, warm):
+            if not columns[name]["module"].startswith(str(site)):
+                raise RuntimeError(f"{name} imported {columns[name]['module']}, not the install")
     with tempfile.TemporaryDirectory() as cache:
-        columns["custatevec.qubit, fresh install"] = run("custatevec.qubit", cache, args.kernels)
-        columns["custatevec.qubit, warm cache"] = run("custatevec.qubit", cache, False)
+        locator = {"NUMBA_CACHE_LOCATOR_CLASSES": "UserProvidedCacheLocator"}
+        columns[at_call] = run("custatevec.qubit", f"{cache}/all", args.kernels, **locator)
+        demo = run("custatevec.qubit", f"{cache}/demo", False, demo_only=True, **locator)
+        columns[at_call]["steps"] += demo["steps"][2:]
     for peer in args.peers:
         with tempfile.TemporaryDirectory() as cache:
             try:
@@ -183,14 +240,16 @@ def main(argv: list[str] | None = None) -> None:
                 "method differentiates expectation values only)."
             )
     if args.kernels:
-        kernels = columns["custatevec.qubit, fresh install"]["kernels"]
-        print(
-            f"\nnumba compilations (top level), fresh install: {len(kernels)}, "
-            f"{sum(k[3] for k in kernels):.1f} s"
-        )
-        print("\n| step | kernel | signature | seconds |\n|---|---|---|---|")
-        for step, name, signature, seconds in kernels:
-            print(f"| {step} | {name} | {signature[:80]} | {seconds:.2f} |")
+        for name in (fresh, at_call):
+            kernels = columns[name]["kernels"]
+            print(
+                f"\nnumba compilations (top level), {name}: {len(kernels)}, "
+                f"{sum(k[3] for k in kernels):.1f} s"
+            )
+            if kernels:
+                print("\n| step | kernel | signature | seconds |\n|---|---|---|---|")
+            for step, kernel, signature, seconds in kernels:
+                print(f"| {step} | {kernel} | {signature[:80]} | {seconds:.2f} |")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,12 @@ fi
 echo "==> installing pennylane-custatevec (editable) with extras test,bench,docs,mpi"
 "$VPY" -m pip install -e ".[test,bench,docs,mpi]"
 
+# The CPU kernels compiled now rather than at the first circuits' calls (about 30 s there);
+# see pennylane_custatevec/backends/kernel_build.py. A failure is reported, not fatal: the
+# kernels it could not compile compile at their first call.
+echo "==> compiling the CPU kernels ahead (backends/kernel_build.py)"
+"$VPY" -m pennylane_custatevec.backends.kernel_build || echo "setup_env.sh: some kernels compile at their first call" >&2
+
 # The real library without a GPU: tests/backends/test_custatevec_double.py checks the backend's calls
 # against its bindings, and that its create() fails the way the backend's fallback expects.
 # --no-deps: the cuquantum-python wheel asks for cuQuantum's other libraries (not needed to

@@ -42,6 +42,21 @@ def pytest_configure(config):
     )
 
 
+RECORD_KERNELS = os.environ.get("CUSTATEVEC_RECORD_KERNELS", "")
+"""A directory (set by scripts/record_kernel_signatures.sh): each test process writes there
+the CPU kernel signatures it compiled, for backends/kernel_signatures.txt."""
+
+
+def pytest_sessionfinish(session):
+    if RECORD_KERNELS:
+        from pennylane_custatevec.backends import kernel_build
+
+        signatures = kernel_build.compiled_signatures(kernel_build.kernels_module())
+        path = os.path.join(RECORD_KERNELS, f"{os.getpid()}.txt")
+        with open(path, "w") as file:
+            file.writelines(signature.line() + "\n" for signature in signatures)
+
+
 def pytest_sessionstart(session):
     if TEST_BACKEND == "custatevec" and AUTO_BACKEND != "custatevec":
         pytest.exit(

@@ -22,6 +22,11 @@ from collections.abc import Callable
 import numba
 import numpy as np
 
+from . import kernel_cache
+
+# before the first decoration: numba picks a function's cache directory when it is decorated
+kernel_cache.register()
+
 _FASTMATH = {"reassoc", "contract"}
 """LLVM may reassociate floating-point sums (so that it vectorises the kernels' reductions)
 and fuse multiplies and adds; NaN and infinity keep their IEEE meaning (no "nnan" or
@@ -50,8 +55,9 @@ class Kernel:
 
     @classmethod
     def compile(cls, source: types.FunctionType) -> "Kernel":
-        """Both compilations of ``source`` (lazily, at the first call of each). The serial one
-        is compiled from a renamed copy, so that numba's on-disk cache (keyed by qualified
+        """Both compilations of ``source`` (lazily, at the first call of each, unless
+        ``kernel_build`` cached them when the package was installed). The serial one is
+        compiled from a renamed copy, so that numba's on-disk cache (keyed by qualified
         name) keeps the two apart."""
         serial = types.FunctionType(
             source.__code__, source.__globals__, source.__name__ + "_serial"
