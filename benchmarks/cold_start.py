@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,7 +47,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 CHILD = r"""
 import json, sys, time
 device_name, record_kernels, mixed_method = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
-demo_only = sys.argv[4] == "demo"
+demo_only, demos = sys.argv[4] == "demo", sys.argv[5]
 steps, kernels, current = [], [], ["import pennylane + torch"]
 start = time.perf_counter()
 if record_kernels:
@@ -113,7 +114,7 @@ for call in () if demo_only else (1, 2, 3):
 for call in () if demo_only else (1, 2):
     step(f"Hadamard, CRX, IsingXX, PhaseShift, Toffoli, probs, backward: call {call}", mixed_call)
 if device_name == "custatevec.qubit":
-    sys.path.insert(0, "demos")
+    sys.path.insert(0, demos)
     import torchlayer_classifier as demo
 
     model = demo.build_model(4, 3)
@@ -143,6 +144,7 @@ adjoint differentiates expectation values only); else ``"adjoint"``."""
 def run(
     device_name: str, cache: str, record_kernels: bool, demo_only: bool = False, **environment: str
 ) -> dict:
+    os.makedirs(cache, exist_ok=True)
     env = {**os.environ, "NUMBA_CACHE_DIR": cache, "PYTHONWARNINGS": "ignore", **environment}
     method = MIXED_METHOD.get(device_name, "adjoint")
     done = subprocess.run(
@@ -154,8 +156,9 @@ def run(
             "1" if record_kernels else "0",
             method,
             "demo" if demo_only else "all",
+            str(ROOT / "demos"),
         ],
-        cwd=ROOT,
+        cwd=cache,  # not the checkout: python -c puts the working directory first on the path
         env=env,
         capture_output=True,
         text=True,
@@ -175,6 +178,7 @@ def run(
 def install(target: pathlib.Path) -> float:
     """``pip install --no-deps --target target`` of this checkout (the package build
     compiles the CPU kernels); its seconds."""
+    shutil.rmtree(ROOT / "build", ignore_errors=True)  # setuptools would reuse its last build
     start = time.perf_counter()
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), "."],
