@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 import numba
 import numpy as np
+import scipy.linalg
 
 # The kernels by name, so that a misspelt one fails at import; several share the name of
 # the method that calls them.
@@ -427,6 +428,12 @@ class CPUBackend(Backend):
 
     def braket(self, bra, kets) -> np.ndarray:
         return self.inner_pauli(bra, kets, "", ())  # the empty word: the inner product
+
+    def gram(self, bras, kets) -> np.ndarray:
+        """One BLAS product G = bras^* kets^T (``gemm`` with the bras conjugate-transposed
+        in the call: no copy of either batch)."""
+        gemm = scipy.linalg.blas.get_blas_funcs("gemm", (bras, kets))
+        return gemm(1.0, bras.T, kets.T, trans_a=2).astype(np.complex128, copy=False)
 
     def inner_pauli(self, bra, ket, paulis, targets) -> np.ndarray:
         x_mask, z_mask, i_power = pauli_masks_of(paulis, targets)

@@ -1,0 +1,382 @@
+r"""The Fubini-Study metric tensor of a circuit's trainable gate parameters, on the
+device (Jones, arXiv:2011.02991; the adjoint method's generators and steps).
+
+For :math:`|\psi\rangle = U_N \cdots U_1 |\psi_0\rangle` with trainable gates
+:math:`U_k = e^{i\theta_k G_k}` (PennyLane's generator convention, the adjoint sweep's),
+:math:`a_k = U_k \cdots U_1 |\psi_0\rangle` the state after gate :math:`k` and
+:math:`x_k = i G_k a_k`,
+
+.. math::
+
+    |\partial_k\psi\rangle = U_N \cdots U_{k+1}\, x_k, \qquad
+    g_{ij} = \mathrm{Re}\langle\partial_i\psi|\partial_j\psi\rangle
+        - \mathrm{Re}\,\langle\partial_i\psi|\psi\rangle\langle\psi|\partial_j\psi\rangle .
+
+The gates after both :math:`i` and :math:`j` cancel in an inner product, so a derivative
+vector :math:`x_k`, made at gate :math:`k` and carried forward through the gates after
+it beside :math:`\psi`, meets :math:`\psi` and any other carried vector at any later
+point: the metric is the Gram matrix of :math:`\psi` and the carried vectors,
+:math:`\langle\psi|\partial_j\psi\rangle = i\langle G_j\rangle` its first row.
+
+``full_metric`` carries them in one batch of state vectors (slot 0 the state, then the
+derivative vectors), each gate applied to the whole batch in one backend call. Where
+the derivative vectors of all :math:`p` trainable gates do not fit, they go in blocks of
+:math:`B`: pass :math:`b` simulates the circuit from the start, carries block
+:math:`b`'s vectors and, for the gates after the block, a second block of :math:`B`
+"column" vectors, whose products with the first are taken whenever it is full (then it is
+refilled): :math:`\lceil p/B \rceil` passes on at most :math:`2B + 1` vectors.
+
+Two accumulation modes, the device's ``grad_accumulation``:
+
+* ``deferred``: the products are Gram matrices (``Backend.gram``: one matrix product,
+  rank-local under MPI), left in the backend's memory; one ``gather`` brings them all
+  to the host at the end (one transfer, one sum over ranks);
+* ``eager``: at each trainable gate its new vector's products with the state and the
+  block's vectors (``braket``) reach the host at once; the column vectors are not kept.
+
+Both pass the same vectors through the same gates and agree to round-off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import measure, simulate
+from ..backends.base import Backend
+from ..backends.primitives import StateBatch
+from ..instructions import apply_instruction
+from ..queuing import generator_of
+from .differentiated import DifferentiatedTape
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricPlan:
+    """How ``full_metric`` computes a metric: the trainable steps in circuit order, the
+    block size, the mode."""
+
+    trainable: tuple[int, ...]
+    """The steps with a trainable parameter, in circuit order."""
+    block: int
+    """B, the derivative vectors carried per pass (all of them: one pass)."""
+    deferred: bool
+
+    @property
+    def passes(self) -> int:
+        return -(-len(self.trainable) // self.block)
+
+    def vectors(self) -> int:
+        """The state vectors of one pass's batch: the state, a block and, in the deferred
+        mode with several passes, a block of column vectors."""
+        return work_vectors(len(self.trainable), self.block, self.deferred)
+
+
+def work_vectors(trainable: int, block: int, deferred: bool) -> int:
+    """The batch of a pass (``MetricPlan.vectors``) for ``trainable`` gates in blocks of
+    ``block``."""
+    columns = block if deferred and block < trainable else 0
+    return 1 + block + columns
+
+
+def metric_vectors(backend: Backend, trainable: int, block: int, deferred: bool) -> int:
+    """Every state vector a pass holds at once: its batch, the vector a generator is
+    applied into, and the backend's temporaries of a Gram product (deferred) or of an
+    inner product with a copied ket (eager)."""
+    held = work_vectors(trainable, block, deferred)
+    if deferred:
+        return held + 1 + backend.scratch_vectors(block + 1, block + 1, True)
+    return held + 2 + backend.scratch_vectors(1, block + 1, False)
+
+
+def plan_metric(
+    backend: Backend, circuit: DifferentiatedTape, deferred: bool, block: int | None = None
+) -> MetricPlan:
+    """The plan of ``circuit``'s metric: one pass where every derivative vector fits in
+    free memory, else the largest block that fits; refused (``simulate.RunTooLargeError``,
+    before anything is allocated) where not even a block of one fits. ``block`` forces a
+    block size (tests)."""
+    trainable = tuple(sorted(circuit.columns))
+    p = len(trainable)
+    if block is not None:
+        return MetricPlan(trainable, max(1, min(block, p)), deferred)
+    n = circuit.register.num_qubits
+    vector = simulate.state_bytes(backend, n, 1)
+    if p == 0 or simulate.fits(backend, vector * metric_vectors(backend, p, p, deferred)):
+        return MetricPlan(trainable, max(p, 1), deferred)
+    smallest = vector * metric_vectors(backend, p, 1, deferred)
+    simulate.require_total(
+        backend,
+        smallest,
+        f"the metric tensor of a circuit on {n} qubits ({p:,} trainable gates, in blocks "
+        f"of one derivative vector: {metric_vectors(backend, p, 1, deferred)} state vectors)",
+        simulate.single_precision(backend, smallest // 2),
+    )
+    available = backend.available_bytes()
+    fitting = 1
+    while fitting < p and vector * metric_vectors(backend, p, fitting + 1, deferred) <= available:
+        fitting += 1
+    return MetricPlan(trainable, fitting, deferred)
+
+
+@dataclasses.dataclass
+class _Products:
+    """The products gathered so far: M[i, j] = <d_i psi|d_j psi> and T[j] = <psi|d_j psi>
+    by column, and the pending (deferred) Gram matrices with the columns of their rows
+    and columns (a row -1: the state)."""
+
+    inner: np.ndarray
+    overlaps: np.ndarray
+    pending: list = dataclasses.field(default_factory=list)
+    places: list = dataclasses.field(default_factory=list)
+
+    def defer(self, reduction, rows: Sequence[int], columns: Sequence[int]) -> None:
+        self.pending.append(reduction)
+        self.places.append((tuple(rows), tuple(columns)))
+
+    def store(self, values: np.ndarray, rows: Sequence[int], columns: Sequence[int]) -> None:
+        """``values[r, c]``, the product of row ``rows[r]`` with column ``columns[c]``,
+        in place (and its conjugate at the transposed place)."""
+        rows, columns = np.asarray(rows, dtype=np.int64), np.asarray(columns, dtype=np.int64)
+        state = rows < 0
+        if state.any():
+            self.overlaps[columns] = values[np.flatnonzero(state)[0]]
+        gates = rows[~state]
+        if gates.size:
+            self.inner[np.ix_(gates, columns)] = values[~state]
+            self.inner[np.ix_(columns, gates)] = np.conj(values[~state]).T
+
+    def settle(self, backend: Backend) -> None:
+        """The pending Gram matrices, in one transfer (``gather``), stored."""
+        for values, (rows, columns) in zip(backend.gather(self.pending), self.places, strict=True):
+            self.store(np.asarray(values), rows, columns)
+        self.pending, self.places = [], []
+
+    def metric(self) -> np.ndarray:
+        """g = Re M - Re conj(T) T^T."""
+        return np.real(self.inner) - np.real(np.outer(np.conj(self.overlaps), self.overlaps))
+
+
+def full_metric(backend: Backend, circuit: DifferentiatedTape, plan: MetricPlan) -> np.ndarray:
+    """The metric tensor of ``circuit``'s trainable gate parameters, float64 (p, p) by
+    column (module docstring)."""
+    p = circuit.n_columns
+    products = _Products(np.zeros((p, p), dtype=np.complex128), np.zeros(p, dtype=np.complex128))
+    context = _Context(backend, circuit, plan, products)
+    for start in range(0, len(plan.trainable), plan.block):
+        (_deferred_pass if plan.deferred else _eager_pass)(context, start)
+    products.settle(backend)
+    return products.metric()
+
+
+def _fresh_batch(backend: Backend, circuit: DifferentiatedTape, size: int) -> StateBatch:
+    """A batch of ``size`` vectors, vector 0 the register's initial state."""
+    register = circuit.register
+    batch = backend.zero_state(register.num_qubits, size)
+    if register.initial_state is not None:
+        first = backend.vectors(batch, 0, 1)
+        backend.scale(first, np.zeros(1))
+        backend.add_scaled(first, backend.from_host(register.initial_state), np.ones(1))
+    return batch
+
+
+def _apply_step(backend: Backend, circuit: DifferentiatedTape, index: int, state) -> None:
+    for instruction in circuit.steps[index].instructions:
+        apply_instruction(backend, state, instruction)
+
+
+def _derivative(backend: Backend, circuit: DifferentiatedTape, index: int, psi) -> StateBatch:
+    """A new batch i G psi, G the generator of step ``index``."""
+    operation = circuit.steps[index].operation
+    moved = measure.applied_observable(backend, psi, circuit.register, generator_of(operation))
+    backend.scale(moved, np.full(1, 1j))
+    return moved
+
+
+def _derivative_into(
+    backend: Backend, circuit: DifferentiatedTape, index: int, batch, slot: int
+) -> None:
+    """Vector ``slot`` of ``batch`` <- i G psi, psi its vector 0."""
+    target = backend.vectors(batch, slot, slot + 1)
+    backend.scale(target, np.zeros(1))
+    derivative = _derivative(backend, circuit, index, backend.vectors(batch, 0, 1))
+    backend.add_scaled(target, derivative, np.ones(1))
+
+
+class _Context(NamedTuple):
+    """What every pass of one metric reads and fills."""
+
+    backend: Backend
+    circuit: DifferentiatedTape
+    plan: MetricPlan
+    products: _Products
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pass:
+    """One pass: the trainable steps of its block and those after it, and its last step
+    (the passes stop there: the gates after it cancel in every product)."""
+
+    block: tuple[int, ...]
+    later: frozenset[int]
+    last: int
+
+    @classmethod
+    def of(cls, plan: MetricPlan, start: int) -> _Pass:
+        block = plan.trainable[start : start + plan.block]
+        later = plan.trainable[start + plan.block :]
+        return cls(block, frozenset(later), later[-1] if later else block[-1])
+
+
+def _deferred_pass(context: _Context, start: int) -> None:
+    """Pass of the block that starts at trainable gate ``start``: its Gram matrices are
+    left pending (``products.defer``)."""
+    backend, circuit, plan, products = context
+    this = _Pass.of(plan, start)
+    block, members = this.block, set(this.block)
+    held_columns = [circuit.columns[index] for index in block]
+    column_room = plan.block if this.later else 0
+    batch = _fresh_batch(backend, circuit, 1 + len(block) + column_room)
+    held, pending_columns = 0, []
+    first_column_slot = 1 + len(block)
+    for index in range(this.last + 1):
+        used = 1 + held + len(pending_columns)
+        _apply_step(backend, circuit, index, backend.vectors(batch, 0, used))
+        if index in members:
+            held += 1
+            _derivative_into(backend, circuit, index, batch, held)
+            if held == len(block):  # the state and the block, against the block
+                whole = backend.vectors(batch, 0, 1 + held)
+                products.defer(
+                    backend.gram(whole, backend.vectors(batch, 1, 1 + held)),
+                    [-1, *held_columns],
+                    held_columns,
+                )
+        elif index in this.later:
+            _derivative_into(
+                backend, circuit, index, batch, first_column_slot + len(pending_columns)
+            )
+            pending_columns.append(circuit.columns[index])
+            if len(pending_columns) == column_room or index == this.last:
+                stop = first_column_slot + len(pending_columns)
+                products.defer(
+                    backend.gram(
+                        backend.vectors(batch, 1, first_column_slot),
+                        backend.vectors(batch, first_column_slot, stop),
+                    ),
+                    held_columns,
+                    pending_columns,
+                )
+                pending_columns = []
+
+
+def _eager_pass(context: _Context, start: int) -> None:
+    """Pass of the block that starts at trainable gate ``start``, its products taken to
+    the host gate by gate."""
+    backend, circuit, _, products = context
+    this = _Pass.of(context.plan, start)
+    members = set(this.block)
+    held_columns: list[int] = []
+    batch = _fresh_batch(backend, circuit, 1 + len(this.block))
+    for index in range(this.last + 1):
+        held = len(held_columns)
+        _apply_step(backend, circuit, index, backend.vectors(batch, 0, 1 + held))
+        column = circuit.columns.get(index)
+        if index in members:
+            _derivative_into(backend, circuit, index, batch, 1 + held)
+            held_columns.append(column)
+            bras = backend.vectors(batch, 0, 2 + held)
+            kets = backend.copy(backend.vectors(batch, 1 + held, 2 + held))
+            values = backend.braket(bras, kets)
+            products.store(values[:, None], [-1, *held_columns], [column])
+        elif index in this.later:
+            kets = _derivative(backend, circuit, index, backend.vectors(batch, 0, 1))
+            values = backend.braket(backend.vectors(batch, 1, 1 + held), kets)
+            products.store(values[:, None], held_columns, [column])
+
+
+def layer_state_steps(circuit: DifferentiatedTape, layer_steps: Sequence[int]) -> np.ndarray:
+    """Which steps make the state a parametrized layer sees (bool, one per step): every
+    step but the layer's and their descendants (a step on a wire that one of them, or a
+    descendant, acted on before). The reduced state on the layer's wires is that of
+    PennyLane's block-diagonal metric (its ancestors of the layer): a step that is no
+    ancestor and no descendant acts on other wires."""
+    members = set(layer_steps)
+    register = circuit.register
+    tainted: set[int] = set()
+    kept = np.zeros(len(circuit.steps), dtype=bool)
+    for index, step in enumerate(circuit.steps):
+        bits = set(register.bits(step.operation.wires))
+        if index in members or bits & tainted:
+            tainted |= bits
+        else:
+            kept[index] = True
+    return kept
+
+
+def block_diagonal_metric(
+    backend: Backend,
+    circuit: DifferentiatedTape,
+    layers: Sequence[Sequence[int]],
+    diagonal: bool,
+    deferred: bool,
+) -> np.ndarray:
+    """The block-diagonal (or, with ``diagonal``, diagonal) approximation of the metric:
+    per parametrized layer (``layers``: each a list of columns), the covariance of its
+    generators on the state before it,
+
+        g_ij = Re <G_i G_j> - <G_i><G_j>,
+
+    from the Gram matrices of psi and the G_i psi (one batch per layer). The state moves
+    from layer to layer by the steps it lacks (``layer_state_steps``; simulated again
+    from the start where a layer's state lacks a step the previous one had). Deferred:
+    one transfer at the end; eager: one per layer."""
+    step_of = {column: index for index, column in circuit.columns.items()}
+    p = circuit.n_columns
+    products = _Products(np.zeros((p, p), dtype=np.complex128), np.zeros(p, dtype=np.complex128))
+    register = circuit.register
+    widest = max((len(layer) for layer in layers), default=0)
+    vector = simulate.state_bytes(backend, register.num_qubits, 1)
+    vectors = 2 + widest + backend.scratch_vectors(widest, widest, True)
+    simulate.require_total(
+        backend,
+        vector * vectors,
+        f"the block-diagonal metric tensor of a circuit on {register.num_qubits} qubits "
+        f"({vectors} state vectors: the state, a layer's {widest} generators applied, "
+        "temporaries)",
+        simulate.single_precision(backend, vector * vectors // 2),
+    )
+    psi = None
+    applied = np.zeros(len(circuit.steps), dtype=bool)
+    for layer in layers:
+        columns = list(layer)
+        needed = layer_state_steps(circuit, [step_of[c] for c in columns])
+        if psi is None or bool((applied & ~needed).any()):
+            psi = _fresh_batch(backend, circuit, 1)
+            applied[:] = False
+        for index in np.flatnonzero(needed & ~applied):
+            _apply_step(backend, circuit, int(index), psi)
+        applied = needed
+        moved = backend.zero_state(register.num_qubits, len(columns))
+        for k, column in enumerate(columns):
+            target = backend.vectors(moved, k, k + 1)
+            backend.scale(target, np.zeros(1))
+            operation = circuit.steps[step_of[column]].operation
+            generator = generator_of(operation)
+            backend.add_scaled(
+                target, measure.applied_observable(backend, psi, register, generator), np.ones(1)
+            )
+        products.defer(backend.gram(psi, moved), [-1], columns)
+        products.defer(backend.gram(moved, moved), columns, columns)
+        if not deferred:
+            products.settle(backend)
+    products.settle(backend)
+    metric = products.metric()  # <G_i> real: T_i = <psi|G_i psi>
+    in_layer = np.zeros((p, p), dtype=bool)
+    for layer in layers:
+        in_layer[np.ix_(list(layer), list(layer))] = True
+    if diagonal:
+        in_layer &= np.eye(p, dtype=bool)
+    return np.where(in_layer, metric, 0.0)
