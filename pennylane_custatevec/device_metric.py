@@ -14,6 +14,7 @@ metric).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -27,7 +28,7 @@ from pennylane.wires import Wires
 from .backends.base import Backend
 from .entrywise import EntrywiseState, EntrywiseUnitary
 from .gradients.differentiated import DifferentiatedTape
-from .gradients.metric import block_diagonal_metric, full_metric, plan_metric
+from .gradients.metric import block_diagonal_metric, full_metric, layer_mask, plan_metric
 from .queuing import without_queuing
 from .settings import DifferentiationOptions
 
@@ -78,43 +79,75 @@ def refusal_reason(tape: QuantumScript) -> str | None:
     return None
 
 
-def _tagged(tape: QuantumScript) -> tuple[QuantumScript, np.ndarray]:
-    """The tape's operations with numpy parameters, its trainable ones as autograd tensors
-    that require gradients (so that the trainable ones are known after the device's
-    preprocessing by the same rule as PennyLane's workflow), measuring the state; and the
-    trainable values in order."""
+def _trainable_values(tape: QuantumScript) -> np.ndarray:
+    """The tape's trainable parameters' values, flattened in order (float64)."""
+    parameters = tape.get_parameters(trainable_only=False)
+    values = [np.ravel(np.asarray(qml.math.unwrap(parameters[i]))) for i in tape.trainable_params]
+    return np.concatenate(values).astype(np.float64) if values else np.zeros(0)
+
+
+def _tagged(tape: QuantumScript, flat) -> QuantumScript:
+    """The tape's operations measuring the state, its constant parameters as numpy
+    values and its trainable ones read from ``flat`` (their values in order, an autograd
+    tensor that requires gradients, or traced), so that the device's preprocessing tells
+    them by PennyLane's workflow's rule (``get_trainable_indices``)."""
     parameters = tape.get_parameters(trainable_only=False)
     trainable = set(tape.trainable_params)
-    values = []
     new = []
+    at = 0
     for index, value in enumerate(parameters):
         plain = np.asarray(qml.math.unwrap(value))
         if index in trainable:
-            values.append(plain)
-            new.append(pnp.tensor(plain, requires_grad=True))
+            new.append(qml.math.reshape(flat[at : at + plain.size], plain.shape))
+            at += plain.size
         else:
             new.append(plain)
     with without_queuing():
         bound = tape.bind_new_parameters(new, list(range(len(parameters))))
         script = QuantumScript(bound.operations, [qml.state()])
-    script.trainable_params = qml.math.get_trainable_indices(new[: script.num_params])
-    flat = np.concatenate([np.ravel(v) for v in values]) if values else np.zeros(0)
-    return script, flat.astype(np.float64) if np.isrealobj(flat) else flat
+    script.trainable_params = sorted(i for i in trainable if i < script.num_params)
+    return script
 
 
-def _device_circuit(
-    tape: QuantumScript, preprocess: Callable, wires: Wires | None
-) -> DifferentiatedTape:
-    """The tape through the device's preprocessing, compiled, its gradient columns checked
-    against the tape's trainable parameters one for one."""
-    script, expected = _tagged(tape)
-    tapes, _ = preprocess((script,))
+def _preprocessed(tape: QuantumScript, preprocess: Callable, flat) -> QuantumScript:
+    """``_tagged`` through the device's preprocessing: its one tape."""
+    tapes, _ = preprocess((_tagged(tape, flat),))
     if len(tapes) != 1:
         _refuse(
             f"the device's preprocessing splits the circuit into {len(tapes)} circuits "
             "(a broadcast or a split measurement)"
         )
-    (device_tape,) = tapes
+    return tapes[0]
+
+
+def _column_values(device_tape: QuantumScript, origins: Sequence) -> list:
+    """The value each gradient column reads (``origins``: its step's origin, by column)."""
+    values = []
+    for origin in origins:
+        value = device_tape.operations[origin.operation].data[origin.parameter]
+        values.append(qml.math.reshape(value, (-1,))[origin.element])
+    return values
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceCircuit:
+    """A tape as the device differentiates it, and how its gradient columns (one gate
+    angle each) depend on the tape's trainable parameters."""
+
+    circuit: DifferentiatedTape
+    jacobian: np.ndarray | None
+    """J[k, j] = d(column k)/d(parameter j), float64; None where each column is one
+    parameter, as it is (the identity: the device's preprocessing kept every trainable
+    gate)."""
+
+
+def device_circuit(tape: QuantumScript, preprocess: Callable, wires: Wires | None) -> DeviceCircuit:
+    """The tape through the device's preprocessing, compiled; where its columns are not
+    the tape's trainable parameters one for one (a decomposition shares, rescales or
+    combines them: FermionicSWAP, a power of a rotation), their Jacobian, by autograd
+    through the same preprocessing."""
+    expected = _trainable_values(tape)
+    device_tape = _preprocessed(tape, preprocess, pnp.tensor(expected, requires_grad=True))
     parameters = device_tape.get_parameters(trainable_only=False)
     device_tape.trainable_params = qml.math.get_trainable_indices(parameters)
     for index in device_tape.trainable_params:
@@ -126,31 +159,22 @@ def _device_circuit(
                 "phase shifts, ...)"
             )
     circuit = DifferentiatedTape(device_tape, wires)
-    columns = sorted(circuit.columns.items(), key=lambda item: item[1])
-    found = np.array(
-        [
-            np.ravel(qml.math.unwrap(_step_parameter(device_tape, circuit.steps[index])))[0]
-            for index, _ in columns
-        ]
-    )
-    if (
-        circuit.n_columns != expected.size
-        or len(columns) != expected.size
-        or [c for _, c in columns] != list(range(expected.size))
-        or not np.array_equal(found, expected)
-    ):
-        _refuse(
-            "the device's preprocessing does not keep each trainable parameter as one "
-            "gate's angle (a decomposition combines or rescales them); use "
-            "qml.adjoint_metric_tensor on default.qubit for this circuit"
-        )
-    return circuit
+    by_column = sorted(circuit.columns.items(), key=lambda item: item[1])
+    if [c for _, c in by_column] != list(range(circuit.n_columns)):
+        _refuse("a trainable operation of the circuit has no one gradient column per value")
+    origins = [circuit.steps[index].origin for index, _ in by_column]
+    found = np.array([np.asarray(qml.math.unwrap(v)) for v in _column_values(device_tape, origins)])
+    if found.size == expected.size and np.array_equal(found, expected):
+        return DeviceCircuit(circuit, None)
 
+    def column_values(flat):
+        traced = _preprocessed(tape, preprocess, flat)
+        if len(traced.operations) != len(device_tape.operations):
+            raise RuntimeError("the device's preprocessing is not deterministic")
+        return qml.math.stack(_column_values(traced, origins))
 
-def _step_parameter(tape: QuantumScript, step):
-    origin = step.origin
-    value = tape.operations[origin.operation].data[origin.parameter]
-    return np.ravel(np.asarray(qml.math.unwrap(value)))[origin.element]
+    jacobian = qml.jacobian(column_values)(pnp.tensor(expected, requires_grad=True))
+    return DeviceCircuit(circuit, np.asarray(jacobian, dtype=np.float64).reshape(-1, expected.size))
 
 
 def metric_tensor(
@@ -175,11 +199,19 @@ def metric_tensor(
         _refuse(reason)
     if not tape.trainable_params:
         return np.zeros((0, 0))
-    circuit = _device_circuit(tape, preprocess, wires)
+    found = device_circuit(tape, preprocess, wires)
+    circuit, jacobian = found.circuit, found.jacobian
     deferred = in_force.grad_accumulation == "deferred"
+    if approx is not None and jacobian is None:
+        return block_diagonal_metric(backend, circuit, layers, approx == "diag", deferred)
+    metric = full_metric(backend, circuit, plan_metric(backend, circuit, deferred))
+    if jacobian is not None:  # the tape's parameters' metric, J^T g J
+        metric = jacobian.T @ metric @ jacobian
     if approx is None:
-        return full_metric(backend, circuit, plan_metric(backend, circuit, deferred))
-    return block_diagonal_metric(backend, circuit, layers, approx == "diag", deferred)
+        return metric
+    # the device's gates are not the tape's: the exact blocks of the full metric (what
+    # the covariances give where they are)
+    return np.where(layer_mask(metric.shape[0], layers, approx == "diag"), metric, 0.0)
 
 
 def parametrized_layers(tape: QuantumScript) -> list[list[int]]:

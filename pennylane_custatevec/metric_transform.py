@@ -25,7 +25,7 @@ from pennylane.transforms import decompose
 from pennylane.transforms.core import transform
 
 from .device import CuStateVecDevice
-from .device_metric import APPROXIMATIONS, parametrized_layers
+from .device_metric import APPROXIMATIONS, MetricTensorError, parametrized_layers
 
 
 def _one_generator_term(op) -> bool:
@@ -40,7 +40,20 @@ def _one_generator_term(op) -> bool:
 def _expand(tape: QuantumScript, approx=None, device=None):
     """PennyLane's expansion for the metric tensor (``qml.metric_tensor``'s): every
     multi-parameter gate into gates of one parameter (Rot into RZ RY RZ, ...), the
-    trainable parameters taken again from the new tape."""
+    trainable parameters taken again from the new tape. A complex trainable parameter (a
+    matrix, a state) is refused first: the metric is one of real parameters."""
+    parameters = tape.get_parameters(trainable_only=False)
+    for index in tape.trainable_params:
+        if qml.math.is_abstract(parameters[index]):
+            continue
+        if np.iscomplexobj(qml.math.unwrap(parameters[index])):
+            op = tape.par_info[index]["op"]
+            raise MetricTensorError(
+                "custatevec.qubit cannot compute this metric tensor: the trainable "
+                f"parameter of {op.name} is complex (a matrix or a state), which has no "
+                "generator; the metric tensor is one of real gate parameters (rotations, "
+                "phase shifts, ...): parametrize the gate by its angles."
+            )
     [new_tape], postprocessing = decompose(
         tape, gate_set=gate_sets.ROTATIONS_PLUS_CNOT, stopping_condition=_one_generator_term
     )

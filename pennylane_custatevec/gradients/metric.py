@@ -374,9 +374,15 @@ def block_diagonal_metric(
             products.settle(backend)
     products.settle(backend)
     metric = products.metric()  # <G_i> real: T_i = <psi|G_i psi>
+    return np.where(layer_mask(p, layers, diagonal), metric, 0.0)
+
+
+def layer_mask(p: int, layers: Sequence[Sequence[int]], diagonal: bool) -> np.ndarray:
+    """Where a block-diagonal (or diagonal) metric of ``p`` columns may be nonzero: the
+    blocks of the ``layers`` (their diagonals)."""
     in_layer = np.zeros((p, p), dtype=bool)
     for layer in layers:
         in_layer[np.ix_(list(layer), list(layer))] = True
     if diagonal:
         in_layer &= np.eye(p, dtype=bool)
-    return np.where(in_layer, metric, 0.0)
+    return in_layer
