@@ -83,7 +83,12 @@ def _trainable_values(tape: QuantumScript) -> np.ndarray:
     """The tape's trainable parameters' values, flattened in order (float64)."""
     parameters = tape.get_parameters(trainable_only=False)
     values = [np.ravel(np.asarray(qml.math.unwrap(parameters[i]))) for i in tape.trainable_params]
-    return np.concatenate(values).astype(np.float64) if values else np.zeros(0)
+    flat = np.concatenate(values) if values else np.zeros(0)
+    if np.iscomplexobj(flat):  # a decomposition's complex dtype: real values only
+        if np.any(flat.imag != 0):
+            _refuse("a trainable gate parameter is complex; the metric is one of real ones")
+        flat = flat.real
+    return flat.astype(np.float64)
 
 
 def _tagged(tape: QuantumScript, flat) -> QuantumScript:
@@ -197,21 +202,51 @@ def metric_tensor(
     reason = refusal_reason(tape)
     if reason:
         _refuse(reason)
-    if not tape.trainable_params:
-        return np.zeros((0, 0))
+    p = len(tape.trainable_params)
+    phases = global_phase_positions(tape)
+    kept = [position for position in range(p) if position not in phases]
+    metric = np.zeros((p, p))
+    if not kept:
+        return metric
+    if phases:  # their rows are zero; the others' metric without them, as constants
+        tape = tape.copy()
+        tape.trainable_params = [tape.trainable_params[position] for position in kept]
+        renumbered = {position: k for k, position in enumerate(kept)}
+        layers = layers and [[renumbered[i] for i in layer if i in renumbered] for layer in layers]
+        layers = layers and [layer for layer in layers if layer]
     found = device_circuit(tape, preprocess, wires)
     circuit, jacobian = found.circuit, found.jacobian
     deferred = in_force.grad_accumulation == "deferred"
     if approx is not None and jacobian is None:
-        return block_diagonal_metric(backend, circuit, layers, approx == "diag", deferred)
-    metric = full_metric(backend, circuit, plan_metric(backend, circuit, deferred))
-    if jacobian is not None:  # the tape's parameters' metric, J^T g J
-        metric = jacobian.T @ metric @ jacobian
-    if approx is None:
-        return metric
-    # the device's gates are not the tape's: the exact blocks of the full metric (what
-    # the covariances give where they are)
-    return np.where(layer_mask(metric.shape[0], layers, approx == "diag"), metric, 0.0)
+        reduced = block_diagonal_metric(backend, circuit, layers, approx == "diag", deferred)
+    else:
+        reduced = full_metric(backend, circuit, plan_metric(backend, circuit, deferred))
+        if jacobian is not None:  # the tape's parameters' metric, J^T g J
+            reduced = jacobian.T @ reduced @ jacobian
+        if approx is not None:
+            # the device's gates are not the tape's: the exact blocks of the full metric
+            # (what the covariances give where they are)
+            mask = layer_mask(reduced.shape[0], layers, approx == "diag")
+            reduced = np.where(mask, reduced, 0.0)
+    metric[np.ix_(kept, kept)] = reduced
+    return metric
+
+
+def global_phase_positions(tape: QuantumScript) -> set[int]:
+    """The positions among ``tape``'s trainable parameters of global phases (a
+    ``GlobalPhase``, or an exponential of an identity: ``exp(c I)`` with a complex
+    ``c``, as decompositions of FermionicSWAP make them). Their rows and columns of the
+    metric are zero (a global phase's derivative is a multiple of the state:
+    Re<i k psi|d psi> = Re(<i k psi|psi><psi|d psi>)), and they are left out, as
+    constants, of the circuit the device differentiates."""
+    positions = set()
+    for position, index in enumerate(tape.trainable_params):
+        op = tape.par_info[index]["op"]
+        if isinstance(op, qml.GlobalPhase) or (
+            isinstance(op, qml.ops.Exp) and isinstance(op.base, qml.Identity)
+        ):
+            positions.add(position)
+    return positions
 
 
 def parametrized_layers(tape: QuantumScript) -> list[list[int]]:
