@@ -439,6 +439,12 @@ class Backend(BackendPrimitives):
             products[:, c] = self.braket(bras, self.copy(self.vectors(kets, c, c + 1)))
         return products
 
+    def gram_scratch_vectors(self, bras: int, kets: int) -> int:
+        """The most state vectors ``gram`` of ``bras`` bras and ``kets`` kets allocates as
+        temporaries (the default: a copy of one ket, and ``braket``'s), for the memory
+        checks of the metric tensor."""
+        return 1 + self.scratch_vectors(1, bras, False)
+
     def gather(self, arrays: Sequence[Any]) -> list[np.ndarray]:
         """The reductions of a sweep (backend arrays, or host arrays from the default
         steps) as numpy arrays, in one transfer."""

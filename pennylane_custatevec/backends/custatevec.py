@@ -363,6 +363,9 @@ class CuStateVecBackend(Backend):
         of the bras is its temporary)."""
         return self._cp.matmul(self._cp.conj(bras), kets.T).astype(np.complex128, copy=False)
 
+    def gram_scratch_vectors(self, bras: int, kets: int) -> int:
+        return bras  # the conjugated copy of the bras
+
     @_on_device
     def adjoint_block_step(self, phi, bras, matrices, targets):
         matrices = np.ascontiguousarray(matrices, dtype=np.complex128)

@@ -391,6 +391,9 @@ class DistributedBackend(RankLayouts):
         local = self.local.gram(bras.local, kets.local)
         return RankPartial(local) if bras.global_bits else local
 
+    def gram_scratch_vectors(self, bras: int, kets: int) -> int:
+        return self.local.gram_scratch_vectors(bras, kets)
+
     def probabilities(self, state, bits) -> np.ndarray:
         if not state.global_bits:
             return self.local.probabilities(state.local, bits)

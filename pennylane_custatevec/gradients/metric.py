@@ -87,7 +87,7 @@ def metric_vectors(backend: Backend, trainable: int, block: int, deferred: bool)
     inner product with a copied ket (eager)."""
     held = work_vectors(trainable, block, deferred)
     if deferred:
-        return held + 1 + backend.scratch_vectors(block + 1, block + 1, True)
+        return held + 1 + backend.gram_scratch_vectors(block + 1, block)
     return held + 2 + backend.scratch_vectors(1, block + 1, False)
 
 
@@ -339,7 +339,7 @@ def block_diagonal_metric(
     register = circuit.register
     widest = max((len(layer) for layer in layers), default=0)
     vector = simulate.state_bytes(backend, register.num_qubits, 1)
-    vectors = 2 + widest + backend.scratch_vectors(widest, widest, True)
+    vectors = 2 + widest + backend.gram_scratch_vectors(widest, widest)
     simulate.require_total(
         backend,
         vector * vectors,
