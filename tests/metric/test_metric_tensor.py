@@ -98,6 +98,26 @@ def test_pennylane_covariance_of_a_controlled_rotation_is_off():
     assert abs(pennylane[1, 1] - exact[1, 1]) > 1e-2
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("count", [1, 2, 3])
+def test_few_trainable_gates(count, mode):
+    """One, two and three trainable gates (the deferred pass's frame before the first
+    one, after the first, after the first of three), a constant gate after the last."""
+
+    def circuit(x):
+        qml.Hadamard(0)
+        for k in range(count):
+            qml.RY(x[k], wires=k % 2)
+            qml.CNOT([k % 2, 1 - k % 2])
+        qml.RX(0.4, wires=0)
+        return qml.expval(qml.Z(0))
+
+    x = pnp.array([0.3, -1.2, 0.8][:count], requires_grad=True)
+    reference = qml.QNode(circuit, qml.device("default.qubit", wires=2))
+    got = pc.metric_tensor(qml.QNode(circuit, device(2, mode=mode)))(x)
+    np.testing.assert_allclose(got, qml.adjoint_metric_tensor(reference)(x), atol=ATOL, rtol=0)
+
+
 # --- interfaces, several arguments, classical processing ----------------------------------
 
 
