@@ -259,14 +259,27 @@ def _derivative(backend: Backend, circuit: DifferentiatedTape, index: int, psi) 
     return moved
 
 
+def _generator_into(
+    backend: Backend, circuit: DifferentiatedTape, index: int, target, psi, weight: complex
+) -> None:
+    """``target`` (one vector) <- weight G psi, G the generator of step ``index``: a
+    Pauli sum added in place, any other generator applied to a temporary copy."""
+    generator = generator_of(circuit.steps[index].operation)
+    backend.scale(target, np.zeros(1))
+    sentence = generator.pauli_rep
+    if sentence is not None:
+        measure.add_pauli_sentence(backend, target, psi, circuit.register, sentence, weight)
+        return
+    moved = measure.applied_observable(backend, psi, circuit.register, generator)
+    backend.add_scaled(target, moved, np.full(1, weight))
+
+
 def _derivative_into(
     backend: Backend, circuit: DifferentiatedTape, index: int, batch, slot: int
 ) -> None:
     """Vector ``slot`` of ``batch`` <- i G psi, psi its vector 0."""
     target = backend.vectors(batch, slot, slot + 1)
-    backend.scale(target, np.zeros(1))
-    derivative = _derivative(backend, circuit, index, backend.vectors(batch, 0, 1))
-    backend.add_scaled(target, derivative, np.ones(1))
+    _generator_into(backend, circuit, index, target, backend.vectors(batch, 0, 1), 1j)
 
 
 class _Context(NamedTuple):
@@ -380,6 +393,20 @@ def layer_state_steps(circuit: DifferentiatedTape, layer_steps: Sequence[int]) -
     return kept
 
 
+def _move_state(
+    backend: Backend, circuit: DifferentiatedTape, psi, applied: np.ndarray, needed: np.ndarray
+) -> None:
+    """``psi``, the state of the steps ``applied``, becomes that of the steps ``needed``
+    (both closed under ancestors, as ``layer_state_steps`` gives them): the steps it has
+    and does not need undone, last first, then those it lacks applied, first first. A
+    step undone has every later applied step on its wires undone before it (those are its
+    descendants, not needed either); the others act on other wires and commute with it."""
+    for index in np.flatnonzero(applied & ~needed)[::-1]:
+        _undo_step(backend, circuit, int(index), psi)
+    for index in np.flatnonzero(needed & ~applied):
+        _apply_step(backend, circuit, int(index), psi)
+
+
 def block_diagonal_metric(
     backend: Backend,
     circuit: DifferentiatedTape,
@@ -394,9 +421,9 @@ def block_diagonal_metric(
         g_ij = Re <G_i G_j> - <G_i><G_j>,
 
     from the Gram matrices of psi and the G_i psi (one batch per layer). The state moves
-    from layer to layer by the steps it lacks (``layer_state_steps``; simulated again
-    from the start where a layer's state lacks a step the previous one had). Deferred:
-    one transfer at the end; eager: one per layer."""
+    from layer to layer by the steps it lacks and those it has too many
+    (``layer_state_steps``, ``_move_state``). Deferred: one transfer at the end; eager:
+    one per layer."""
     step_of = {column: index for index, column in circuit.columns.items()}
     p = circuit.n_columns
     products = _Products(np.zeros((p, p), dtype=np.complex128), np.zeros(p, dtype=np.complex128))
@@ -412,26 +439,17 @@ def block_diagonal_metric(
         "temporaries)",
         simulate.single_precision(backend, vector * vectors // 2),
     )
-    psi = None
+    psi = _fresh_batch(backend, circuit, 1)
     applied = np.zeros(len(circuit.steps), dtype=bool)
     for layer in layers:
         columns = list(layer)
         needed = layer_state_steps(circuit, [step_of[c] for c in columns])
-        if psi is None or bool((applied & ~needed).any()):
-            psi = _fresh_batch(backend, circuit, 1)
-            applied[:] = False
-        for index in np.flatnonzero(needed & ~applied):
-            _apply_step(backend, circuit, int(index), psi)
+        _move_state(backend, circuit, psi, applied, needed)
         applied = needed
         moved = backend.zero_state(register.num_qubits, len(columns))
         for k, column in enumerate(columns):
             target = backend.vectors(moved, k, k + 1)
-            backend.scale(target, np.zeros(1))
-            operation = circuit.steps[step_of[column]].operation
-            generator = generator_of(operation)
-            backend.add_scaled(
-                target, measure.applied_observable(backend, psi, register, generator), np.ones(1)
-            )
+            _generator_into(backend, circuit, step_of[column], target, psi, 1.0)
         products.defer(backend.gram(psi, moved), [-1], columns)
         products.defer(backend.gram(moved, moved), columns, columns)
         if not deferred:
