@@ -374,39 +374,6 @@ def _eager_pass(context: _Context, start: int) -> None:
             products.store(values[:, None], held_columns, [column])
 
 
-def layer_state_steps(circuit: DifferentiatedTape, layer_steps: Sequence[int]) -> np.ndarray:
-    """Which steps make the state a parametrized layer sees (bool, one per step): every
-    step but the layer's and their descendants (a step on a wire that one of them, or a
-    descendant, acted on before). The reduced state on the layer's wires is that of
-    PennyLane's block-diagonal metric (its ancestors of the layer): a step that is no
-    ancestor and no descendant acts on other wires."""
-    members = set(layer_steps)
-    register = circuit.register
-    tainted: set[int] = set()
-    kept = np.zeros(len(circuit.steps), dtype=bool)
-    for index, step in enumerate(circuit.steps):
-        bits = set(register.bits(step.operation.wires))
-        if index in members or bits & tainted:
-            tainted |= bits
-        else:
-            kept[index] = True
-    return kept
-
-
-def _move_state(
-    backend: Backend, circuit: DifferentiatedTape, psi, applied: np.ndarray, needed: np.ndarray
-) -> None:
-    """``psi``, the state of the steps ``applied``, becomes that of the steps ``needed``
-    (both closed under ancestors, as ``layer_state_steps`` gives them): the steps it has
-    and does not need undone, last first, then those it lacks applied, first first. A
-    step undone has every later applied step on its wires undone before it (those are its
-    descendants, not needed either); the others act on other wires and commute with it."""
-    for index in np.flatnonzero(applied & ~needed)[::-1]:
-        _undo_step(backend, circuit, int(index), psi)
-    for index in np.flatnonzero(needed & ~applied):
-        _apply_step(backend, circuit, int(index), psi)
-
-
 def block_diagonal_metric(
     backend: Backend,
     circuit: DifferentiatedTape,
@@ -414,49 +381,60 @@ def block_diagonal_metric(
     diagonal: bool,
     deferred: bool,
 ) -> np.ndarray:
-    """The block-diagonal (or, with ``diagonal``, diagonal) approximation of the metric:
-    per parametrized layer (``layers``: each a list of columns), the covariance of its
-    generators on the state before it,
-
-        g_ij = Re <G_i G_j> - <G_i><G_j>,
-
-    from the Gram matrices of psi and the G_i psi (one batch per layer). The state moves
-    from layer to layer by the steps it lacks and those it has too many
-    (``layer_state_steps``, ``_move_state``). Deferred: one transfer at the end; eager:
-    one per layer."""
+    """The block-diagonal (or, with ``diagonal``, diagonal) approximation of the metric
+    over the parametrized ``layers`` (each a list of columns): the exact blocks of the
+    full metric, which are PennyLane's covariances of the layer's generators on the state
+    before it, Re <G_i G_j> - <G_i><G_j>. PennyLane's layers are runs of consecutive
+    trainable gates, so one forward pass carries the derivative vectors of one layer at a
+    time, from its first gate to its last, where one Gram product of the state and them
+    gives the block; then they are dropped. About N + sum over layers of their spans
+    vector-gate applications, on 1 + (the widest layer) vectors. Layers that interleave
+    (not PennyLane's) take the blocks of ``full_metric``. Deferred: one transfer at the
+    end; eager: one per layer."""
     step_of = {column: index for index, column in circuit.columns.items()}
+    ordered = sorted(sorted(step_of[c] for c in layer) for layer in layers if len(layer))
     p = circuit.n_columns
-    products = _Products(np.zeros((p, p), dtype=np.complex128), np.zeros(p, dtype=np.complex128))
+    mask = layer_mask(p, layers, diagonal)
+    if any(ordered[k][-1] >= ordered[k + 1][0] for k in range(len(ordered) - 1)):
+        plan = plan_metric(backend, circuit, deferred)
+        return np.where(mask, full_metric(backend, circuit, plan), 0.0)
     register = circuit.register
-    widest = max((len(layer) for layer in layers), default=0)
+    widest = max((len(steps) for steps in ordered), default=0)
     vector = simulate.state_bytes(backend, register.num_qubits, 1)
-    vectors = 2 + widest + backend.gram_scratch_vectors(widest, widest)
+    vectors = 2 + widest + backend.gram_scratch_vectors(widest + 1, widest)
     simulate.require_total(
         backend,
         vector * vectors,
         f"the block-diagonal metric tensor of a circuit on {register.num_qubits} qubits "
-        f"({vectors} state vectors: the state, a layer's {widest} generators applied, "
+        f"({vectors} state vectors: the state, a layer's {widest} derivative vectors, "
         "temporaries)",
         simulate.single_precision(backend, vector * vectors // 2),
     )
-    psi = _fresh_batch(backend, circuit, 1)
-    applied = np.zeros(len(circuit.steps), dtype=bool)
-    for layer in layers:
-        columns = list(layer)
-        needed = layer_state_steps(circuit, [step_of[c] for c in columns])
-        _move_state(backend, circuit, psi, applied, needed)
-        applied = needed
-        moved = backend.zero_state(register.num_qubits, len(columns))
-        for k, column in enumerate(columns):
-            target = backend.vectors(moved, k, k + 1)
-            _generator_into(backend, circuit, step_of[column], target, psi, 1.0)
-        products.defer(backend.gram(psi, moved), [-1], columns)
-        products.defer(backend.gram(moved, moved), columns, columns)
+    products = _Products(np.zeros((p, p), dtype=np.complex128), np.zeros(p, dtype=np.complex128))
+    ends = {steps[-1]: steps for steps in ordered}
+    members = {step for steps in ordered for step in steps}
+    batch = _fresh_batch(backend, circuit, 1 + widest)
+    held = 0
+    for index in range(ordered[-1][-1] + 1 if ordered else 0):
+        _apply_step(backend, circuit, index, backend.vectors(batch, 0, 1 + held))
+        if index not in members:
+            continue
+        held += 1
+        _derivative_into(backend, circuit, index, batch, held)
+        steps = ends.get(index)
+        if steps is None:
+            continue
+        columns = [circuit.columns[step] for step in steps]
+        products.defer(
+            backend.gram(backend.vectors(batch, 0, 1 + held), backend.vectors(batch, 1, 1 + held)),
+            [-1, *columns],
+            columns,
+        )
+        held = 0
         if not deferred:
             products.settle(backend)
     products.settle(backend)
-    metric = products.metric()  # <G_i> real: T_i = <psi|G_i psi>
-    return np.where(layer_mask(p, layers, diagonal), metric, 0.0)
+    return np.where(mask, products.metric(), 0.0)
 
 
 def layer_mask(p: int, layers: Sequence[Sequence[int]], diagonal: bool) -> np.ndarray:
