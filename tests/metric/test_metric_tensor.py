@@ -22,7 +22,11 @@ import pennylane_custatevec as pc
 from pennylane_custatevec import simulate
 from pennylane_custatevec.backends import select_backend
 from pennylane_custatevec.device_metric import MetricTensorError, device_circuit
-from pennylane_custatevec.gradients.metric import full_metric, plan_metric
+from pennylane_custatevec.gradients.metric import (
+    block_diagonal_metric,
+    full_metric,
+    plan_metric,
+)
 
 ATOL = 1e-10
 MODES = ["deferred", "eager"]
@@ -204,6 +208,29 @@ def test_blocks_give_the_one_pass_metric(block, mode, each_backend):
     np.testing.assert_allclose(
         full_metric(backend, compiled, plan), full_metric(backend, compiled, one_pass), atol=ATOL
     )
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_interleaved_layers_take_the_blocks_of_the_full_metric(mode, each_backend):
+    """Layers that are not runs of consecutive gates (not PennyLane's) still get the
+    exact blocks: those of the full metric."""
+    circuit, weights, scale = layered_circuit()
+    dev = device(4, each_backend)
+    args = (pnp.array(weights, requires_grad=True), pnp.array(scale, requires_grad=False))
+    compiled = _device_circuit(dev, qml.QNode(circuit, dev), *args)
+    backend = select_backend(each_backend, np.complex128)
+    deferred = mode == "deferred"
+    full = full_metric(backend, compiled, plan_metric(backend, compiled, deferred))
+    layers = [[0, 2, 5], [1, 3], [4, 6, 7]]
+    got = block_diagonal_metric(backend, compiled, layers, False, deferred)
+    mask = np.zeros(full.shape, dtype=bool)
+    for layer in layers:
+        mask[np.ix_(layer, layer)] = True
+    np.testing.assert_allclose(got, np.where(mask, full, 0.0), atol=ATOL, rtol=0)
+    consecutive = [[0, 1], [2, 3, 4], [5]]
+    got = block_diagonal_metric(backend, compiled, consecutive, True, deferred)
+    np.testing.assert_allclose(np.diag(got)[:6], np.diag(full)[:6], atol=ATOL, rtol=0)
+    assert not got[:6, :6][~np.eye(6, dtype=bool)].any() and not got[6:].any()
 
 
 @pytest.mark.parametrize("mode", MODES)
