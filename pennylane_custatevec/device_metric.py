@@ -1,15 +1,17 @@
 """A tape's metric tensor on a device (``CuStateVecDevice.compute_metric_tensor``): what it
 refuses by name, the tape through the device's own preprocessing (the adjoint method's
-gate set and generators), the check that the device's trainable gate parameters are the
-tape's one for one, then ``gradients.metric``.
+gate set and generators), the device's gradient columns related to the tape's trainable
+parameters, then ``gradients.metric``.
 
-The tape comes from ``metric_transform.metric_tensor``'s expansion (PennyLane's: trainable
-multi-parameter gates become gates of one parameter each), so its trainable parameters are
+The tape comes from ``metric_transform.metric_tensor``'s expansion (PennyLane's: gates of
+several parameters become gates of one parameter each), so its trainable parameters are
 the metric's rows and columns, in PennyLane's order. The device's preprocessing may gather
-rotations or decompose constant operations; it must leave each trainable parameter one
-gate's angle, as it is: the compiled circuit's gradient columns are read back against the
-tape's trainable values, in order, and a mismatch is refused (never a silently wrong
-metric).
+rotations or decompose operations; the compiled circuit's gradient columns (one gate
+angle each) are read back against the tape's trainable values, in order. Where they are
+the same values, the columns are the parameters; where a decomposition shares, rescales
+or combines them, the metric of the columns is composed with their Jacobian by the
+parameters, taken by autograd through the same preprocessing (``device_circuit``).
+Trainable global phases have zero rows (``global_phase_positions``).
 """
 
 from __future__ import annotations
