@@ -122,6 +122,33 @@ def test_few_trainable_gates(count, mode):
     np.testing.assert_allclose(got, qml.adjoint_metric_tensor(reference)(x), atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("approx", [None, "block-diag"])
+@pytest.mark.parametrize("mode", MODES)
+def test_prepared_state(mode, approx, each_backend, rng):
+    """A leading StatePrep is the register's initial state (vector 0 of every batch)."""
+    state = rng.normal(size=8) + 1j * rng.normal(size=8)
+    state /= np.linalg.norm(state)
+
+    def circuit(x):
+        qml.StatePrep(state, wires=[0, 1, 2])
+        qml.RX(x[0], 0)
+        qml.IsingYY(x[1], [0, 2])
+        qml.RY(x[2], 1)
+        qml.CNOT([1, 2])
+        qml.RZ(x[3], 2)
+        return qml.expval(qml.Z(0))
+
+    x = pnp.array(rng.uniform(-np.pi, np.pi, 4), requires_grad=True)
+    reference = qml.QNode(circuit, qml.device("default.qubit", wires=3))
+    got = pc.metric_tensor(qml.QNode(circuit, device(3, each_backend, mode)), approx=approx)(x)
+    expected = (
+        qml.adjoint_metric_tensor(reference)(x)
+        if approx is None
+        else qml.metric_tensor(reference, approx=approx)(x)
+    )
+    np.testing.assert_allclose(got, expected, atol=ATOL, rtol=0)
+
+
 # --- interfaces, several arguments, classical processing ----------------------------------
 
 
