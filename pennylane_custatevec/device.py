@@ -16,7 +16,7 @@ from pennylane.devices.modifiers import simulator_tracking, single_tape_support
 from pennylane.math import Interface
 from pennylane.tape import QuantumScript
 
-from . import advice, capture, direct, settings, simulate
+from . import advice, capture, device_metric, direct, settings, simulate
 from .backends import distributed, messages, select_backend
 from .capture import capture_paused
 from .device_options import (
@@ -441,6 +441,25 @@ class CuStateVecDevice(Device):
             self._runs.take_kept(circuits),
             in_force,
             validate=lambda tapes, kept: require_served(tapes, kept, config, in_force),
+        )
+
+    def compute_metric_tensor(
+        self, tape: QuantumScript, approx: str | None = None, layers=None
+    ) -> np.ndarray:
+        """The Fubini-Study metric tensor of ``tape``'s trainable gate parameters (float64,
+        p x p; ``approx``: None, "block-diag" or "diag", whose parametrized ``layers``
+        are lists of trainable-parameter positions), computed on this device after its
+        own preprocessing for the adjoint method (``device_metric``); see
+        :func:`pennylane_custatevec.metric_tensor`."""
+        config = self.setup_execution_config(ExecutionConfig(gradient_method="adjoint"))
+        return device_metric.metric_tensor(
+            self._backend,
+            self.wires,
+            tape,
+            self.preprocess_transforms(config),
+            approx,
+            layers,
+            self.options_in_force(config),
         )
 
     # --- the compiled path's entry points (pennylane_custatevec.compiled) -----------------

@@ -428,6 +428,23 @@ class Backend(BackendPrimitives):
 
         return run
 
+    def gram(self, bras: StateBatch, kets: StateBatch) -> Any:
+        """The inner products of every bra with every ket, G[r, c] = <bras_r|kets_c>,
+        complex128 of shape (R, C), as a backend array: it stays in the backend's memory
+        until ``gather`` (the metric tensor's reductions). ``bras`` and ``kets`` may be
+        views of one batch; neither changes. The default: one ``braket`` per ket, on a
+        copy of it (host arrays; a backend with a matrix product overrides it)."""
+        products = np.empty((bras.shape[0], kets.shape[0]), dtype=np.complex128)
+        for c in range(kets.shape[0]):
+            products[:, c] = self.braket(bras, self.copy(self.vectors(kets, c, c + 1)))
+        return products
+
+    def gram_scratch_vectors(self, bras: int, kets: int) -> int:
+        """The most state vectors ``gram`` of ``bras`` bras and ``kets`` kets allocates as
+        temporaries (the default: a copy of one ket, and ``braket``'s), for the memory
+        checks of the metric tensor."""
+        return 1 + self.scratch_vectors(1, bras, False)
+
     def gather(self, arrays: Sequence[Any]) -> list[np.ndarray]:
         """The reductions of a sweep (backend arrays, or host arrays from the default
         steps) as numpy arrays, in one transfer."""

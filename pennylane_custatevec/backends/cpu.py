@@ -428,6 +428,20 @@ class CPUBackend(Backend):
     def braket(self, bra, kets) -> np.ndarray:
         return self.inner_pauli(bra, kets, "", ())  # the empty word: the inner product
 
+    GRAM_ROWS = 64
+    """The bras ``gram`` conjugates at a time (its temporary, in vectors)."""
+
+    def gram(self, bras, kets) -> np.ndarray:
+        """BLAS products G = conj(bras) kets^T, ``GRAM_ROWS`` bras at a time."""
+        out = np.empty((bras.shape[0], kets.shape[0]), dtype=np.complex128)
+        for start in range(0, bras.shape[0], self.GRAM_ROWS):
+            rows = bras[start : start + self.GRAM_ROWS]
+            out[start : start + rows.shape[0]] = np.conj(rows) @ kets.T
+        return out
+
+    def gram_scratch_vectors(self, bras: int, kets: int) -> int:
+        return min(bras, self.GRAM_ROWS)
+
     def inner_pauli(self, bra, ket, paulis, targets) -> np.ndarray:
         x_mask, z_mask, i_power = pauli_masks_of(paulis, targets)
         out = np.empty(bra.shape[0], dtype=np.complex128)

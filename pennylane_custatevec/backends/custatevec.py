@@ -358,6 +358,15 @@ class CuStateVecBackend(Backend):
         return np.conj(cp.asnumpy(products).astype(np.complex128))
 
     @_on_device
+    def gram(self, bras, kets):
+        """G = conj(bras) kets^T, one matrix product left on the device (a conjugated copy
+        of the bras is its temporary)."""
+        return self._cp.matmul(self._cp.conj(bras), kets.T).astype(np.complex128, copy=False)
+
+    def gram_scratch_vectors(self, bras: int, kets: int) -> int:
+        return bras  # the conjugated copy of the bras
+
+    @_on_device
     def adjoint_block_step(self, phi, bras, matrices, targets):
         matrices = np.ascontiguousarray(matrices, dtype=np.complex128)
         batch = phi.shape[0]

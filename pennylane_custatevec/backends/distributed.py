@@ -384,6 +384,16 @@ class DistributedBackend(RankLayouts):
         self.align(kets, self.uniform_layout(bra))
         return self.summed_over_ranks(bra, self.local.braket(bra.local, kets.local))
 
+    def gram(self, bras, kets) -> Any:
+        """Each rank's products of its slices (the kets brought to the bras' layout), left
+        rank-local (``RankPartial``): ``gather`` sums them over ranks in its one collective."""
+        self.align(kets, self.uniform_layout(bras))
+        local = self.local.gram(bras.local, kets.local)
+        return RankPartial(local) if bras.global_bits else local
+
+    def gram_scratch_vectors(self, bras: int, kets: int) -> int:
+        return self.local.gram_scratch_vectors(bras, kets)
+
     def probabilities(self, state, bits) -> np.ndarray:
         if not state.global_bits:
             return self.local.probabilities(state.local, bits)

@@ -320,6 +320,23 @@ def test_braket(make, kets, dtype):
 
 
 @DTYPES
+def test_gram(make, dtype):
+    """G[r, c] = <bras_r|kets_c> of two views of one batch (rows overlapping) and of two
+    batches, a backend array until ``gather``; neither operand changes."""
+    rng = np.random.default_rng(stable_seed("gram"))
+    vectors, others = random_states(N, 5, rng), random_states(N, 2, rng)
+    backend = make(dtype)
+    batch, other = backend_state(backend, vectors), backend_state(backend, others)
+    bras, kets = backend.vectors(batch, 0, 3), backend.vectors(batch, 1, 5)
+    same, across = backend.gather([backend.gram(bras, kets), backend.gram(batch, other)])
+    assert same.dtype == np.complex128 and same.shape == (3, 4) and across.shape == (5, 2)
+    np.testing.assert_allclose(same, vectors[:3].conj() @ vectors[1:5].T, atol=BACKEND_TOL[dtype])
+    np.testing.assert_allclose(across, vectors.conj() @ others.T, atol=BACKEND_TOL[dtype])
+    np.testing.assert_allclose(backend.to_host(batch), vectors, atol=BACKEND_TOL[dtype])
+    assert backend.gram_scratch_vectors(3, 4) >= 0
+
+
+@DTYPES
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize(
     "bits", [(), (0,), (5,), (3, 0, 5), (1, 0), (0, 1), (5, 4, 3, 2, 1, 0), (2, 4, 1, 3)], ids=str
