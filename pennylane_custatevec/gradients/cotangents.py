@@ -75,15 +75,21 @@ def checked_cotangents(circuit: DifferentiatedTape, cotangents: Any) -> tuple:
 
 def one_hot_rows(circuit: DifferentiatedTape, measured: list[int]) -> list[tuple]:
     """One cotangent row per output of the measurements ``measured`` (indices into the
-    tape's): 1 at that output, None elsewhere."""
+    tape's): 1 at that output, None elsewhere. A vector measurement's rows are read-only
+    views of one array of ``2 * size - 1`` entries (row ``k`` starts ``k`` entries before
+    its single 1), so that ``size`` rows take ``O(size)`` memory, not ``size**2``."""
     measurements = circuit.tape.measurements
     rows = []
     for i in measured:
         size = output_size(measurements[i], circuit.register)
+        scalar = isinstance(measurements[i], (ExpectationMP, VarianceMP))
+        shifted_one = np.zeros(2 * size - 1)
+        shifted_one[size - 1] = 1.0
+        shifted_one.flags.writeable = False
         for output in range(size):
             row: list = [None] * len(measurements)
-            scalar = isinstance(measurements[i], (ExpectationMP, VarianceMP))
-            row[i] = 1.0 if scalar else np.eye(size)[output]
+            start = size - 1 - output
+            row[i] = 1.0 if scalar else shifted_one[start : start + size]
             rows.append(tuple(row))
     return rows
 

@@ -948,3 +948,23 @@ def test_mid_circuit_measurement_values_differentiated_up_to_ten_measurements():
     too_many = qml.QNode(circuit, qml.device("custatevec.qubit", wires=22), diff_method="adjoint")
     with pytest.raises(DeviceError, match="mid-circuit measurement values"):
         qml.grad(too_many)(x, 11)
+
+
+def test_a_jacobians_one_hot_rows_share_one_array():
+    """A probability vector's Jacobian rows: the identity's rows, each a read-only view of
+    one array (16 wires would otherwise take 2**32 floats, 32 GiB)."""
+    from pennylane_custatevec.gradients.cotangents import one_hot_rows
+
+    tape = QuantumScript(
+        [qml.RX(0.3, wires=0), qml.RY(0.2, wires=1)],
+        [qml.expval(qml.Z(0)), qml.probs(wires=[0, 1, 2])],
+        trainable_params=[0, 1],
+    )
+    circuit = differentiated.DifferentiatedTape(tape, Wires([0, 1, 2]))
+    rows = one_hot_rows(circuit, [0, 1])
+    assert rows[0] == (1.0, None)
+    vectors = [row[1] for row in rows[1:]]
+    assert all(row[0] is None for row in rows[1:])
+    np.testing.assert_array_equal(np.stack(vectors), np.eye(8))
+    assert all(np.shares_memory(vectors[0], v) and not v.flags.writeable for v in vectors)
+    assert vectors[0].base.size == 15
