@@ -178,7 +178,7 @@ def _expansion_jacobian(tape: QuantumScript):
         return None
     jacobian = np.zeros((len(positions), flat.size))
     for row, k in enumerate(positions):
-        jacobian[row] = np.ravel(backward_pass(np.ones_like(outputs[k]._value), outputs[k]._node))
+        jacobian[row] = np.ravel(backward_pass(np.ones_like(getval(outputs[k])), outputs[k]._node))
     with without_queuing():
         expanded = expanded.bind_new_parameters(
             [getval(v) for v in outputs], list(range(len(outputs)))
