@@ -27,7 +27,7 @@ from pennylane.transforms import decompose
 from pennylane.transforms.core import transform
 
 from .device import CuStateVecDevice
-from .device_metric import APPROXIMATIONS, MetricTensorError, parametrized_layers
+from .device_metric import APPROXIMATIONS, MetricTensorError, parametrized_layers, rebound
 from .queuing import without_queuing
 
 
@@ -162,16 +162,8 @@ def _expansion_jacobian(tape: QuantumScript):
     flat = np.concatenate([np.ravel(plain[index]) for index in sorted(trainable)])
     with trace_stack.new_trace() as trace:
         box = new_box(flat.astype(np.float64), trace, VJPNode.new_root())
-        new, at = [], 0
-        for index, value in enumerate(plain):
-            if index in trainable:
-                new.append(qml.math.reshape(box[at : at + value.size], value.shape))
-                at += value.size
-            else:
-                new.append(value)
         with without_queuing():
-            bound = tape.bind_new_parameters(new, list(range(len(parameters))))
-            [expanded], _ = _expanded(bound)
+            [expanded], _ = _expanded(rebound(tape, plain, box))
         outputs = expanded.get_parameters(trainable_only=False)
     positions = [k for k, v in enumerate(outputs) if isbox(v) and v._trace == trace]
     if any(np.size(getval(outputs[k])) != 1 for k in positions):
