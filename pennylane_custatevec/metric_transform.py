@@ -8,7 +8,10 @@ the device for the metric of its tape (``CuStateVecDevice.compute_metric_tensor`
 a classical co-transform that composes the gate-parameter metric :math:`g` with the
 classical Jacobian :math:`J` of the QNode's arguments to the gate parameters,
 :math:`J^T g J`, in the QNode's interface (autograd, torch, jax), as
-``qml.metric_tensor`` does.
+``qml.metric_tensor`` does. Outside jax the expansion's own Jacobian is taken here, one
+backward pass a gate parameter, and its tape carries the gate parameters as one linear
+function of the QNode tape's (``ParameterCarrier``), so that PennyLane's classical
+Jacobian is taken of that one parameter, not through the expansion (``_expand``).
 """
 
 from __future__ import annotations
