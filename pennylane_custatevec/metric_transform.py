@@ -156,17 +156,21 @@ def _expansion_jacobian(tape: QuantumScript):
     trainable parameters (those that depend on ``tape``'s trainable ones) and their
     Jacobian :math:`J_{\mathrm{exp}}[r, k] = \partial \phi_r / \partial \theta_k` by
     the flattened trainable parameters :math:`\theta` of ``tape``; None where one of them
-    is not a scalar. The expansion runs once on an autograd trace of :math:`\theta`;
-    each row is a backward pass from its own parameter, which walks only the few nodes
-    that parameter depends on (not a stack of them all, as ``qml.jacobian`` would)."""
+    is not a scalar or the expansion cannot run on autograd's values. The expansion runs
+    once on an autograd trace of :math:`\theta`; each row is a backward pass from its own
+    parameter, which walks only the few nodes that parameter depends on (not a stack of
+    them all, as ``qml.jacobian`` would)."""
     parameters = tape.get_parameters(trainable_only=False)
     trainable = set(tape.trainable_params)
     plain = [_plain(value) for value in parameters]
     flat = np.concatenate([np.ravel(plain[index]) for index in sorted(trainable)])
     with trace_stack.new_trace() as trace:
         box = new_box(flat.astype(np.float64), trace, VJPNode.new_root())
-        with without_queuing():
-            [expanded], _ = _expanded(rebound(tape, plain, box))
+        try:
+            with without_queuing():
+                [expanded], _ = _expanded(rebound(tape, plain, box))
+        except Exception:  # a decomposition autograd cannot trace: PennyLane's way, as it was
+            return None
         outputs = expanded.get_parameters(trainable_only=False)
     positions = [k for k, v in enumerate(outputs) if isbox(v) and v._trace == trace]
     if any(np.size(getval(outputs[k])) != 1 for k in positions):
