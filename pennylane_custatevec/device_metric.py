@@ -93,26 +93,33 @@ def _trainable_values(tape: QuantumScript) -> np.ndarray:
     return flat.astype(np.float64)
 
 
+def rebound(tape: QuantumScript, values: Sequence[np.ndarray], flat) -> QuantumScript:
+    """``tape`` with the parameters ``values`` (numpy, in order), its trainable ones read
+    from ``flat`` instead (their values flattened in order: an autograd tensor, a box or
+    a tracer), reshaped as they are."""
+    trainable = set(tape.trainable_params)
+    new = []
+    at = 0
+    for index, value in enumerate(values):
+        if index in trainable:
+            new.append(qml.math.reshape(flat[at : at + value.size], value.shape))
+            at += value.size
+        else:
+            new.append(value)
+    with without_queuing():
+        return tape.bind_new_parameters(new, list(range(len(values))))
+
+
 def _tagged(tape: QuantumScript, flat) -> QuantumScript:
     """The tape's operations measuring the state, its constant parameters as numpy
     values and its trainable ones read from ``flat`` (their values in order, an autograd
     tensor that requires gradients, or traced), so that the device's preprocessing tells
     them by PennyLane's workflow's rule (``get_trainable_indices``)."""
     parameters = tape.get_parameters(trainable_only=False)
-    trainable = set(tape.trainable_params)
-    new = []
-    at = 0
-    for index, value in enumerate(parameters):
-        plain = np.asarray(qml.math.unwrap(value))
-        if index in trainable:
-            new.append(qml.math.reshape(flat[at : at + plain.size], plain.shape))
-            at += plain.size
-        else:
-            new.append(plain)
+    bound = rebound(tape, [np.asarray(qml.math.unwrap(value)) for value in parameters], flat)
     with without_queuing():
-        bound = tape.bind_new_parameters(new, list(range(len(parameters))))
         script = QuantumScript(bound.operations, [qml.state()])
-    script.trainable_params = sorted(i for i in trainable if i < script.num_params)
+    script.trainable_params = sorted(i for i in tape.trainable_params if i < script.num_params)
     return script
 
 

@@ -8,7 +8,10 @@ the device for the metric of its tape (``CuStateVecDevice.compute_metric_tensor`
 a classical co-transform that composes the gate-parameter metric :math:`g` with the
 classical Jacobian :math:`J` of the QNode's arguments to the gate parameters,
 :math:`J^T g J`, in the QNode's interface (autograd, torch, jax), as
-``qml.metric_tensor`` does.
+``qml.metric_tensor`` does. Outside jax the expansion's own Jacobian is taken here, one
+backward pass a gate parameter, and its tape carries the gate parameters as one linear
+function of the QNode tape's (``ParameterCarrier``), so that PennyLane's classical
+Jacobian is taken of that one parameter, not through the expansion (``_expand``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import warnings
 
 import numpy as np
 import pennylane as qml
+from autograd.core import VJPNode, backward_pass
+from autograd.tracer import getval, isbox, new_box, trace_stack
 from pennylane.decomposition import gate_sets
 from pennylane.exceptions import TermsUndefinedError
 from pennylane.tape import QuantumScript
@@ -25,7 +30,8 @@ from pennylane.transforms import decompose
 from pennylane.transforms.core import transform
 
 from .device import CuStateVecDevice
-from .device_metric import APPROXIMATIONS, MetricTensorError, parametrized_layers
+from .device_metric import APPROXIMATIONS, MetricTensorError, parametrized_layers, rebound
+from .queuing import without_queuing
 
 
 def _one_generator_term(op) -> bool:
@@ -38,10 +44,21 @@ def _one_generator_term(op) -> bool:
 
 
 def _expand(tape: QuantumScript, approx=None, device=None):
-    """PennyLane's expansion for the metric tensor (``qml.metric_tensor``'s): every
+    r"""PennyLane's expansion for the metric tensor (``qml.metric_tensor``'s): every
     multi-parameter gate into gates of one parameter (Rot into RZ RY RZ, ...), the
     trainable parameters taken again from the new tape. A complex trainable parameter (a
-    matrix, a state) is refused first: the metric is one of real parameters."""
+    matrix, a state) is refused first: the metric is one of real parameters.
+
+    Outside jax, the expanded tape's gates hold plain values and one more operation, a
+    :class:`ParameterCarrier`, holds its only trainable parameter:
+    :math:`c = J_{\mathrm{exp}}\,\theta`, with :math:`\theta` the flattened trainable
+    parameters of ``tape`` (in their interface) and :math:`J_{\mathrm{exp}}` the
+    expansion's Jacobian (``_expansion_jacobian``), a constant. PennyLane's classical
+    Jacobian of the QNode's arguments :math:`x` is then taken of :math:`c`:
+    :math:`\partial c/\partial x = J_{\mathrm{exp}}\,\partial\theta/\partial x`, the
+    Jacobian of the gate parameters by the chain rule, whose graph no longer holds the
+    expansion (one small backward pass per gate parameter instead of one over every gate).
+    """
     parameters = tape.get_parameters(trainable_only=False)
     for index in tape.trainable_params:
         if qml.math.is_abstract(parameters[index]):
@@ -54,13 +71,130 @@ def _expand(tape: QuantumScript, approx=None, device=None):
                 "generator; the metric tensor is one of real gate parameters (rotations, "
                 "phase shifts, ...): parametrize the gate by its angles."
             )
-    [new_tape], postprocessing = decompose(
-        tape, gate_set=gate_sets.ROTATIONS_PLUS_CNOT, stopping_condition=_one_generator_term
-    )
+    carried = _carried_expansion(tape)
+    if carried is not None:
+        return [carried], _only_result
+    [new_tape], postprocessing = _expanded(tape)
     if new_tape is not tape:
         params = new_tape.get_parameters(trainable_only=False)
         new_tape.trainable_params = qml.math.get_trainable_indices(params)
     return [new_tape], postprocessing
+
+
+def _only_result(results):
+    return results[0]
+
+
+def _expanded(tape: QuantumScript):
+    """``decompose`` to gates of one generator term (the expansion itself)."""
+    return decompose(
+        tape, gate_set=gate_sets.ROTATIONS_PLUS_CNOT, stopping_condition=_one_generator_term
+    )
+
+
+class ParameterCarrier(qml.operation.Operator):
+    r"""The last operation of ``_expand``'s tape outside jax: no wires, one parameter,
+    :math:`c = J_{\mathrm{exp}}\,\theta` (the expanded tape's trainable gate
+    parameters as a linear function of the QNode tape's, for PennyLane's classical
+    Jacobian), and the positions among the expanded tape's parameters that are trainable,
+    in order. ``device_metric_tensor`` takes it off before anything is computed."""
+
+    grad_method = None
+
+    def __init__(self, value, positions: tuple[int, ...], interface: str, id=None):
+        self._hyperparameters = {"positions": tuple(positions), "interface": interface}
+        super().__init__(value, wires=(), id=id)
+
+    @property
+    def positions(self) -> tuple[int, ...]:
+        return self.hyperparameters["positions"]
+
+    @property
+    def interface(self) -> str:
+        return self.hyperparameters["interface"]
+
+
+def _plain(value) -> np.ndarray:
+    """A parameter's value as numpy, out of any autograd box or torch graph."""
+    if qml.math.get_interface(value) == "torch":
+        return value.detach().cpu().numpy()
+    return np.asarray(getval(value))
+
+
+def _carried_expansion(tape: QuantumScript) -> QuantumScript | None:
+    """The expanded tape with its ``ParameterCarrier`` (``_expand``), or None where the
+    expansion is taken as PennyLane takes it: jax (whose argnums mark trainable
+    parameters by tracing them), no trainable parameters, an abstract (jitted) one, or an
+    expanded trainable parameter that is not a scalar (a broadcast, an observable's
+    matrix: refused later with the reason)."""
+    trainable = list(tape.trainable_params)
+    parameters = tape.get_parameters(trainable_only=False)
+    values = [parameters[index] for index in trainable]
+    if not values or qml.math.get_interface(*values) not in ("autograd", "torch"):
+        return None
+    if any(qml.math.is_abstract(value) for value in values):
+        return None
+    found = _expansion_jacobian(tape)
+    if found is None:
+        return None
+    expanded, positions, jacobian = found
+    flat = qml.math.concatenate([qml.math.reshape(value, (-1,)) for value in values])
+    interface = qml.math.get_interface(*values)
+    constant = qml.math.cast_like(qml.math.asarray(jacobian, like=interface), flat)
+    carried = qml.math.tensordot(constant, flat, axes=[[1], [0]])
+    with without_queuing():
+        carrier = ParameterCarrier(carried, positions, interface)
+        script = QuantumScript(
+            [*expanded.operations, carrier], expanded.measurements, shots=expanded.shots
+        )
+    script.trainable_params = [sum(len(op.data) for op in expanded.operations)]
+    return script
+
+
+def _expansion_jacobian(tape: QuantumScript):
+    r"""The expansion of ``tape`` (``_expanded``) with plain values, the positions of its
+    trainable parameters (those that depend on ``tape``'s trainable ones) and their
+    Jacobian :math:`J_{\mathrm{exp}}[r, k] = \partial \phi_r / \partial \theta_k` by
+    the flattened trainable parameters :math:`\theta` of ``tape``; None where one of them
+    is not a scalar or the expansion cannot run on autograd's values. The expansion runs
+    once on an autograd trace of :math:`\theta`; each row is a backward pass from its own
+    parameter, which walks only the few nodes that parameter depends on (not a stack of
+    them all, as ``qml.jacobian`` would)."""
+    parameters = tape.get_parameters(trainable_only=False)
+    trainable = set(tape.trainable_params)
+    plain = [_plain(value) for value in parameters]
+    flat = np.concatenate([np.ravel(plain[index]) for index in sorted(trainable)])
+    with trace_stack.new_trace() as trace:
+        box = new_box(flat.astype(np.float64), trace, VJPNode.new_root())
+        try:
+            with without_queuing():
+                [expanded], _ = _expanded(rebound(tape, plain, box))
+        except Exception:  # a decomposition autograd cannot trace: PennyLane's way, as it was
+            return None
+        outputs = expanded.get_parameters(trainable_only=False)
+    positions = [k for k, v in enumerate(outputs) if isbox(v) and v._trace == trace]
+    if any(np.size(getval(outputs[k])) != 1 for k in positions):
+        return None
+    jacobian = np.zeros((len(positions), flat.size))
+    for row, k in enumerate(positions):
+        jacobian[row] = np.ravel(backward_pass(np.ones_like(getval(outputs[k])), outputs[k]._node))
+    with without_queuing():
+        expanded = expanded.bind_new_parameters(
+            [getval(v) for v in outputs], list(range(len(outputs)))
+        )
+    return expanded, tuple(positions), jacobian
+
+
+def _uncarried(tape: QuantumScript) -> tuple[QuantumScript, str | None]:
+    """``tape`` without its ``ParameterCarrier`` (its trainable positions restored) and the
+    carrier's interface; ``tape`` itself and None where it has none."""
+    if not tape.operations or not isinstance(tape.operations[-1], ParameterCarrier):
+        return tape, None
+    carrier = tape.operations[-1]
+    with without_queuing():
+        script = QuantumScript(tape.operations[:-1], tape.measurements, shots=tape.shots)
+    script.trainable_params = list(carrier.positions)
+    return script, carrier.interface
 
 
 def _contracted(metric, cjac, tape):
@@ -69,6 +203,10 @@ def _contracted(metric, cjac, tape):
     itself where ``cjac`` is the identity (``qml.metric_tensor``'s co-transform)."""
     if isinstance(metric, tuple) and len(metric) == 1:
         metric = metric[0]
+    if _uncarried(tape)[1] is not None:  # the Jacobian of the carrier, stacked alone
+        cjac = (
+            tuple(None if c is None else c[0] for c in cjac) if isinstance(cjac, tuple) else cjac[0]
+        )
 
     def contract(c):
         return qml.math.tensordot(c, qml.math.tensordot(metric, c, axes=[[-1], [0]]), [[0], [0]])
@@ -103,6 +241,7 @@ def device_metric_tensor(tape: QuantumScript, approx=None, device=None):
         raise ValueError(
             f"Unknown value {approx!r} for approx; valid values are None, 'block-diag' and 'diag'."
         )
+    tape, carried_interface = _uncarried(tape)
     if not tape.trainable_params:
         warnings.warn(
             "Attempted to compute the metric tensor of a tape with no trainable parameters.",
@@ -115,7 +254,7 @@ def device_metric_tensor(tape: QuantumScript, approx=None, device=None):
         (circuit,) = tapes
         layers = parametrized_layers(circuit) if approx is not None else None
         metric = device.compute_metric_tensor(circuit, approx, layers)
-        interface = qml.math.get_interface(*circuit.get_parameters())
+        interface = carried_interface or qml.math.get_interface(*circuit.get_parameters())
         if interface == "numpy":
             return metric
         return qml.math.asarray(np.asarray(metric), like=interface)
